@@ -1,0 +1,34 @@
+"""Physical constants of the cost model, each with its source.
+
+These are not fitted to any one training run: each is a property of the hardware or the software
+stack, taken from a published measurement. A hardware profile may override the efficiencies with
+its own measurement (``plan profile --calibrate`` writes one).
+"""
+
+# Achieved fraction of the datasheet dense bf16 peak for large, well-shaped matmuls ("maximum
+# achievable matmul FLOPS"): A100-SXM 267.9 of 312 TFLOP/s = 85.9%, GH200 821 of 989 = 83.0%
+# (S. Bekman, ml-engineering, compute/accelerator, MAMF table, measured with CUDA 12).
+MATMUL_EFFICIENCY = 0.85
+
+# Achieved fraction of datasheet HBM bandwidth for streaming kernels (copies, elementwise ops):
+# about 90% (copy and read-read-write probes on H100/H200-class parts; NVIDIA's STREAM-like
+# bandwidth tests report 88-92% of peak).
+MEMORY_EFFICIENCY = 0.9
+
+# Achieved fraction of the per-GPU link bandwidth by NCCL ring collectives at large message sizes:
+# nccl-tests bus bandwidth reaches ~230-240 GB/s of 300 GB/s on DGX A100 NVLink and ~23 GB/s per
+# 25 GB/s HDR rail (NVIDIA nccl-tests performance notes; Megatron-LM 2021 §5.9 reports 892 GB/s
+# bidirectional all-reduce bandwidth per node pair). 0.8 is the rounded ratio.
+NETWORK_EFFICIENCY = 0.8
+
+# Latency of one NCCL ring step (per hop): ~5 us within a node, ~10 us across InfiniBand
+# (nccl-tests small-message latency on DGX A100).
+INTRA_NODE_LATENCY_S = 5e-6
+INTER_NODE_LATENCY_S = 10e-6
+
+# Memory the framework needs beyond tensors the model formulas count: CUDA context, NCCL buffers,
+# cuBLAS workspaces and allocator fragmentation. PyTorch's CUDA context alone is 0.5-1 GiB; NCCL
+# allocates buffers per communicator (several hundred MiB with 3D groups); fragmentation in the
+# caching allocator commonly adds 5-10% (PyTorch CUDA memory docs, "memory fragmentation").
+RESERVED_BYTES = 2 * 1024**3
+FRAGMENTATION = 0.05

@@ -1,0 +1,50 @@
+"""Collective and point-to-point communication times.
+
+Ring algorithms over n ranks with per-GPU one-direction bandwidth beta (bytes/s) and per-hop latency
+alpha (Thakur, Rabenseifner & Gropp 2005; NCCL's "bus bandwidth" definition in nccl-tests
+PERFORMANCE.md): all-reduce moves 2(n-1)/n of the buffer through each link, all-gather and
+reduce-scatter (n-1)/n.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner import calibration
+from planner.hardware import Hardware
+
+
+@dataclass(frozen=True)
+class Link:
+    """One class of link: bytes/s one direction per GPU (already derated) and per-hop latency."""
+
+    bytes_per_s: float
+    latency_s: float
+
+
+def links(hw: Hardware) -> tuple[Link, Link]:
+    """The (intra-node, inter-node) links of a GPU kind, derated by the network efficiency."""
+    eff = hw.network_efficiency or calibration.NETWORK_EFFICIENCY
+    intra = Link(hw.intra_node_gbps * 1e9 * eff, calibration.INTRA_NODE_LATENCY_S)
+    inter = Link(hw.inter_node_gbps * 1e9 * eff, calibration.INTER_NODE_LATENCY_S)
+    return intra, inter
+
+
+def all_reduce_s(nbytes: float, n: int, link: Link) -> float:
+    if n <= 1:
+        return 0.0
+    return 2 * (n - 1) / n * nbytes / link.bytes_per_s + 2 * (n - 1) * link.latency_s
+
+
+def all_gather_s(nbytes: float, n: int, link: Link) -> float:
+    """``nbytes`` is the gathered (full) buffer; reduce-scatter costs the same."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bytes_per_s + (n - 1) * link.latency_s
+
+
+reduce_scatter_s = all_gather_s
+
+
+def p2p_s(nbytes: float, link: Link) -> float:
+    return nbytes / link.bytes_per_s + link.latency_s

@@ -1,0 +1,261 @@
+"""Predict one configuration: per-stage time and memory, step time, throughput, MFU.
+
+A training step on pipeline rank i is the schedule over its microbatches plus what the schedule
+cannot hide: the data-parallel gradient synchronisation (partly overlapped with the last backward
+when the run overlaps it) and the optimizer step.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner import calibration, comm
+from planner.cost import LayerCost, RunOptions, layer_cost, model_flops_per_iteration
+from planner.hardware import Cluster
+from planner.memory import ACT_BYTES, Shape, model_state_bytes
+from planner.model import ModelSpec
+from planner.plan import Metrics, Parallel, Plan, Stage
+
+# Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
+# m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
+OPTIMIZER_BYTES_PER_PARAM = 30
+
+
+@dataclass(frozen=True)
+class StageCost:
+    """One model chunk's costs for one microbatch, summed over its layers."""
+
+    first: int
+    last: int
+    recompute: str
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    params: float
+    act_bytes: float  # per in-flight microbatch
+    work_bytes: float  # largest transient of its layers
+    model_flops: float
+    hardware_flops: float
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bwd_input_s + self.bwd_weight_s
+
+    @property
+    def time_s(self) -> float:
+        return self.fwd_s + self.bwd_s
+
+
+def layer_costs(model: ModelSpec, par: Parallel, hw, opts: RunOptions, recompute: str,
+                profile=None) -> list[LayerCost]:
+    """The cost of every layer of the model under one parallel shape and recompute mode."""
+    shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
+                  seq_len=model.seq_length)
+    cache: dict = {}
+    out = []
+    for i, layer in enumerate(model.layers):
+        measured = profile.layers[i] if profile is not None else None
+        key = (layer, id(measured))
+        if key not in cache:
+            cache[key] = layer_cost(layer, shape, recompute, hw, opts, measured)
+        out.append(cache[key])
+    return out
+
+
+def even_split(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
+    """Megatron's default split: the blocks evenly (counts differing by at most one, larger ones
+    first), the embedding joining the first chunk and the head the last. A model without that
+    shape is split evenly over all its layers."""
+    layers = model.layers
+    standard = (len(layers) >= 3 and layers[0].kind == "embedding" and layers[-1].kind == "head"
+                and all(layer.kind == "block" for layer in layers[1:-1])
+                and len(layers) - 2 >= num_chunks)
+    n, offset = (len(layers) - 2, 1) if standard else (len(layers), 0)
+    base, extra = divmod(n, num_chunks)
+    bounds, start = [], offset
+    for k in range(num_chunks):
+        size = base + (1 if k < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    if standard:
+        bounds[0] = (0, bounds[0][1])
+        bounds[-1] = (bounds[-1][0], len(layers))
+    return bounds
+
+
+def stage_cost(costs: list[LayerCost], first: int, last: int, recompute: str) -> StageCost:
+    part = costs[first:last]
+    return StageCost(
+        first=first, last=last, recompute=recompute,
+        fwd_s=sum(c.fwd_s for c in part),
+        bwd_input_s=sum(c.bwd_input_s + c.recompute_s for c in part),
+        bwd_weight_s=sum(c.bwd_weight_s for c in part),
+        params=sum(c.params for c in part),
+        act_bytes=sum(c.act_bytes for c in part),
+        work_bytes=max(c.work_bytes for c in part),
+        model_flops=sum(c.model_flops for c in part),
+        hardware_flops=sum(c.hardware_flops for c in part),
+    )
+
+
+def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
+    """Microbatches whose activations each chunk holds at peak (DESIGN.md §3; the simulator
+    gives exact counts): GPipe M; 1F1B and ZB-H1 min(p - i, M) on rank i; interleaved: rank i
+    holds its warm-up of (p - i - 1)·2 + (v - 1)·p forwards + 1, spread over its v chunks
+    (Narayanan et al. 2021 §2.2, Megatron's interleaved schedule)."""
+    if schedule == "gpipe":
+        return [m] * (p * v)
+    if schedule == "interleaved" and v > 1:
+        out = []
+        for k in range(p * v):
+            rank = k % p
+            held = min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v)
+            out.append(-(-held // v))
+        return out
+    return [min(p - (k % p), m) for k in range(p * v)]
+
+
+def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions = RunOptions(),
+             bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
+             profile=None, costs: list[LayerCost] | None = None) -> Plan:
+    """Predict the plan of one fully specified configuration (even split unless ``bounds``).
+
+    ``costs`` are this configuration's layer costs when the caller already has them."""
+    hw = cluster.hardware
+    chunks = par.num_chunks
+    bounds = bounds or even_split(model, chunks)
+    modes = recompute_per_chunk or [par.recompute] * chunks
+    by_mode = {mode: layer_costs(model, par, hw, opts, mode, profile) for mode in set(modes)
+               if not (costs is not None and mode == par.recompute)}
+    if costs is not None:
+        by_mode[par.recompute] = costs
+    stages = [stage_cost(by_mode[mode], a, b, mode) for (a, b), mode in zip(bounds, modes)]
+    p2p = _p2p_s(model, par, cluster)
+    inflight = inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
+                                    par.virtual_stages)
+
+    rank_time = [0.0] * par.pp
+    for k, st in enumerate(stages):
+        rank_time[k % par.pp] += st.time_s + (2 * p2p if k < chunks - 1 else 0.0)
+    pipeline_s = _pipeline_closed_form(par, rank_time)
+
+    rank_mem = _rank_memory(model, par, stages, inflight, opts)
+    dp_exposed = max(_dp_exposed_s(par, cluster, opts, stages, r) for r in range(par.pp))
+    owned = max(sum(st.params for k, st in enumerate(stages) if k % par.pp == r)
+                for r in range(par.pp)) / (par.dp if par.zero >= 1 else 1)
+    optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / (
+        hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or calibration.MEMORY_EFFICIENCY))
+    step_s = pipeline_s + dp_exposed + optimizer_s
+
+    tokens = par.global_batch * model.seq_length
+    model_flops = model_flops_per_iteration(model, par.global_batch, model.seq_length)
+    gpus = cluster.gpus
+    hardware_flops = model_flops + sum(
+        (st.hardware_flops - st.model_flops) for st in stages) * par.tp * par.dp * \
+        par.num_microbatches
+    busy = sum(rank_time) * par.num_microbatches
+    metrics = Metrics(
+        step_time_s=step_s, tokens_per_s=tokens / step_s,
+        tflops_per_gpu=model_flops / step_s / gpus / 1e12,
+        mfu=model_flops / (step_s * gpus * hw.peak_flops),
+        hfu=hardware_flops / (step_s * gpus * hw.peak_flops),
+        bubble_fraction=max(0.0, 1 - busy / (par.pp * pipeline_s)),
+        peak_memory_bytes=max(rank_mem))
+    plan_stages = tuple(
+        Stage(stage=k, rank=k % par.pp, first=st.first, last=st.last, recompute=st.recompute,
+              time_s=st.time_s * par.num_microbatches,
+              memory_bytes=_chunk_memory(par, st, inflight[k], opts))
+        for k, st in enumerate(stages))
+    return Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages, metrics=metrics,
+                rank_memory_bytes=tuple(rank_mem), notes=_notes(opts))
+
+
+def _pipeline_closed_form(par: Parallel, rank_time: list[float]) -> float:
+    """1F1B/GPipe with unequal stages: the slowest rank paces the M-1 steady steps, every rank
+    is on the critical path once (fill and drain). Interleaving divides the fill and drain by v;
+    ZB-H1 hides about two thirds of it (Qi et al. 2023)."""
+    m, v = par.num_microbatches, par.virtual_stages
+    steady = (m - 1) * max(rank_time)
+    fill = sum(rank_time)
+    if par.schedule == "interleaved" and v > 1:
+        fill = max(rank_time) + (fill - max(rank_time)) / v
+    elif par.schedule == "zb-h1":
+        fill = max(rank_time) + (fill - max(rank_time)) / 3
+    return steady + fill
+
+
+def _chunk_memory(par: Parallel, st: StageCost, inflight: int, opts: RunOptions) -> float:
+    states = model_state_bytes(st.params, par.dp, par.zero, opts.grad_bytes)
+    return states + inflight * st.act_bytes
+
+
+def _rank_memory(model: ModelSpec, par: Parallel, stages: list[StageCost], inflight: list[int],
+                 opts: RunOptions) -> list[float]:
+    """Peak bytes per pipeline rank, conservative: states + held activations + the largest
+    transient + the framework's reserve and fragmentation (planner/calibration.py)."""
+    out = []
+    tied_dup = 0.0
+    if model.tie_embeddings and par.num_chunks == 1:
+        tied_dup = model.vocab_size * model.hidden_size / par.tp  # one copy when not split
+    for r in range(par.pp):
+        mine = [(k, st) for k, st in enumerate(stages) if k % par.pp == r]
+        held = sum(_chunk_memory(par, st, inflight[k], opts) for k, st in mine)
+        if r == 0 and tied_dup:
+            held -= model_state_bytes(tied_dup, par.dp, par.zero, opts.grad_bytes)
+        transient = max(st.work_bytes for _, st in mine)
+        if par.zero >= 3:  # a gathered copy of the largest chunk's weights while it runs
+            transient += max(st.params for _, st in mine) * ACT_BYTES
+        out.append((held + transient) * (1 + calibration.FRAGMENTATION)
+                   + calibration.RESERVED_BYTES)
+    return out
+
+
+def _p2p_s(model: ModelSpec, par: Parallel, cluster: Cluster) -> float:
+    """One microbatch's activations across a stage boundary. Megatron's scatter/gather sends 1/tp
+    of the tensor per GPU and re-gathers over NVLink (Narayanan et al. 2021 §4.1); with sequence
+    parallelism the tensor is already sharded."""
+    if par.pp == 1:
+        return 0.0
+    intra, inter = comm.links(cluster.hardware)
+    nbytes = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / par.tp
+    stride = par.tp * par.dp  # tp-dp-pp rank order: the next stage is tp·dp ranks away
+    crosses = stride >= cluster.gpus_per_node or cluster.gpus_per_node % stride != 0
+    t = comm.p2p_s(nbytes, inter if crosses and cluster.nodes > 1 else intra)
+    if not par.sequence_parallel and par.tp > 1:
+        t += comm.all_gather_s(nbytes * par.tp, par.tp, intra)
+    return t
+
+
+def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: list[StageCost],
+                  rank: int) -> float:
+    """Gradient synchronisation the step cannot hide. ZeRO-0: all-reduce of the gradients;
+    ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights; ZeRO-2/3
+    as ZeRO-1 at the step boundary (their per-microbatch traffic is added below for ZeRO-3).
+    With overlap the reduce hides behind the last microbatch's backward and the gather behind the
+    first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather)."""
+    if par.dp == 1:
+        return 0.0
+    intra, inter = comm.links(cluster.hardware)
+    link = inter if par.tp * par.dp > cluster.gpus_per_node else intra
+    mine = [st for k, st in enumerate(stages) if k % par.pp == rank]
+    params = sum(st.params for st in mine)
+    grads = params * opts.grad_bytes
+    if par.zero == 0:
+        reduce_s, gather_s = comm.all_reduce_s(grads, par.dp, link), 0.0
+    else:
+        reduce_s = comm.reduce_scatter_s(grads, par.dp, link)
+        gather_s = comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+    if par.zero >= 3:  # weights gathered for every microbatch's forward and backward
+        gather_s += 2 * par.num_microbatches * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+    if not opts.overlap_dp:
+        return reduce_s + gather_s
+    return max(0.0, reduce_s - sum(st.bwd_s for st in mine)) + \
+        max(0.0, gather_s - sum(st.fwd_s for st in mine) * (par.num_microbatches
+                                                             if par.zero >= 3 else 1))
+
+
+def _notes(opts: RunOptions) -> tuple[str, ...]:
+    return (f"attention: {'flash (scores not stored)' if opts.flash_attention else 'unfused'}",
+            f"DP overlap: {'on' if opts.overlap_dp else 'off'}; TP overlap: "
+            f"{'on' if opts.overlap_tp else 'off'}",
+            f"gradients: {'fp32' if opts.grad_bytes == 4 else '16-bit'}")

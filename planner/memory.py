@@ -1,0 +1,121 @@
+"""Bytes a GPU holds: activations kept for the backward pass and the model states.
+
+Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", §4 and Table 2, written per tensor so that grouped KV heads, SwiGLU and any FFN width are
+counted the same way the paper counts GPT (for a GPT block they reduce exactly to Table 2):
+  no parallelism        s·b·h·(34 + 5as/h)
+  tensor parallel t     s·b·h·(10 + 24/t + 5as/(ht))
+  t + sequence parallel s·b·h·(34 + 5as/h)/t
+  selective recompute   drops the 5as/h term (scores, softmax, dropout mask)
+  full recompute        2·s·b·h per layer (the layer input), /t with sequence parallel
+Flash attention never stores the s×s scores, so it drops the 5as/h term as selective recompute does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.model import Layer
+
+ACT_BYTES = 2  # 16-bit activations
+LOGIT_BYTES = 4  # the cross-entropy keeps fp32 logits (DESIGN.md §3)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one layer runs: tensor-parallel degree, sequence parallel, micro-batch and sequence."""
+
+    tp: int
+    sp: bool
+    micro_batch: int
+    seq_len: int
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+
+def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> float:
+    """Bytes one microbatch leaves on this GPU between the layer's forward and its backward."""
+    s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
+    sbh = s * b * h
+    rep = 1 / t if shape.sp else 1.0  # tensors TP replicates, unless SP shards them
+    if layer.kind == "embedding":
+        return sbh * rep  # dropout mask on the embedding output (Korthikanti §4.3)
+    if layer.kind == "linear":
+        return ACT_BYTES * sbh * rep  # the input of the matmul
+    if layer.kind == "head":
+        # final norm input + output-projection input (16-bit) + fp32 logits of the loss.
+        return 2 * ACT_BYTES * sbh * rep + LOGIT_BYTES * s * b * layer.vocab_size / t
+    if recompute == "full":
+        return ACT_BYTES * sbh * rep
+    return _block_kept(layer, shape) + (0 if recompute == "selective" or flash
+                                        else _scores_bytes(layer, shape))
+
+
+def _block_kept(layer: Layer, shape: Shape) -> float:
+    """Korthikanti's tensors of a block other than the s×s scores (34·sbh for a GPT block)."""
+    s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
+    sb = s * b
+    kv = layer.num_kv_heads * layer.head_dim
+    # Replicated across TP (sharded by SP): two norm inputs (4), QKV input (2), MLP input (2),
+    # two dropout masks (1 + 1): 10·sbh.
+    replicated = 10 * sb * h
+    # Sharded by TP: Q and K (2h + 2kv), V (2kv), attention-output projection input (2h),
+    # MLP: gelu keeps its input and the second matmul's input (2f + 2f); SwiGLU keeps gate, up
+    # and their product (2f + 2f + 2f).
+    mlp = (6 if layer.mlp == "swiglu" else 4) * layer.ffn_hidden_size
+    sharded = sb * (2 * h + 2 * kv + 2 * kv + 2 * h + mlp)
+    return replicated * (1 / t if shape.sp else 1.0) + sharded / t
+
+
+def _scores_bytes(layer: Layer, shape: Shape) -> float:
+    """Softmax output (2), its dropout mask (1) and dropout output (2) per score: 5·a·s²·b/t."""
+    a, s, b = layer.num_attention_heads, shape.seq_len, shape.micro_batch
+    return 5 * a * s * s * b / shape.tp
+
+
+def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> float:
+    """Transient bytes while this layer runs its backward: with recompute, its rebuilt activations;
+    always, the gradient buffers of its widest tensors (the MLP hidden for a block, the logits for
+    the head). They live for one layer at a time, so a stage adds only its largest."""
+    s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
+    rep = 1 / t if shape.sp else 1.0
+    if layer.kind == "head":
+        return ACT_BYTES * s * b * layer.vocab_size / t + 2 * ACT_BYTES * s * b * h * rep
+    if layer.kind != "block":
+        return 2 * ACT_BYTES * s * b * h * rep
+    rebuilt = activation_bytes(layer, shape, "none", flash) if recompute != "none" else 0.0
+    width = (2 if layer.mlp == "swiglu" else 1) * layer.ffn_hidden_size
+    grads = ACT_BYTES * s * b * (2 * h * rep + 2 * width / t)
+    return rebuilt + grads
+
+
+def sharded_params(layer: Layer, tp: int) -> float:
+    """Parameters this layer puts on one GPU of its TP group (Megatron column/row parallel:
+    matmul weights and the column-parallel biases split by tp; norms and row-parallel biases
+    replicated; vocab-parallel embedding and output head)."""
+    h = layer.hidden_size
+    if layer.kind == "embedding":
+        return layer.vocab_size * h / tp + layer.position_embeddings * h
+    if layer.kind == "head":
+        return layer.params - layer.vocab_size * h + layer.vocab_size * h / tp
+    if layer.kind == "linear":
+        return layer.params / tp
+    norms = (2 if layer.norm == "layernorm" else 1) * h * 2
+    replicated_bias = 2 * h if layer.bias else 0
+    return (layer.params - norms - replicated_bias) / tp + norms + replicated_bias
+
+
+def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: int = 4) -> float:
+    """Weights (2) + gradients (``grad_bytes``: 4 for Megatron's fp32 main grads, 2 for 16-bit)
+    + Adam state (12: fp32 master weights, m and v); ZeRO-1 / the distributed optimizer shards the
+    12 over dp, ZeRO-2 also the gradients, ZeRO-3 also the weights (Rajbhandari et al. 2020, §5)."""
+    weights, grads, optim = 2.0, float(grad_bytes), 12.0
+    if zero >= 1:
+        optim /= dp
+    if zero >= 2:
+        grads /= dp
+    if zero >= 3:
+        weights /= dp
+    return params * (weights + grads + optim)

@@ -1,0 +1,79 @@
+"""Rich tables for plans, models and hardware: what the CLI prints."""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+
+from planner.hardware import Hardware
+from planner.model import ModelSpec
+from planner.plan import Plan
+
+GIB = 1024**3
+
+
+def _si(x: float) -> str:
+    for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
+        if abs(x) >= scale:
+            return f"{x / scale:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def plans_table(plans: list[Plan] | tuple[Plan, ...], title: str) -> Table:
+    table = Table(title=title, title_justify="left")
+    for col in ("#", "tp", "pp", "dp", "mb", "M", "schedule", "v", "recomp", "ZeRO", "SP"):
+        table.add_column(col, justify="right" if col not in ("schedule", "recomp") else "left")
+    for col in ("step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem/GPU GiB", "bubble"):
+        table.add_column(col, justify="right")
+    for i, plan in enumerate(plans, 1):
+        p, m = plan.parallel, plan.metrics
+        table.add_row(
+            str(i), str(p.tp), str(p.pp), str(p.dp), str(p.micro_batch), str(p.num_microbatches),
+            p.schedule, str(p.virtual_stages), p.recompute, str(p.zero),
+            "on" if p.sequence_parallel else "off", f"{m.step_time_s:.3f}", _si(m.tokens_per_s),
+            f"{m.tflops_per_gpu:.1f}", f"{m.mfu:.1%}", f"{m.peak_memory_bytes / GIB:.1f}",
+            f"{m.bubble_fraction:.1%}")
+    return table
+
+
+def rejected_line(rejected: dict[str, int]) -> str:
+    if not rejected:
+        return "rejected: none"
+    items = sorted(rejected.items(), key=lambda kv: (-kv[1], kv[0]))
+    return "rejected: " + ", ".join(f"{reason} {count}" for reason, count in items)
+
+
+def models_table(models: dict[str, ModelSpec]) -> Table:
+    table = Table(title="Model presets (plan solve --model NAME)", title_justify="left")
+    for col in ("name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "vocab",
+                "seq"):
+        table.add_column(col, justify="left" if col in ("name", "mlp") else "right")
+    for name, m in models.items():
+        table.add_row(name, _si(m.params), str(m.num_layers), str(m.hidden_size),
+                      str(m.num_attention_heads), str(m.num_kv_heads), str(m.ffn_hidden_size),
+                      m.mlp, str(m.vocab_size), str(m.seq_length))
+    return table
+
+
+def hardware_table(gpus: dict[str, Hardware]) -> Table:
+    table = Table(title="Bundled GPUs (plan solve --gpu NAME, or --hardware FILE)",
+                  title_justify="left")
+    for col in ("name", "bf16 TFLOP/s", "memory GiB", "HBM GB/s", "NVLink GB/s", "network GB/s",
+                "GPUs/node"):
+        table.add_column(col, justify="left" if col == "name" else "right")
+    for name, hw in gpus.items():
+        table.add_row(name, f"{hw.peak_tflops:g}", f"{hw.memory_gib:g}",
+                      f"{hw.memory_bandwidth_gbps:g}", f"{hw.intra_node_gbps:g}",
+                      f"{hw.inter_node_gbps:g}", str(hw.gpus_per_node))
+    return table
+
+
+def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
+    title = (f"{model.name} ({_si(model.params)} params, seq {model.seq_length}) on "
+             f"{cluster.gpus} x {cluster.hardware.name} ({cluster.nodes} nodes), global batch "
+             f"{result.plans[0].parallel.global_batch}")
+    console.print(plans_table(result.plans, title))
+    console.print(f"{result.screened} configurations screened in {result.elapsed_s:.2f} s; "
+                  + rejected_line(result.rejected))
+    for note in result.plans[0].notes:
+        console.print(f"[dim]assumes {note}[/dim]")

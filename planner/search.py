@@ -1,0 +1,242 @@
+"""The search: every parallel configuration of a model on a cluster, screened, refined, ranked.
+
+Screening enumerates (tp, pp, dp, micro-batch, M, schedule, virtual stages, recompute, ZeRO, SP)
+and predicts each with the closed-form evaluation (even split); every rejection is counted by
+reason. The best candidates are then refined (stage partition, schedule simulation) and ranked by
+step time, ties broken by lower memory, then by the configuration itself, so the same inputs always
+give the same ranking.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+from itertools import product
+
+from planner import calibration
+from planner.cost import RunOptions
+from planner.errors import NoFeasiblePlan, PlanInputError
+from planner.evaluate import evaluate, layer_costs
+from planner.hardware import Cluster
+from planner.model import ModelSpec
+from planner.plan import RECOMPUTE_MODES, SCHEDULES, Parallel, Plan
+
+DEFAULT_TOKENS_PER_BATCH = 4 * 1024 * 1024  # ~4M tokens: Llama-2/3 and GPT-3 scale batches
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+VIRTUAL_STAGES = (2, 3, 4, 6, 8)
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Dimensions the user fixed; None means search it."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch: int | None = None
+    schedule: str | None = None
+    virtual_stages: int | None = None
+    recompute: str | None = None
+    zero: int | None = None
+    sequence_parallel: bool | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    model: ModelSpec
+    cluster: Cluster
+    global_batch: int | None = None
+    max_bubble: float | None = None
+    pins: Pins = Pins()
+    options: RunOptions = RunOptions()
+    top: int = 10
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch or default_global_batch(self.model.seq_length)
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    plans: tuple[Plan, ...]
+    rejected: dict[str, int]
+    screened: int
+    elapsed_s: float
+    notes: tuple[str, ...] = field(default=())
+
+
+def default_global_batch(seq_len: int) -> int:
+    return max(1, DEFAULT_TOKENS_PER_BATCH // seq_len)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate_pins(req: Request) -> None:
+    """Pins that contradict each other or the GPU count: one line, before any search."""
+    pins, gpus = req.pins, req.cluster.gpus
+    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
+        value = getattr(pins, name)
+        if value is not None and value < 1:
+            raise PlanInputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    fixed = [v for v in (pins.tp, pins.pp, pins.dp) if v is not None]
+    prod = 1
+    for v in fixed:
+        prod *= v
+    if len(fixed) == 3 and prod != gpus:
+        raise PlanInputError(f"--tp {pins.tp} x --pp {pins.pp} x --dp {pins.dp} = {prod}, but "
+                             f"there are {gpus} GPUs; the three must multiply to the GPU count")
+    if fixed and gpus % prod:
+        raise PlanInputError(f"the pinned degrees multiply to {prod}, which does not divide "
+                             f"{gpus} GPUs")
+    if pins.schedule is not None and pins.schedule not in SCHEDULES:
+        raise PlanInputError(f"--schedule must be one of {', '.join(SCHEDULES)}, "
+                             f"got {pins.schedule!r}")
+    if pins.recompute is not None and pins.recompute not in RECOMPUTE_MODES:
+        raise PlanInputError(f"--recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
+                             f"got {pins.recompute!r}")
+    if pins.zero is not None and pins.zero not in (0, 1, 2, 3):
+        raise PlanInputError(f"--zero must be 0, 1, 2 or 3, got {pins.zero}")
+    if pins.sequence_parallel and pins.tp == 1:
+        raise PlanInputError("--sequence-parallel needs --tp > 1 (it shards what TP replicates)")
+    if pins.virtual_stages and pins.virtual_stages > 1 and pins.schedule not in (
+            None, "interleaved"):
+        raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved")
+    if req.global_batch is not None and req.global_batch < 1:
+        raise PlanInputError(f"--global-batch must be positive, got {req.global_batch}")
+    if req.max_bubble is not None and not 0 < req.max_bubble <= 1:
+        raise PlanInputError(f"--max-bubble is a fraction in (0, 1], got {req.max_bubble}")
+
+
+def _tp_reason(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
+    if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
+        return "TP across nodes"
+    for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
+                    ("FFN", model.ffn_hidden_size), ("vocabulary", model.vocab_size)):
+        if n % tp:
+            return f"{what} not divisible by TP"
+    return None
+
+
+def enumerate_configs(req: Request, rejected: Counter):
+    """Yield every Parallel the pins allow; count each rejection by its reason."""
+    model, cluster, pins, batch = req.model, req.cluster, req.pins, req.batch
+    gpus = cluster.gpus
+    blocks = max(model.num_layers, 1)
+    tps = [pins.tp] if pins.tp else divisors(gpus)
+    for tp in tps:
+        if gpus % tp:
+            continue
+        reason = _tp_reason(model, cluster, tp)
+        if reason:
+            rejected[reason] += 1
+            continue
+        pps = [pins.pp] if pins.pp else divisors(gpus // tp)
+        for pp in pps:
+            if (gpus // tp) % pp:
+                continue
+            dp = gpus // (tp * pp)
+            if pins.dp and dp != pins.dp:
+                continue
+            if pp > len(model.layers):
+                rejected["more stages than layers"] += 1
+                continue
+            for mb in ([pins.micro_batch] if pins.micro_batch else MICRO_BATCHES):
+                if batch % (mb * dp):
+                    rejected["batch not divisible"] += 1
+                    continue
+                m = batch // (mb * dp)
+                yield from _knobs(req, tp, pp, dp, mb, m, blocks, rejected)
+
+
+def _knobs(req: Request, tp, pp, dp, mb, m, blocks, rejected: Counter):
+    pins = req.pins
+    schedules = [pins.schedule] if pins.schedule else (
+        ["1f1b"] if pp == 1 else list(SCHEDULES))
+    recomputes = [pins.recompute] if pins.recompute else [
+        r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
+    zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
+    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [tp > 1]
+    for schedule in schedules:
+        vs = [1]
+        if schedule == "interleaved":
+            vs = [pins.virtual_stages] if pins.virtual_stages else list(VIRTUAL_STAGES)
+            if pp == 1:
+                rejected["schedule rule"] += 1
+                continue
+            if m % pp:
+                rejected["schedule rule"] += len(vs)
+                continue
+        elif pins.virtual_stages and pins.virtual_stages > 1:
+            continue
+        for v in vs:
+            if pp * v > len(req.model.layers) or (v > 1 and blocks % (pp * v)):
+                rejected["schedule rule"] += 1
+                continue
+            for recompute, zero, sp in product(recomputes, zeros, sps):
+                if sp and tp == 1:
+                    rejected["sequence parallel needs TP"] += 1
+                    continue
+                yield Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=m,
+                               schedule=schedule, virtual_stages=v, recompute=recompute,
+                               zero=zero, sequence_parallel=sp)
+
+
+def capacity_bytes(cluster: Cluster) -> float:
+    return cluster.hardware.memory_bytes
+
+
+def _rank_key(plan: Plan):
+    p = plan.parallel
+    return (round(plan.metrics.step_time_s, 9), round(plan.metrics.peak_memory_bytes),
+            p.tp, p.pp, p.micro_batch, SCHEDULES.index(p.schedule), p.virtual_stages,
+            RECOMPUTE_MODES.index(p.recompute), p.zero, p.sequence_parallel)
+
+
+def search(req: Request, progress=None) -> SearchResult:
+    """Screen every configuration, keep the ones that fit, rank them (best first)."""
+    validate_pins(req)
+    start = time.perf_counter()
+    rejected: Counter = Counter()
+    configs = list(enumerate_configs(req, rejected))
+    capacity = capacity_bytes(req.cluster)
+    kept: list[Plan] = []
+    cache: dict = {}
+    for n, par in enumerate(configs):
+        if progress:
+            progress(n, len(configs))
+        plan = _evaluate_cached(req, par, cache)
+        if plan.metrics.peak_memory_bytes > capacity:
+            rejected["memory"] += 1
+            continue
+        if req.max_bubble is not None and plan.metrics.bubble_fraction > req.max_bubble:
+            rejected["bubble above limit"] += 1
+            continue
+        kept.append(plan)
+    if progress:
+        progress(len(configs), len(configs))
+    kept.sort(key=_rank_key)
+    elapsed = time.perf_counter() - start
+    if not kept:
+        raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
+    return SearchResult(plans=tuple(kept[: req.top]), rejected=dict(sorted(rejected.items())),
+                        screened=len(configs), elapsed_s=elapsed)
+
+
+def _evaluate_cached(req: Request, par: Parallel, cache: dict) -> Plan:
+    """evaluate(), sharing per-layer costs between configurations with the same layer shape."""
+    key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute)
+    if key not in cache:
+        cache[key] = layer_costs(req.model, par, req.cluster.hardware, req.options, par.recompute)
+    return evaluate(req.model, req.cluster, par, req.options, costs=cache[key])
+
+
+def _no_plan_message(req: Request, rejected: Counter, screened: int) -> str:
+    gib = (capacity_bytes(req.cluster) - calibration.RESERVED_BYTES) / 1024**3
+    reasons = ", ".join(f"{n} {r}" for r, n in rejected.most_common())
+    return (f"no feasible plan for {req.model.name} on {req.cluster.gpus} x "
+            f"{req.cluster.hardware.name} ({screened} configurations screened; rejected: "
+            f"{reasons or 'none'}). Try more GPUs, a smaller --global-batch or micro-batch, or "
+            f"check that the model fits in {gib:.0f} GiB per GPU with full recompute and ZeRO-3")

@@ -1,0 +1,101 @@
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from cli import app
+
+runner = CliRunner()
+
+
+def run(*args):
+    return runner.invoke(app, list(args))
+
+
+def test_default_solve_prints_a_ranked_table():
+    result = run("solve", "--gpus", "16", "--nodes", "2")
+    assert result.exit_code == 0, result.output
+    assert "llama3-8b" in result.output and "configurations screened" in result.output
+
+
+def test_json_follows_the_plan_schema_and_invariants():
+    result = run("solve", "--gpus", "16", "--nodes", "2", "--json", "--top", "5")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["plans"] and set(doc) == {"plans", "rejected", "search"}
+    times = [p["metrics"]["step_time_s"] for p in doc["plans"]]
+    assert times == sorted(times)
+    for plan in doc["plans"]:
+        assert plan["schema"] == "plan3d/plan/v1"
+        par = plan["parallel"]
+        assert par["tp"] * par["pp"] * par["dp"] == 16
+        assert par["micro_batch"] * par["num_microbatches"] * par["dp"] == par["global_batch"]
+        layers = [s["layers"] for s in plan["stages"]]
+        assert layers[0][0] == 0 and layers[-1][1] == plan["model"]["num_layers"] + 2
+        assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(layers, layers[1:]))
+
+
+def test_same_inputs_same_bytes():
+    a = run("solve", "--gpus", "16", "--nodes", "2", "--json")
+    b = run("solve", "--gpus", "16", "--nodes", "2", "--json")
+    assert a.output == b.output
+
+
+def test_gpt3_175b_on_1024_gpus_within_25_percent_of_published(published_runs):
+    """Megatron-LM README GPT-3 175B run: 1024 A100, tp 8, pp 16, mb 1, global batch 1536,
+    full recompute, 1F1B, 2021 stack (unfused attention, no DP overlap, no distributed
+    optimizer, no sequence parallel): 32 s per step (shared/validation)."""
+    case = next(c for c in published_runs if c["name"] == "megatron-readme-gpt3-175B-1024gpu")
+    result = run("solve", "--model", "gpt3-175b", "--gpus", "1024", "--nodes", "128", "--gpu",
+                 "a100-80gb", "--global-batch", "1536", "--tp", "8", "--pp", "16",
+                 "--micro-batch", "1", "--recompute", "full", "--schedule", "1f1b", "--zero", "0",
+                 "--no-sequence-parallel", "--no-flash", "--no-overlap", "--json")
+    assert result.exit_code == 0, result.output
+    plan = json.loads(result.output)["plans"][0]
+    assert plan["metrics"]["step_time_s"] == pytest.approx(case["measured"]["step_time_s"],
+                                                           rel=0.25)
+
+
+def test_pins_are_respected():
+    result = run("solve", "--gpus", "16", "--nodes", "2", "--tp", "2", "--pp", "2",
+                 "--micro-batch", "1", "--json")
+    assert result.exit_code == 0, result.output
+    for plan in json.loads(result.output)["plans"]:
+        assert (plan["parallel"]["tp"], plan["parallel"]["pp"], plan["parallel"]["dp"]) == (2, 2, 4)
+
+
+@pytest.mark.parametrize("args, message", [
+    (("--gpus", "15", "--nodes", "2"), "not divisible"),
+    (("--gpus", "0", "--nodes", "1"), "positive"),
+    (("--gpus", "16", "--nodes", "2", "--model", "nope"), "unknown model"),
+    (("--gpus", "16", "--nodes", "2", "--gpu", "tpu-v9"), "unknown GPU"),
+    (("--gpus", "16", "--nodes", "2", "--tp", "4", "--pp", "4", "--dp", "2"), "multiply"),
+    (("--gpus", "16", "--nodes", "2", "--schedule", "magic"), "schedule"),
+    (("--gpus", "16", "--nodes", "2", "--tp", "1", "--sequence-parallel"), "sequence"),
+])
+def test_bad_input_is_one_line_and_exit_2(args, message):
+    result = run("solve", *args)
+    assert result.exit_code == 2
+    assert message in result.output
+    assert "Traceback" not in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_bad_model_file_is_one_line(tmp_path):
+    bad = tmp_path / "model.json"
+    bad.write_text('{"name": "x"')
+    result = run("solve", "--gpus", "8", "--nodes", "1", "--model", str(bad))
+    assert result.exit_code == 2 and "not valid JSON" in result.output
+
+
+def test_no_feasible_plan_exits_1_with_reasons():
+    result = run("solve", "--model", "llama3-405b", "--gpus", "8", "--nodes", "1")
+    assert result.exit_code == 1
+    assert "no feasible plan" in result.output and "memory" in result.output
+
+
+def test_models_and_hardware_lists():
+    models = run("models")
+    assert models.exit_code == 0 and "llama3-405b" in models.output
+    hw = run("hardware")
+    assert hw.exit_code == 0 and "h100-sxm-80gb" in hw.output

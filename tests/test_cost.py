@@ -1,0 +1,101 @@
+import pytest
+
+from planner import comm
+from planner.cost import RunOptions, block_forward_flops, layer_cost, model_flops_per_iteration
+from planner.hardware import load_hardware
+from planner.memory import Shape, activation_bytes, model_state_bytes
+from planner.model import PRESETS, _gpt
+
+
+def test_flops_per_iteration_match_megatron_eq3(published_runs):
+    """Narayanan et al. 2021 eq. 3 with the recompute forward removed (72 instead of 96):
+    F = 72 B s l h^2 (1 + s/(6h) + V/(12 l h))."""
+    for case in published_runs:
+        if case["group"] != "megatron2021_table1":
+            continue
+        m, B = case["model"], case["config"]["global_batch"]
+        spec = _gpt(case["name"], m["layers"], m["hidden"], m["heads"], m["vocab"], m["seq_len"])
+        l, h, s, V = m["layers"], m["hidden"], m["seq_len"], m["vocab"]
+        megatron = 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
+        assert model_flops_per_iteration(spec, B, s) == pytest.approx(megatron, rel=0.01)
+
+
+def test_published_tflops_imply_the_published_step_time(published_runs):
+    """The validation file derives step time from eq. 3 (with recompute, 96): check ours agrees."""
+    for case in published_runs:
+        if case["group"] != "megatron2021_table1":
+            continue
+        m, B = case["model"], case["config"]["global_batch"]
+        spec = _gpt(case["name"], m["layers"], m["hidden"], m["heads"], m["vocab"], m["seq_len"])
+        l, h, s, V = m["layers"], m["hidden"], m["seq_len"], m["vocab"]
+        flops = model_flops_per_iteration(spec, B, s) * 96 / 72 * (
+            1 + s / (6 * h) + V / (16 * l * h)) / (1 + s / (6 * h) + V / (12 * l * h))
+        step = flops / (case["cluster"]["gpus"] * case["measured"]["tflops_per_gpu"] * 1e12)
+        assert step == pytest.approx(case["measured"]["step_time_s"], rel=0.01)
+
+
+GPT3 = PRESETS["gpt3-175b"].blocks[0]
+S, B, H, A = 2048, 1, 12288, 96
+
+
+@pytest.mark.parametrize("tp, sp, recompute, expected", [
+    # Korthikanti et al. 2022, Table 2, per layer, 16-bit, unfused attention
+    (1, False, "none", S * B * H * (34 + 5 * A * S / H)),
+    (8, False, "none", S * B * H * (10 + 24 / 8 + 5 * A * S / (H * 8))),
+    (8, True, "none", S * B * H * (34 + 5 * A * S / H) / 8),
+    (8, True, "selective", S * B * H * 34 / 8),
+    (8, False, "selective", S * B * H * (10 + 24 / 8)),
+    (1, False, "full", 2 * S * B * H),
+    (8, True, "full", 2 * S * B * H / 8),
+])
+def test_activation_bytes_match_korthikanti_table2(tp, sp, recompute, expected):
+    shape = Shape(tp=tp, sp=sp, micro_batch=B, seq_len=S)
+    assert activation_bytes(GPT3, shape, recompute, flash=False) == pytest.approx(expected)
+
+
+def test_flash_attention_drops_the_score_term():
+    shape = Shape(tp=8, sp=True, micro_batch=1, seq_len=S)
+    assert activation_bytes(GPT3, shape, "none", flash=True) == pytest.approx(34 * S * H / 8)
+
+
+def test_model_states_follow_zero_paper():
+    """Rajbhandari et al. 2020 §3.1: 16 bytes/param with 16-bit grads (2 + 2 + 12), Megatron's
+    fp32 grads make it 18; ZeRO stages divide optimizer, then grads, then weights by dp."""
+    assert model_state_bytes(1, dp=1, zero=0, grad_bytes=2) == 16
+    assert model_state_bytes(1, dp=1, zero=0) == 18
+    assert model_state_bytes(1, dp=4, zero=1, grad_bytes=2) == 2 + 2 + 3
+    assert model_state_bytes(1, dp=4, zero=2, grad_bytes=2) == 2 + 0.5 + 3
+    assert model_state_bytes(1, dp=4, zero=3, grad_bytes=2) == 0.5 + 0.5 + 3
+    # The paper's example: 7.5B parameters, Nd = 64: 120 GB -> 31.4 / 16.6 / 1.9 GB
+    p = 7.5e9
+    assert model_state_bytes(p, 64, 0, 2) / 1e9 == pytest.approx(120, rel=0.01)
+    assert model_state_bytes(p, 64, 1, 2) / 1e9 == pytest.approx(31.4, rel=0.01)
+    assert model_state_bytes(p, 64, 2, 2) / 1e9 == pytest.approx(16.6, rel=0.01)
+    assert model_state_bytes(p, 64, 3, 2) / 1e9 == pytest.approx(1.9, rel=0.02)
+
+
+def test_ring_collectives():
+    link = comm.Link(bytes_per_s=100e9, latency_s=0.0)
+    assert comm.all_reduce_s(1e9, 8, link) == pytest.approx(2 * 7 / 8 * 1e9 / 100e9)
+    assert comm.all_gather_s(1e9, 8, link) == pytest.approx(7 / 8 * 1e9 / 100e9)
+    assert comm.all_reduce_s(1e9, 1, link) == 0.0
+
+
+def test_backward_is_twice_forward_in_flops_and_split_in_halves():
+    hw = load_hardware("a100-80gb")
+    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=2048)
+    c = layer_cost(GPT3, shape, "none", hw, RunOptions(flash_attention=False))
+    gemm, attn = block_forward_flops(GPT3, 2048, 2048)
+    assert c.model_flops == pytest.approx(3 * (gemm + attn))
+    assert c.bwd_weight_s < c.bwd_input_s  # input grad also carries attention and elementwise
+    assert c.bwd_s == pytest.approx(2 * c.fwd_s, rel=0.1)
+
+
+def test_recompute_costs_time_and_saves_memory():
+    hw = load_hardware("a100-80gb")
+    shape = Shape(tp=8, sp=True, micro_batch=1, seq_len=2048)
+    none = layer_cost(GPT3, shape, "none", hw)
+    full = layer_cost(GPT3, shape, "full", hw)
+    assert full.act_bytes < none.act_bytes / 10
+    assert full.total_s > none.total_s
+    assert full.hardware_flops == pytest.approx(none.model_flops * 4 / 3)
