@@ -133,3 +133,9 @@ def test_dependencies_hold_for_random_times(data, name, p, mult, v):
     r = simulate(name, p, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm if n > 1 else 0.0)
     eff_comm = [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
     _check_dependencies(r, fwd, bwd, wgrad, eff_comm)
+
+
+def test_simulator_reexported_from_schedule_module():
+    from planner.schedule import SimResult, simulate as sim2
+
+    assert isinstance(sim2("1f1b", 2, 2, fwd_s=1, bwd_s=1), SimResult)
