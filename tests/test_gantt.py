@@ -1,0 +1,53 @@
+"""Terminal Gantt and SVG rendering."""
+
+import xml.etree.ElementTree as ET
+
+from rich.console import Console
+
+from planner.gantt import gantt_rows, render_gantt, to_svg
+from planner.simulate import simulate
+
+SVG = "{http://www.w3.org/2000/svg}"
+
+
+def test_terminal_gantt_rows_labels_and_bubble():
+    r = simulate("1f1b", 4, 8, fwd_s=1.0, bwd_s=2.0)
+    console = Console(record=True, width=120, color_system="truecolor")
+    render_gantt(r, console)
+    text = console.export_text(clear=False)
+    lines = text.splitlines()
+    rank_lines = [line for line in lines if line.startswith("rank ")]
+    assert len(rank_lines) == 4
+    assert all("0" in line and "7" in line for line in rank_lines)  # microbatch labels fit
+    assert "idle share of step" in text and "idle / ideal compute" in text
+    assert "27.3%" in text and "(p-1)/(M+p-1)" in text
+    assert "peak in-flight" in text
+    html = console.export_html()
+    assert "background-color: #000080" in html and "background-color: #008000" in html  # F, B
+    styles = {str(span.style) for span in gantt_rows(r, 60)[0].spans}
+    assert {"white on blue", "black on green"} <= styles
+
+
+def test_rows_are_blank_where_idle_and_span_width():
+    r = simulate("gpipe", 2, 2, fwd_s=1.0, bwd_s=1.0)  # makespan 6; rank 1 idle [0,1) and [5,6)
+    rows = gantt_rows(r, 12)
+    assert all(len(t.plain) == 12 for t in rows)
+    assert rows[1].plain[:2] == "  " and rows[1].plain[-2:] == "  "
+
+
+def test_zb_note_in_gantt():
+    r = simulate("zb-h1", 4, 8, fwd_s=1.0, bwd_s=2.0)
+    console = Console(record=True, width=200)
+    render_gantt(r, console)
+    text = console.export_text()
+    assert "a third of 1F1B" in text and "weight grad" in text
+
+
+def test_svg_parses_with_one_rect_per_compute_op():
+    r = simulate("interleaved", 2, 4, 2, fwd_s=0.5, bwd_s=1.0)
+    root = ET.fromstring(to_svg(r))
+    assert root.tag == SVG + "svg"
+    ops = [e for e in root.iter(SVG + "rect") if e.get("class") == "op"]
+    assert len(ops) == sum(len(row) for row in r.timeline) == 2 * 2 * 4 * 2
+    assert all(e.find(SVG + "title") is not None for e in ops)
+    assert {e.get("fill") for e in ops} == {"#4a78c2", "#4caf50"}

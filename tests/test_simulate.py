@@ -1,0 +1,141 @@
+"""Timing simulator: bubbles against closed forms, hand-checked makespans, dependencies."""
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from planner.schedule import SCHEDULES, ScheduleError
+from planner.simulate import closed_form_bubble, simulate
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("p,m,expected", [(4, 8, 0.273), (4, 64, 0.045)])
+def test_gpipe_1f1b_bubble_closed_form(name, p, m, expected):
+    r = simulate(name, p, m, fwd_s=1.0, bwd_s=2.0)
+    assert r.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), abs=1e-12)
+    assert round(r.bubble_fraction, 3) == expected
+    assert r.bubble_ratio == pytest.approx((p - 1) / m, abs=1e-12)
+
+
+def test_gpipe_p4_m4_unit_times_takes_14():
+    r = simulate("gpipe", 4, 4, fwd_s=1.0, bwd_s=1.0)
+    assert r.makespan_s == 14.0
+    for row in r.timeline:
+        assert [f"{t.op.kind}{t.op.microbatch}" for t in row] == ["F0", "F1", "F2", "F3", "B3", "B2", "B1", "B0"]
+
+
+def test_peak_inflight_gpipe_and_1f1b():
+    assert simulate("gpipe", 4, 6, fwd_s=1, bwd_s=2).peak_inflight == (6, 6, 6, 6)
+    assert simulate("1f1b", 4, 8, fwd_s=1, bwd_s=2).peak_inflight == (4, 3, 2, 1)
+    assert simulate("1f1b", 4, 2, fwd_s=1, bwd_s=2).peak_inflight == (2, 2, 2, 1)
+    r = simulate("1f1b", 2, 4, fwd_s=1, bwd_s=2, act_bytes=[10.0, 30.0])
+    assert r.peak_activation_bytes == (20.0, 30.0)
+
+
+@pytest.mark.parametrize("p,m,v", [(4, 8, 2), (4, 8, 4), (2, 6, 3), (4, 4, 2), (8, 16, 2)])
+def test_interleaved_bubble_closed_form(p, m, v):
+    r = simulate("interleaved", p, m, v, fwd_s=1.0 / v, bwd_s=2.0 / v)
+    assert r.bubble_fraction == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-12)
+    assert r.bubble_fraction == pytest.approx(closed_form_bubble("interleaved", p, m, v), abs=1e-12)
+
+
+def test_interleaved_first_rank_holds_korthikanti_factor():
+    p, m, v = 4, 8, 2
+    r = simulate("interleaved", p, m, v, fwd_s=0.5, bwd_s=1.0)
+    # chunk activations are 1/v of a stage's; 1F1B's rank 0 holds p stage activations
+    assert r.peak_inflight[0] / v == pytest.approx(p * (1 + (p - 1) / (p * v)))
+
+
+@pytest.mark.parametrize("p,m", [(2, 4), (4, 8), (4, 16), (8, 32)])
+def test_zb_h1_idle_is_a_third_of_1f1b(p, m):
+    one = simulate("1f1b", p, m, fwd_s=1.0, bwd_s=2.0)
+    zb = simulate("zb-h1", p, m, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0)  # F = B = W = 1
+    assert sum(zb.idle_s) * 3 == pytest.approx(sum(one.idle_s))  # exact: (p-1) vs 3(p-1) per rank
+    assert zb.bubble_ratio * 3 == pytest.approx(one.bubble_ratio)  # (p-1)/3m vs (p-1)/m
+    assert zb.bubble_fraction == pytest.approx(closed_form_bubble("zb-h1", p, m))  # not one third
+    assert zb.makespan_s == 3 * m + p - 1
+
+
+def test_zb_h1_peak_counted_until_w_matches_1f1b_worst_rank():
+    one = simulate("1f1b", 4, 8, fwd_s=1, bwd_s=2)
+    zb = simulate("zb-h1", 4, 8, fwd_s=1, bwd_s=2)
+    assert max(zb.peak_inflight) == max(one.peak_inflight) == 4
+    assert zb.peak_inflight == (4, 4, 4, 4)  # later ranks hold more than their 1F1B (p - i)
+
+
+def test_slow_stage_gates_the_step_gpipe():
+    # p=3, M=4, stage 1 twice as slow (F: 1,2,1; B: 1,2,1).  Forward: stage 1 runs F0..F3 back to
+    # back on [1, 9); stage 2 ends F3 at 10.  Backward B3..B0: stage 2 [10, 14), stage 1 B3 at
+    # 11, each 2 long -> ends 19, stage 0's B0 follows on [19, 20).
+    r = simulate("gpipe", 3, 4, fwd_s=[1, 2, 1], bwd_s=[1, 2, 1])
+    assert r.makespan_s == 20.0
+    assert r.busy_s[1] == 16.0
+
+
+def test_slow_stage_gates_the_step_1f1b():
+    # p=3, M=4, F: 1,2,1; B: 2,4,2.  Stage 1: F0 [1,3), F1 [3,5), waits for B0 from stage 2
+    # (F0 [3,4), B0 [4,6)), then B0 [6,10) F2 [10,12) B1 [12,16) F3 [16,18) B2 [18,22)
+    # B3 [22,26); stage 0's B3 then runs [26, 28).
+    r = simulate("1f1b", 3, 4, fwd_s=[1, 2, 1], bwd_s=[2, 4, 2])
+    assert r.makespan_s == 28.0
+    starts = [(t.op.kind, t.op.microbatch, t.start_s) for t in r.timeline[1]]
+    assert starts[2] == ("B", 0, 6.0) and starts[-1] == ("B", 3, 22.0)
+
+
+def test_comm_is_latency_on_the_dependency():
+    r = simulate("1f1b", 2, 2, fwd_s=1.0, bwd_s=1.0, comm_s=0.5)
+    row1 = {(t.op.kind, t.op.microbatch): t.start_s for t in r.timeline[1]}
+    assert row1[("F", 0)] == 1.5  # F0 ends at 1 on rank 0, + 0.5 transfer
+    row0 = {(t.op.kind, t.op.microbatch): t.start_s for t in r.timeline[0]}
+    assert row0[("B", 0)] == 4.0  # B0 ends 3.5 on rank 1, + 0.5 transfer
+    assert r.makespan_s == 7.0
+
+
+def test_bad_lengths_raise():
+    with pytest.raises(ScheduleError, match="fwd_s has 2 entries; expected 4"):
+        simulate("1f1b", 4, 4, fwd_s=[1, 2], bwd_s=1)
+
+
+def _check_dependencies(r, fwd, bwd, wgrad, comm):
+    chunks = r.p * r.v
+    when = {}
+    for rank, row in enumerate(r.timeline):
+        prev_end = 0.0
+        for t in row:
+            assert t.op.chunk % r.p == rank
+            assert t.start_s >= prev_end - 1e-9  # one op at a time, in order
+            prev_end = t.end_s
+            when[(t.op.kind, t.op.microbatch, t.op.chunk)] = t
+    for (kind, mb, k), t in when.items():
+        if kind == "F" and k > 0:
+            assert t.start_s >= when[("F", mb, k - 1)].end_s + comm[k - 1] - 1e-9
+        if kind == "B":
+            assert t.start_s >= when[("F", mb, k)].end_s - 1e-9
+            if k < chunks - 1:
+                assert t.start_s >= when[("B", mb, k + 1)].end_s + comm[k] - 1e-9
+        if kind == "W":
+            assert t.start_s >= when[("B", mb, k)].end_s - 1e-9
+            assert t.end_s - t.start_s == pytest.approx(wgrad[k])
+    assert r.makespan_s == pytest.approx(max(t.end_s for t in when.values()))
+    assert sum(r.busy_s) + sum(r.idle_s) == pytest.approx(r.p * r.makespan_s)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), name=st.sampled_from(SCHEDULES), p=st.integers(1, 6), mult=st.integers(1, 3),
+       v=st.sampled_from((1, 2, 3)))
+def test_dependencies_hold_for_random_times(data, name, p, mult, v):
+    v = v if name == "interleaved" else 1
+    m = p * mult if name == "interleaved" else data.draw(st.integers(1, 12))
+    n = p * v
+    times = st.lists(st.floats(0.1, 5.0), min_size=n, max_size=n)
+    fwd, bwd = data.draw(times), data.draw(times)
+    wgrad = [b * data.draw(st.floats(0.0, 1.0)) for b in bwd]
+    comm = data.draw(st.lists(st.floats(0.0, 2.0), min_size=max(n - 1, 0), max_size=max(n - 1, 0)))
+    r = simulate(name, p, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm if n > 1 else 0.0)
+    eff_comm = [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
+    _check_dependencies(r, fwd, bwd, wgrad, eff_comm)
+
+
+def test_simulator_reexported_from_schedule_module():
+    from planner.schedule import SimResult, simulate as sim2
+
+    assert isinstance(sim2("1f1b", 2, 2, fwd_s=1, bwd_s=1), SimResult)
