@@ -121,3 +121,18 @@ def test_to_dict_shape():
 def test_large_layout_is_fast():
     lay = build_layout(8, 16, 128, 8)  # 16384 GPUs
     assert len(lay.ranks) == 16384 and lay.tp_within_node
+
+
+def test_render_layout_small_and_huge():
+    from rich.console import Console
+
+    from planner.layout_report import render_layout
+
+    console = Console(record=True, width=160)
+    render_layout(build_layout(2, 4, 2, 8), console)
+    text = console.export_text()
+    assert "(1,3,1)" in text and "[0,4,8,12]" in text and "PP boundaries crossing nodes: [1]" in text
+    console = Console(record=True, width=160)
+    render_layout(build_layout(8, 16, 64, 8), console)
+    text = console.export_text()
+    assert "1016 nodes not shown" in text and "more" in text and len(text) < 20000
