@@ -236,3 +236,14 @@ def test_launch_sh_runs_torchrun_with_megatron_args(plan, tmp_path):
     assert out[:6] == ["--nnodes", "2", "--nproc-per-node", "8", "--node-rank", "1"]
     assert "node0:29500" in out and "pretrain_gpt.py" in out
     assert "--decoder-first-pipeline-num-layers" in out and out[-3:-1] == ["--data-path", "/d"]
+
+
+def test_nonstandard_model_refused_by_megatron_and_torchtitan(tmp_path):
+    from planner.model import Layer
+    from planner.export import torchtitan
+
+    base = make_plan(bounds=(0, 9, 17, 25, 34))
+    layers = base.model.layers[:-1] + (Layer(kind="linear", hidden_size=4096, out_features=10),)
+    p = replace(base, model=replace(base.model, layers=layers))
+    assert any("other layer kinds" in x for x in megatron.check(p))
+    assert any("other layer kinds" in x for x in torchtitan.check(p))

@@ -19,8 +19,8 @@ in torch.distributed.pipelining; the closest is "InterleavedZeroBubble".
 
 from __future__ import annotations
 
-from planner.export.common import (header, schedule_basics, strongest_recompute,
-                                   structure_problems, tp_divisibility)
+from planner.export.common import (header, is_standard_gpt, schedule_basics,
+                                   strongest_recompute, structure_problems, tp_divisibility)
 from planner.plan import Plan
 
 TARGET = "torchtitan v0.1+ TOML job config (torchrun -m torchtitan.train --job.config_file)"
@@ -56,6 +56,9 @@ def check(plan: Plan) -> list[str]:
         sequence_parallel=par.sequence_parallel, num_heads=m.num_attention_heads,
         num_kv_heads=m.num_kv_heads, ffn=m.ffn_hidden_size, vocab=m.vocab_size,
         num_blocks=m.num_layers)
+    if not is_standard_gpt(plan):
+        out.append(f"{NAME}: split points name tok_embeddings / layers.i / norm + output; this "
+                   "model has other layer kinds")
     return out
 
 
