@@ -1,0 +1,100 @@
+"""Exports of a plan for the launchers people use: plan.json, Megatron-LM, DeepSpeed, torchtitan,
+torchrun + Slurm.
+
+Each exporter module has ``render(plan) -> {filename: text}``, ``check(plan) -> [violation]`` and
+``parallel_rules(**plain values) -> [violation]``. :func:`export_plan` checks every target first
+and writes nothing when any rule is broken; files are written atomically (temporary file in the
+same directory, then ``os.replace``) and never over an existing file unless ``force``.
+:func:`launcher_allows` is the cheap per-candidate test the search uses for ``--launcher``.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from types import ModuleType
+
+from planner.errors import PlanInputError
+from planner.export import deepspeed, megatron, plan_json, torchrun, torchtitan
+from planner.export.common import ExportError
+from planner.export.megatron import parse_megatron_args
+from planner.plan import Plan
+
+EXPORTERS: dict[str, ModuleType] = {
+    "json": plan_json,
+    "megatron": megatron,
+    "deepspeed": deepspeed,
+    "torchtitan": torchtitan,
+    "torchrun": torchrun,
+}
+LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
+
+__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "export_plan", "launcher_allows",
+           "parse_megatron_args", "render_all"]
+
+
+def _exporter(target: str) -> ModuleType:
+    try:
+        return EXPORTERS[target]
+    except KeyError:
+        raise PlanInputError(f"unknown export target '{target}'; choose from "
+                             f"{', '.join(EXPORTERS)}") from None
+
+
+def launcher_allows(launcher: str, *, tp: int, pp: int, dp: int, micro_batch: int,
+                    num_microbatches: int, schedule: str, virtual_stages: int = 1,
+                    recompute: str = "none", zero: int = 1, sequence_parallel: bool = False,
+                    num_heads: int | None = None, num_kv_heads: int | None = None,
+                    ffn: int | None = None, vocab: int | None = None,
+                    num_blocks: int | None = None) -> str | None:
+    """None when ``launcher`` can run this configuration, else the first rule it breaks."""
+    problems = _exporter(launcher).parallel_rules(
+        tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=num_microbatches,
+        schedule=schedule, virtual_stages=virtual_stages, recompute=recompute, zero=zero,
+        sequence_parallel=sequence_parallel, num_heads=num_heads, num_kv_heads=num_kv_heads,
+        ffn=ffn, vocab=vocab, num_blocks=num_blocks)
+    return problems[0] if problems else None
+
+
+def render_all(plan: Plan, targets: list[str]) -> dict[str, str]:
+    """Check every target, then render: {filename: text}. Raises ExportError on a broken rule."""
+    files: dict[str, str] = {}
+    for target in dict.fromkeys(targets):
+        module = _exporter(target)
+        problems = module.check(plan)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ExportError(f"cannot export for {target}: {problems[0]}{more}")
+        files.update(module.render(plan))
+    return files
+
+
+def export_plan(plan: Plan, targets: list[str], out_dir: str | Path,
+                force: bool = False) -> list[Path]:
+    """Write the files of every target into ``out_dir``; returns their paths in write order."""
+    files = render_all(plan, targets)
+    out = Path(out_dir)
+    paths = [out / name for name in files]
+    if not force:
+        existing = [p for p in paths if p.exists()]
+        if existing:
+            raise PlanInputError(f"{existing[0]} exists; pass --force to overwrite")
+    out.mkdir(parents=True, exist_ok=True)
+    for path, text in zip(paths, files.values()):
+        _write_atomic(path, text, executable=path.suffix in (".sh", ".sbatch"))
+    return paths
+
+
+def _write_atomic(path: Path, text: str, executable: bool = False) -> None:
+    """Write to a temporary file beside ``path`` and rename it over: readers never see half."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if executable else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

@@ -1,0 +1,138 @@
+"""Rank layout: groups partition the ranks, Megatron's documented example, node-local TP."""
+
+import json
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.layout import (ORDERS, LayoutError, build_layout, check_layout, rank_of,
+                            require_node_local_tp)
+
+degrees = st.sampled_from([1, 2, 3, 4, 8])
+gpn = st.sampled_from([1, 2, 4, 6, 8, 16])
+orders = st.sampled_from(ORDERS)
+
+
+def _partition(groups, world):
+    flat = [r for g in groups for r in g]
+    return sorted(flat) == list(range(world))
+
+
+@settings(max_examples=80, deadline=None)
+@given(degrees, degrees, degrees, gpn, orders)
+def test_groups_partition_ranks(tp, pp, dp, g, order):
+    lay = build_layout(tp, pp, dp, g, order)
+    world = tp * pp * dp
+    assert lay.world_size == world == len(lay.ranks)
+    for groups, size in ((lay.tp_groups, tp), (lay.pp_groups, pp), (lay.dp_groups, dp)):
+        assert _partition(groups, world)  # each rank in exactly one group of this dimension
+        assert all(len(grp) == size for grp in groups)
+        assert len(groups) * size == world
+    for info in lay.ranks:
+        assert info.node == info.rank // g and info.local_rank == info.rank % g
+        assert rank_of(info.tp, info.pp, info.dp, tp, pp, dp, order) == info.rank
+    # Every group varies exactly its own coordinate.
+    by_rank = {r.rank: r for r in lay.ranks}
+    for grp in lay.pp_groups:
+        assert [by_rank[r].pp for r in grp] == list(range(pp))
+        assert len({(by_rank[r].tp, by_rank[r].dp) for r in grp}) == 1
+    for grp in lay.dp_groups:
+        assert [by_rank[r].dp for r in grp] == list(range(dp))
+        assert len({(by_rank[r].tp, by_rank[r].pp) for r in grp}) == 1
+    json.dumps(lay.to_dict())
+
+
+@settings(max_examples=80, deadline=None)
+@given(degrees, degrees, degrees, gpn, orders)
+def test_tp_node_local_iff_divides(tp, pp, dp, g, order):
+    lay = build_layout(tp, pp, dp, g, order)
+    if g % tp == 0:
+        assert lay.tp_within_node
+        require_node_local_tp(lay)
+        assert all(len({r // g for r in grp}) == 1 for grp in lay.tp_groups)
+    elif tp * pp * dp > 1 and any(len({r // g for r in grp}) > 1 for grp in lay.tp_groups):
+        assert not lay.tp_within_node
+        with pytest.raises(LayoutError, match="crosses nodes"):
+            require_node_local_tp(lay)
+
+
+@settings(max_examples=60, deadline=None)
+@given(degrees, degrees, degrees, gpn, orders)
+def test_cross_node_reports_match_groups(tp, pp, dp, g, order):
+    lay = build_layout(tp, pp, dp, g, order)
+    for i in range(pp - 1):
+        crosses = any(grp[i] // g != grp[i + 1] // g for grp in lay.pp_groups)
+        assert (i in lay.cross_node_pp_boundaries) == crosses
+    assert lay.dp_crosses_nodes == any(len({r // g for r in grp}) > 1 for grp in lay.dp_groups)
+
+
+def test_megatron_documented_example():
+    # megatron.core.parallel_state.initialize_model_parallel docstring: 16 GPUs, tp=2, pp=4.
+    lay = build_layout(2, 4, 2, 8)
+    assert [list(g) for g in lay.tp_groups] == [[0, 1], [2, 3], [4, 5], [6, 7], [8, 9],
+                                               [10, 11], [12, 13], [14, 15]]
+    assert [list(g) for g in lay.pp_groups] == [[0, 4, 8, 12], [1, 5, 9, 13], [2, 6, 10, 14],
+                                               [3, 7, 11, 15]]
+    assert [list(g) for g in lay.dp_groups] == [[0, 2], [1, 3], [4, 6], [5, 7], [8, 10],
+                                               [9, 11], [12, 14], [13, 15]]
+    assert [list(g) for g in lay.embedding_groups] == [[0, 12], [1, 13], [2, 14], [3, 15]]
+    # Stages 0,1 on node 0, stages 2,3 on node 1: only the 1 -> 2 hop crosses nodes.
+    assert lay.cross_node_pp_boundaries == (1,)
+    assert lay.dp_crosses_nodes is False
+    assert lay.tp_within_node
+
+
+def test_tp_pp_dp_order():
+    lay = build_layout(2, 2, 2, 4, order="tp-pp-dp")
+    assert [list(g) for g in lay.pp_groups] == [[0, 2], [1, 3], [4, 6], [5, 7]]
+    assert [list(g) for g in lay.dp_groups] == [[0, 4], [1, 5], [2, 6], [3, 7]]
+    assert lay.cross_node_pp_boundaries == ()
+    assert lay.dp_crosses_nodes
+
+
+def test_embedding_group_single_rank_without_pipeline():
+    lay = build_layout(2, 1, 4, 8)
+    assert all(len(g) == 1 for g in lay.embedding_groups)
+
+
+def test_tp_crossing_message():
+    lay = build_layout(4, 1, 3, 6)  # TP group [4,5,6,7] spans nodes 0 and 1
+    problems = check_layout(lay)
+    assert problems and "TP group [4, 5, 6, 7] crosses nodes 0 and 1" in problems[0]
+    assert "tp=4 must divide gpus per node (6)" in problems[0]
+    with pytest.raises(LayoutError, match=r"tp=4 must divide gpus per node \(6\)"):
+        require_node_local_tp(lay)
+
+
+@pytest.mark.parametrize("args", [(0, 1, 1, 8), (1, 1, 1, 0), (2, 2, 2, 8, "pp-tp-dp")])
+def test_bad_input(args):
+    with pytest.raises(LayoutError):
+        build_layout(*args)
+
+
+def test_to_dict_shape():
+    d = build_layout(2, 2, 1, 2).to_dict()
+    assert d["order"] == "tp-dp-pp"
+    assert d["ranks"][3] == {"rank": 3, "node": 1, "local_rank": 1, "tp": 1, "pp": 1, "dp": 0}
+    assert d["cross_node"] == {"pp_boundaries": [0], "dp": False}
+
+
+def test_large_layout_is_fast():
+    lay = build_layout(8, 16, 128, 8)  # 16384 GPUs
+    assert len(lay.ranks) == 16384 and lay.tp_within_node
+
+
+def test_render_layout_small_and_huge():
+    from rich.console import Console
+
+    from planner.layout_report import render_layout
+
+    console = Console(record=True, width=160)
+    render_layout(build_layout(2, 4, 2, 8), console)
+    text = console.export_text()
+    assert "(1,3,1)" in text and "[0,4,8,12]" in text and "PP boundaries crossing nodes: [1]" in text
+    console = Console(record=True, width=160)
+    render_layout(build_layout(8, 16, 64, 8), console)
+    text = console.export_text()
+    assert "1016 nodes not shown" in text and "more" in text and len(text) < 20000
