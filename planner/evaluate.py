@@ -15,6 +15,7 @@ from planner.hardware import Cluster
 from planner.memory import ACT_BYTES, Shape, model_state_bytes
 from planner.model import ModelSpec
 from planner.plan import Metrics, Parallel, Plan, Stage
+from planner.simulate import simulate
 
 # Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
 # m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
@@ -117,10 +118,13 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
 
 def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions = RunOptions(),
              bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
-             profile=None, costs: list[LayerCost] | None = None) -> Plan:
+             profile=None, costs: list[LayerCost] | None = None,
+             simulated: bool = False) -> Plan:
     """Predict the plan of one fully specified configuration (even split unless ``bounds``).
 
-    ``costs`` are this configuration's layer costs when the caller already has them."""
+    ``costs`` are this configuration's layer costs when the caller already has them. With
+    ``simulated`` the schedule runs op by op (planner/simulate.py): step time, bubble and the
+    activations each rank holds come from the simulation instead of the closed forms."""
     hw = cluster.hardware
     chunks = par.num_chunks
     bounds = bounds or even_split(model, chunks)
@@ -137,9 +141,19 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
     rank_time = [0.0] * par.pp
     for k, st in enumerate(stages):
         rank_time[k % par.pp] += st.time_s + (2 * p2p if k < chunks - 1 else 0.0)
-    pipeline_s = _pipeline_closed_form(par, rank_time)
+    held = None
+    if simulated:
+        sim = simulate(par.schedule, par.pp, par.num_microbatches, par.virtual_stages,
+                       fwd_s=[st.fwd_s for st in stages], bwd_s=[st.bwd_s for st in stages],
+                       wgrad_s=[st.bwd_weight_s for st in stages], comm_s=p2p,
+                       act_bytes=[st.act_bytes for st in stages])
+        pipeline_s, bubble, held = sim.makespan_s, sim.bubble_fraction, sim.peak_activation_bytes
+    else:
+        pipeline_s = _pipeline_closed_form(par, rank_time)
+        busy = sum(rank_time) * par.num_microbatches
+        bubble = max(0.0, 1 - busy / (par.pp * pipeline_s))
 
-    rank_mem = _rank_memory(model, par, stages, inflight, opts)
+    rank_mem = _rank_memory(model, par, stages, inflight, opts, held)
     dp_exposed = max(_dp_exposed_s(par, cluster, opts, stages, r) for r in range(par.pp))
     owned = max(sum(st.params for k, st in enumerate(stages) if k % par.pp == r)
                 for r in range(par.pp)) / (par.dp if par.zero >= 1 else 1)
@@ -153,13 +167,12 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
     hardware_flops = model_flops + sum(
         (st.hardware_flops - st.model_flops) for st in stages) * par.tp * par.dp * \
         par.num_microbatches
-    busy = sum(rank_time) * par.num_microbatches
     metrics = Metrics(
         step_time_s=step_s, tokens_per_s=tokens / step_s,
         tflops_per_gpu=model_flops / step_s / gpus / 1e12,
         mfu=model_flops / (step_s * gpus * hw.peak_flops),
         hfu=hardware_flops / (step_s * gpus * hw.peak_flops),
-        bubble_fraction=max(0.0, 1 - busy / (par.pp * pipeline_s)),
+        bubble_fraction=bubble,
         peak_memory_bytes=max(rank_mem))
     plan_stages = tuple(
         Stage(stage=k, rank=k % par.pp, first=st.first, last=st.last, recompute=st.recompute,
@@ -190,16 +203,21 @@ def _chunk_memory(par: Parallel, st: StageCost, inflight: int, opts: RunOptions)
 
 
 def _rank_memory(model: ModelSpec, par: Parallel, stages: list[StageCost], inflight: list[int],
-                 opts: RunOptions) -> list[float]:
-    """Peak bytes per pipeline rank, conservative: states + held activations + the largest
-    transient + the framework's reserve and fragmentation (planner/calibration.py)."""
+                 opts: RunOptions, held_activations=None) -> list[float]:
+    """Peak bytes per pipeline rank, conservative: states + held activations (the closed-form
+    in-flight counts, or the simulated peak when given) + the largest transient + the
+    framework's reserve and fragmentation (planner/calibration.py)."""
     out = []
     tied_dup = 0.0
     if model.tie_embeddings and par.num_chunks == 1:
         tied_dup = model.vocab_size * model.hidden_size / par.tp  # one copy when not split
     for r in range(par.pp):
         mine = [(k, st) for k, st in enumerate(stages) if k % par.pp == r]
-        held = sum(_chunk_memory(par, st, inflight[k], opts) for k, st in mine)
+        if held_activations is None:
+            held = sum(_chunk_memory(par, st, inflight[k], opts) for k, st in mine)
+        else:
+            held = held_activations[r] + sum(
+                model_state_bytes(st.params, par.dp, par.zero, opts.grad_bytes) for _, st in mine)
         if r == 0 and tied_dup:
             held -= model_state_bytes(tied_dup, par.dp, par.zero, opts.grad_bytes)
         transient = max(st.work_bytes for _, st in mine)
@@ -229,8 +247,9 @@ def _p2p_s(model: ModelSpec, par: Parallel, cluster: Cluster) -> float:
 def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: list[StageCost],
                   rank: int) -> float:
     """Gradient synchronisation the step cannot hide. ZeRO-0: all-reduce of the gradients;
-    ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights; ZeRO-2/3
-    as ZeRO-1 at the step boundary (their per-microbatch traffic is added below for ZeRO-3).
+    ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights once per
+    step; ZeRO-2 reduce-scatters after every microbatch (DeepSpeed keeps only the shard);
+    ZeRO-3 also gathers the weights for every forward and backward (Rajbhandari et al. 2020).
     With overlap the reduce hides behind the last microbatch's backward and the gather behind the
     first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather)."""
     if par.dp == 1:
@@ -245,13 +264,16 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: lis
     else:
         reduce_s = comm.reduce_scatter_s(grads, par.dp, link)
         gather_s = comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+    m = par.num_microbatches
+    if par.zero >= 2:  # only a gradient shard is kept: reduce-scatter after every microbatch
+        reduce_s *= m
     if par.zero >= 3:  # weights gathered for every microbatch's forward and backward
-        gather_s += 2 * par.num_microbatches * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+        gather_s += 2 * m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
     if not opts.overlap_dp:
         return reduce_s + gather_s
-    return max(0.0, reduce_s - sum(st.bwd_s for st in mine)) + \
-        max(0.0, gather_s - sum(st.fwd_s for st in mine) * (par.num_microbatches
-                                                             if par.zero >= 3 else 1))
+    windows = m if par.zero >= 2 else 1  # each per-microbatch collective hides behind its pass
+    return max(0.0, reduce_s - windows * sum(st.bwd_s for st in mine)) + \
+        max(0.0, gather_s - (m if par.zero >= 3 else 1) * sum(st.fwd_s for st in mine))
 
 
 def _notes(opts: RunOptions) -> tuple[str, ...]:

@@ -51,6 +51,7 @@ class Request:
     pins: Pins = Pins()
     options: RunOptions = RunOptions()
     top: int = 10
+    refine: int = 20
 
     @property
     def batch(self) -> int:
@@ -217,12 +218,33 @@ def search(req: Request, progress=None) -> SearchResult:
         kept.append(plan)
     if progress:
         progress(len(configs), len(configs))
-    kept.sort(key=_rank_key)
-    elapsed = time.perf_counter() - start
     if not kept:
         raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
-    return SearchResult(plans=tuple(kept[: req.top]), rejected=dict(sorted(rejected.items())),
-                        screened=len(configs), elapsed_s=elapsed)
+    kept.sort(key=_rank_key)
+    refined = _refine(req, kept[: max(req.refine, req.top)], cache, capacity, rejected)
+    if not refined:
+        raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
+    return SearchResult(plans=tuple(refined[: req.top]), rejected=dict(sorted(rejected.items())),
+                        screened=len(configs), elapsed_s=time.perf_counter() - start)
+
+
+def _refine(req: Request, screened: list[Plan], cache: dict, capacity: float,
+            rejected: Counter) -> list[Plan]:
+    """Second phase: simulate the best screened plans op by op and re-rank them."""
+    out = []
+    for plan in screened:
+        par = plan.parallel
+        key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute)
+        better = evaluate(req.model, req.cluster, par, req.options, costs=cache[key],
+                          simulated=True)
+        if better.metrics.peak_memory_bytes > capacity:
+            rejected["memory (simulated in-flight)"] += 1
+            continue
+        if req.max_bubble is not None and better.metrics.bubble_fraction > req.max_bubble:
+            rejected["bubble above limit"] += 1
+            continue
+        out.append(better)
+    return sorted(out, key=_rank_key)
 
 
 def _evaluate_cached(req: Request, par: Parallel, cache: dict) -> Plan:
