@@ -13,6 +13,12 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from planner.cost import RunOptions
+from planner.export import export_plan
+from planner.gantt import render_gantt, to_svg
+from planner.layout import LayoutError, build_layout, require_node_local_tp
+from planner.layout_report import render_layout
+from planner.simulation_job import (run_simulation, simulation_job, simulation_summary,
+                                    write_text)
 from planner.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware import bundled_hardware, load_hardware, make_cluster
 from planner.model import PRESETS, load_model
@@ -90,6 +96,15 @@ def solve(
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/"
                                                      "--no-sequence-parallel",
                                                      help="Pin sequence parallelism."),
+    launcher: Optional[str] = typer.Option(None, "--launcher",
+                                           help="Only plans this launcher runs: megatron | "
+                                                "deepspeed | torchtitan."),
+    refine: int = typer.Option(20, "--refine", help="Simulate the best K screened plans."),
+    export: Optional[str] = typer.Option(None, "--export",
+                                         help="Write the best plan for: json, megatron, "
+                                              "deepspeed, torchtitan, torchrun (comma list)."),
+    out_dir: Optional[Path] = typer.Option(None, "--out", help="Directory for --export."),
+    force: bool = typer.Option(False, "--force", help="Overwrite exported files."),
     flash: bool = typer.Option(True, "--flash/--no-flash",
                                help="Flash attention (scores not stored) or unfused attention."),
     overlap: bool = typer.Option(True, "--overlap/--no-overlap",
@@ -100,7 +115,8 @@ def solve(
     Examples:\n
       plan solve --gpus 16 --nodes 2\n
       plan solve --model gpt3-175b --gpus 1024 --nodes 128 --global-batch 1536\n
-      plan solve --model llama3-70b --gpus 64 --nodes 8 --gpu h100 --tp 8 --json
+      plan solve --model llama3-70b --gpus 64 --nodes 8 --gpu h100 --tp 8 --json\n
+      plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/
     """
     with user_errors():
         spec = load_model(model)
@@ -114,17 +130,80 @@ def solve(
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel)
+        targets = [t.strip() for t in export.split(",") if t.strip()] if export else []
+        if targets and out_dir is None:
+            raise PlanInputError("--export needs --out DIR for the files")
         req = Request(model=spec, cluster=cluster, global_batch=global_batch,
-                      max_bubble=max_bubble, pins=pins, top=top,
+                      max_bubble=max_bubble, pins=pins, top=top, refine=refine,
+                      launcher=launcher,
                       options=RunOptions(flash_attention=flash, overlap_dp=overlap))
         with progress_bar("searching") as progress:
             result = search(req, progress)
+        if targets:
+            written = export_plan(result.plans[0], targets, out_dir, force=force)
+            err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
         if as_json:
             doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
                    "search": {"screened": result.screened, "returned": len(result.plans)}}
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
             print_search(out, result, spec, cluster)
+
+
+@app.command()
+def simulate(
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline ranks."),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m",
+                                               help="Microbatches per step (M)."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
+    virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
+    stage_times: Optional[str] = typer.Option(None, "--stage-times",
+                                              help="Forward time per chunk, comma list "
+                                                   "(backward = 2x); default all 1."),
+    comm_time: float = typer.Option(0.0, "--comm-time", help="Transfer time per boundary."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Draw a saved plan.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    svg: Optional[Path] = typer.Option(None, "--svg", help="Also write the chart as SVG."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the SVG file."),
+):
+    """Run a pipeline schedule op by op and draw it.
+
+    Examples:\n
+      plan simulate --pp 4 --microbatches 8 --schedule 1f1b\n
+      plan simulate --pp 4 --microbatches 8 --schedule interleaved --virtual-stages 2\n
+      plan simulate --plan out/plan.json --svg schedule.svg
+    """
+    with user_errors():
+        job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
+                             plan_file)
+        result = run_simulation(job)
+        if svg is not None:
+            write_text(svg, to_svg(result), force=force)
+        if as_json:
+            sys.stdout.write(json.dumps(simulation_summary(result), indent=2) + "\n")
+        else:
+            render_gantt(result, out)
+
+
+@app.command()
+def layout(
+    tp: int = typer.Option(..., "--tp", help="Tensor-parallel size."),
+    pp: int = typer.Option(..., "--pp", help="Pipeline-parallel size."),
+    dp: int = typer.Option(..., "--dp", help="Data-parallel size."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node."),
+    order: str = typer.Option("tp-dp-pp", "--order", help="tp-dp-pp (Megatron) or tp-pp-dp."),
+):
+    """Show which rank runs which (tp, pp, dp) slice, node by node, and the process groups.
+
+    Example: plan layout --tp 2 --pp 4 --dp 2 --gpus-per-node 8
+    """
+    with user_errors():
+        try:
+            rank_layout = build_layout(tp, pp, dp, gpus_per_node, order)
+            require_node_local_tp(rank_layout)
+        except LayoutError as e:
+            raise PlanInputError(str(e)) from None
+        render_layout(rank_layout, out)
 
 
 @app.command()

@@ -176,8 +176,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
         peak_memory_bytes=max(rank_mem))
     plan_stages = tuple(
         Stage(stage=k, rank=k % par.pp, first=st.first, last=st.last, recompute=st.recompute,
-              time_s=st.time_s * par.num_microbatches,
-              memory_bytes=_chunk_memory(par, st, inflight[k], opts))
+              time_s=st.time_s, memory_bytes=_chunk_memory(par, st, inflight[k], opts),
+              fwd_s=st.fwd_s, bwd_s=st.bwd_s, wgrad_s=st.bwd_weight_s)
         for k, st in enumerate(stages))
     return Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages, metrics=metrics,
                 rank_memory_bytes=tuple(rank_mem), notes=_notes(opts))

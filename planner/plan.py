@@ -46,7 +46,10 @@ class Parallel:
 
 @dataclass(frozen=True)
 class Stage:
-    """One model chunk: layers [first, last) of the model's layer list, on pipeline rank ``rank``."""
+    """One model chunk: layers [first, last) of the model's layer list, on pipeline rank ``rank``.
+
+    Times are per microbatch: forward, full backward (recompute included) and, of the backward,
+    the weight-gradient part that zero-bubble schedules defer."""
 
     stage: int
     rank: int
@@ -55,6 +58,9 @@ class Stage:
     recompute: str
     time_s: float
     memory_bytes: float
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    wgrad_s: float = 0.0
 
     @property
     def num_layers(self) -> int:
@@ -99,7 +105,9 @@ class Plan:
                          "zero": par.zero, "sequence_parallel": par.sequence_parallel},
             "stages": [{"stage": s.stage, "rank": s.rank, "layers": [s.first, s.last],
                         "recompute": s.recompute, "time_s": _round(s.time_s),
-                        "memory_bytes": int(s.memory_bytes)} for s in self.stages],
+                        "fwd_s": _round(s.fwd_s), "bwd_s": _round(s.bwd_s),
+                        "wgrad_s": _round(s.wgrad_s), "memory_bytes": int(s.memory_bytes)}
+                       for s in self.stages],
             "metrics": {"step_time_s": _round(self.metrics.step_time_s),
                         "tokens_per_s": _round(self.metrics.tokens_per_s),
                         "tflops_per_gpu": _round(self.metrics.tflops_per_gpu),

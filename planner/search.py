@@ -18,6 +18,7 @@ from planner import calibration
 from planner.cost import RunOptions
 from planner.errors import NoFeasiblePlan, PlanInputError
 from planner.evaluate import evaluate, layer_costs
+from planner.export import LAUNCHERS, launcher_allows
 from planner.hardware import Cluster
 from planner.model import ModelSpec
 from planner.plan import RECOMPUTE_MODES, SCHEDULES, Parallel, Plan
@@ -52,6 +53,7 @@ class Request:
     options: RunOptions = RunOptions()
     top: int = 10
     refine: int = 20
+    launcher: str | None = None  # only configurations this launcher runs
 
     @property
     def batch(self) -> int:
@@ -107,6 +109,9 @@ def validate_pins(req: Request) -> None:
         raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved")
     if req.global_batch is not None and req.global_batch < 1:
         raise PlanInputError(f"--global-batch must be positive, got {req.global_batch}")
+    if req.launcher is not None and req.launcher not in LAUNCHERS:
+        raise PlanInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
+                             f"got {req.launcher!r}")
     if req.max_bubble is not None and not 0 < req.max_bubble <= 1:
         raise PlanInputError(f"--max-bubble is a fraction in (0, 1], got {req.max_bubble}")
 
@@ -180,9 +185,24 @@ def _knobs(req: Request, tp, pp, dp, mb, m, blocks, rejected: Counter):
                 if sp and tp == 1:
                     rejected["sequence parallel needs TP"] += 1
                     continue
-                yield Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=m,
+                par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=m,
                                schedule=schedule, virtual_stages=v, recompute=recompute,
                                zero=zero, sequence_parallel=sp)
+                if req.launcher and _launcher_refuses(req, par):
+                    rejected[f"{req.launcher} cannot run it"] += 1
+                    continue
+                yield par
+
+
+def _launcher_refuses(req: Request, par: Parallel) -> str | None:
+    m = req.model
+    return launcher_allows(
+        req.launcher, tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch,
+        num_microbatches=par.num_microbatches, schedule=par.schedule,
+        virtual_stages=par.virtual_stages, recompute=par.recompute, zero=par.zero,
+        sequence_parallel=par.sequence_parallel, num_heads=m.num_attention_heads,
+        num_kv_heads=m.num_kv_heads, ffn=m.ffn_hidden_size, vocab=m.vocab_size,
+        num_blocks=m.num_layers)
 
 
 def capacity_bytes(cluster: Cluster) -> float:

@@ -99,3 +99,51 @@ def test_models_and_hardware_lists():
     assert models.exit_code == 0 and "llama3-405b" in models.output
     hw = run("hardware")
     assert hw.exit_code == 0 and "h100-sxm-80gb" in hw.output
+
+
+def test_simulate_prints_gantt_and_both_bubbles():
+    result = run("simulate", "--pp", "4", "--microbatches", "8", "--schedule", "1f1b")
+    assert result.exit_code == 0, result.output
+    assert "rank 3" in result.output and "27.3%" in result.output and "37.5%" in result.output
+
+
+def test_simulate_json_and_svg(tmp_path):
+    svg = tmp_path / "s.svg"
+    result = run("simulate", "--pp", "4", "--microbatches", "8", "--schedule", "interleaved",
+                 "--virtual-stages", "2", "--json", "--svg", str(svg))
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    assert doc["bubble_fraction"] == pytest.approx(3 / (2 * 8 + 3))
+    assert svg.read_text().startswith("<svg") or "<svg" in svg.read_text()[:200]
+    again = run("simulate", "--pp", "4", "--microbatches", "8", "--svg", str(svg))
+    assert again.exit_code == 2 and "--force" in again.output
+
+
+def test_simulate_rejects_interleaved_rule():
+    result = run("simulate", "--pp", "4", "--microbatches", "6", "--schedule", "interleaved",
+                 "--virtual-stages", "2")
+    assert result.exit_code == 2 and "divisible" in result.output
+
+
+def test_solve_export_then_simulate_the_plan(tmp_path):
+    out = tmp_path / "run"
+    result = run("solve", "--gpus", "16", "--nodes", "2", "--launcher", "megatron", "--export",
+                 "json,megatron,torchrun", "--out", str(out))
+    assert result.exit_code == 0, result.output
+    assert {p.name for p in out.iterdir()} >= {"plan.json", "megatron_args.sh", "launch.sh",
+                                               "job.sbatch"}
+    sim = run("simulate", "--plan", str(out / "plan.json"), "--json")
+    assert sim.exit_code == 0, sim.output
+    again = run("solve", "--gpus", "16", "--nodes", "2", "--export", "json", "--out", str(out))
+    assert again.exit_code == 2 and "--force" in again.output
+
+
+def test_layout_matches_megatron_example():
+    result = run("layout", "--tp", "2", "--pp", "4", "--dp", "2", "--gpus-per-node", "8")
+    assert result.exit_code == 0, result.output
+    assert "[0,4,8,12]" in result.output and "[0,1]" in result.output
+
+
+def test_layout_refuses_tp_across_nodes():
+    result = run("layout", "--tp", "16", "--pp", "1", "--dp", "1", "--gpus-per-node", "8")
+    assert result.exit_code == 2 and "node" in result.output

@@ -182,7 +182,7 @@ def test_export_writes_all_and_refuses_overwrite(plan, tmp_path):
 
 
 def test_atomic_write_leaves_old_file_on_failure(plan, tmp_path, monkeypatch):
-    import planner.export as export
+    import planner.files as files
 
     export_plan(plan, ["json"], tmp_path)
     before = (tmp_path / "plan.json").read_text()
@@ -190,7 +190,7 @@ def test_atomic_write_leaves_old_file_on_failure(plan, tmp_path, monkeypatch):
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(export.os, "replace", boom)
+    monkeypatch.setattr(files.os, "replace", boom)
     with pytest.raises(OSError):
         export_plan(make_plan(micro_batch=2, num_microbatches=8), ["json"], tmp_path, force=True)
     assert (tmp_path / "plan.json").read_text() == before

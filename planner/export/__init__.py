@@ -10,12 +10,11 @@ same directory, then ``os.replace``) and never over an existing file unless ``fo
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 from types import ModuleType
 
 from planner.errors import PlanInputError
+from planner.files import refuse_overwrite, write_text
 from planner.export import deepspeed, megatron, plan_json, torchrun, torchtitan
 from planner.export.common import ExportError
 from planner.export.megatron import parse_megatron_args
@@ -76,25 +75,7 @@ def export_plan(plan: Plan, targets: list[str], out_dir: str | Path,
     files = render_all(plan, targets)
     out = Path(out_dir)
     paths = [out / name for name in files]
-    if not force:
-        existing = [p for p in paths if p.exists()]
-        if existing:
-            raise PlanInputError(f"{existing[0]} exists; pass --force to overwrite")
-    out.mkdir(parents=True, exist_ok=True)
+    refuse_overwrite(paths, force)
     for path, text in zip(paths, files.values()):
-        _write_atomic(path, text, executable=path.suffix in (".sh", ".sbatch"))
+        write_text(path, text, force=True, executable=path.suffix in (".sh", ".sbatch"))
     return paths
-
-
-def _write_atomic(path: Path, text: str, executable: bool = False) -> None:
-    """Write to a temporary file beside ``path`` and rename it over: readers never see half."""
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, 0o755 if executable else 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise

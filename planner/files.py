@@ -1,0 +1,36 @@
+"""Writing files the user asked for: atomically, and never over theirs without --force."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from planner.errors import PlanInputError
+
+
+def refuse_overwrite(paths, force: bool) -> None:
+    if force:
+        return
+    for path in paths:
+        if Path(path).exists():
+            raise PlanInputError(f"{path} exists; pass --force to overwrite")
+
+
+def write_text(path: str | Path, text: str, force: bool = False,
+               executable: bool = False) -> Path:
+    """Write to a temporary file beside ``path`` and rename it over: readers never see half."""
+    path = Path(path)
+    refuse_overwrite([path], force)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.chmod(tmp, 0o755 if executable else 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise
+    return path
