@@ -8,9 +8,10 @@ when the run overlaps it) and the optimizer step.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import accumulate
 
 from planner import calibration, comm
-from planner.cost import LayerCost, RunOptions, layer_cost, model_flops_per_iteration
+from planner.cost import LayerCost, RunOptions, layer_cost
 from planner.hardware import Cluster
 from planner.memory import ACT_BYTES, Shape, model_state_bytes
 from planner.model import ModelSpec
@@ -84,19 +85,30 @@ def even_split(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
     return bounds
 
 
-def stage_cost(costs: list[LayerCost], first: int, last: int, recompute: str) -> StageCost:
-    part = costs[first:last]
-    return StageCost(
-        first=first, last=last, recompute=recompute,
-        fwd_s=sum(c.fwd_s for c in part),
-        bwd_input_s=sum(c.bwd_input_s + c.recompute_s for c in part),
-        bwd_weight_s=sum(c.bwd_weight_s for c in part),
-        params=sum(c.params for c in part),
-        act_bytes=sum(c.act_bytes for c in part),
-        work_bytes=max(c.work_bytes for c in part),
-        model_flops=sum(c.model_flops for c in part),
-        hardware_flops=sum(c.hardware_flops for c in part),
-    )
+class CostTable:
+    """Prefix sums over a model's layer costs, so any stage's totals cost O(1) to read."""
+
+    FIELDS = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
+              "hardware_flops")
+
+    def __init__(self, costs: list[LayerCost]):
+        self.costs = costs
+        self.work_bytes = [c.work_bytes for c in costs]
+        rows = {
+            "fwd_s": [c.fwd_s for c in costs],
+            "bwd_input_s": [c.bwd_input_s + c.recompute_s for c in costs],
+            "bwd_weight_s": [c.bwd_weight_s for c in costs],
+            "params": [c.params for c in costs],
+            "act_bytes": [c.act_bytes for c in costs],
+            "model_flops": [c.model_flops for c in costs],
+            "hardware_flops": [c.hardware_flops for c in costs],
+        }
+        self.prefix = {k: [0.0, *accumulate(v)] for k, v in rows.items()}
+
+    def stage(self, first: int, last: int, recompute: str) -> StageCost:
+        sums = {k: pre[last] - pre[first] for k, pre in self.prefix.items()}
+        return StageCost(first=first, last=last, recompute=recompute,
+                         work_bytes=max(self.work_bytes[first:last]), **sums)
 
 
 def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
@@ -118,7 +130,7 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
 
 def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions = RunOptions(),
              bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
-             profile=None, costs: list[LayerCost] | None = None,
+             profile=None, costs: CostTable | None = None,
              simulated: bool = False) -> Plan:
     """Predict the plan of one fully specified configuration (even split unless ``bounds``).
 
@@ -129,11 +141,11 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
     chunks = par.num_chunks
     bounds = bounds or even_split(model, chunks)
     modes = recompute_per_chunk or [par.recompute] * chunks
-    by_mode = {mode: layer_costs(model, par, hw, opts, mode, profile) for mode in set(modes)
-               if not (costs is not None and mode == par.recompute)}
+    by_mode = {mode: CostTable(layer_costs(model, par, hw, opts, mode, profile))
+               for mode in set(modes) if not (costs is not None and mode == par.recompute)}
     if costs is not None:
         by_mode[par.recompute] = costs
-    stages = [stage_cost(by_mode[mode], a, b, mode) for (a, b), mode in zip(bounds, modes)]
+    stages = [by_mode[mode].stage(a, b, mode) for (a, b), mode in zip(bounds, modes)]
     p2p = _p2p_s(model, par, cluster)
     inflight = inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
                                     par.virtual_stages)
@@ -155,18 +167,17 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
 
     rank_mem = _rank_memory(model, par, stages, inflight, opts, held)
     dp_exposed = max(_dp_exposed_s(par, cluster, opts, stages, r) for r in range(par.pp))
-    owned = max(sum(st.params for k, st in enumerate(stages) if k % par.pp == r)
+    owned = max(sum(st.params for st in stages[r::par.pp])
                 for r in range(par.pp)) / (par.dp if par.zero >= 1 else 1)
     optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / (
         hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or calibration.MEMORY_EFFICIENCY))
     step_s = pipeline_s + dp_exposed + optimizer_s
 
     tokens = par.global_batch * model.seq_length
-    model_flops = model_flops_per_iteration(model, par.global_batch, model.seq_length)
+    replicas = par.tp * par.dp * par.num_microbatches  # per-GPU microbatch FLOPs -> whole step
+    model_flops = sum(st.model_flops for st in stages) * replicas
+    hardware_flops = sum(st.hardware_flops for st in stages) * replicas
     gpus = cluster.gpus
-    hardware_flops = model_flops + sum(
-        (st.hardware_flops - st.model_flops) for st in stages) * par.tp * par.dp * \
-        par.num_microbatches
     metrics = Metrics(
         step_time_s=step_s, tokens_per_s=tokens / step_s,
         tflops_per_gpu=model_flops / step_s / gpus / 1e12,
@@ -212,7 +223,7 @@ def _rank_memory(model: ModelSpec, par: Parallel, stages: list[StageCost], infli
     if model.tie_embeddings and par.num_chunks == 1:
         tied_dup = model.vocab_size * model.hidden_size / par.tp  # one copy when not split
     for r in range(par.pp):
-        mine = [(k, st) for k, st in enumerate(stages) if k % par.pp == r]
+        mine = list(enumerate(stages))[r::par.pp]
         if held_activations is None:
             held = sum(_chunk_memory(par, st, inflight[k], opts) for k, st in mine)
         else:
@@ -256,7 +267,7 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: lis
         return 0.0
     intra, inter = comm.links(cluster.hardware)
     link = inter if par.tp * par.dp > cluster.gpus_per_node else intra
-    mine = [st for k, st in enumerate(stages) if k % par.pp == rank]
+    mine = stages[rank::par.pp]
     params = sum(st.params for st in mine)
     grads = params * opts.grad_bytes
     if par.zero == 0:

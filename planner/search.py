@@ -17,7 +17,7 @@ from itertools import product
 from planner import calibration
 from planner.cost import RunOptions
 from planner.errors import NoFeasiblePlan, PlanInputError
-from planner.evaluate import evaluate, layer_costs
+from planner.evaluate import CostTable, evaluate, layer_costs
 from planner.export import LAUNCHERS, launcher_allows
 from planner.hardware import Cluster
 from planner.model import ModelSpec
@@ -271,7 +271,8 @@ def _evaluate_cached(req: Request, par: Parallel, cache: dict) -> Plan:
     """evaluate(), sharing per-layer costs between configurations with the same layer shape."""
     key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute)
     if key not in cache:
-        cache[key] = layer_costs(req.model, par, req.cluster.hardware, req.options, par.recompute)
+        cache[key] = CostTable(layer_costs(req.model, par, req.cluster.hardware, req.options,
+                                           par.recompute))
     return evaluate(req.model, req.cluster, par, req.options, costs=cache[key])
 
 
