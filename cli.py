@@ -22,8 +22,9 @@ from planner.simulation_job import (run_simulation, simulation_job, simulation_s
 from planner.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware import bundled_hardware, load_hardware, make_cluster
 from planner.model import PRESETS, load_model
-from planner.report import hardware_table, models_table, print_search
-from planner.search import Pins, Request, search
+from planner.report import (hardware_table, models_table, plans_csv, print_explanation,
+                            print_search)
+from planner.search import Pins, Request, explain, search
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor x pipeline x data parallel training of large models.\n\n"
@@ -76,11 +77,17 @@ def solve(
     hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
     global_batch: Optional[int] = typer.Option(None, "--global-batch",
                                                help="Sequences per step (default ~4M tokens)."),
+    batch_range: Optional[str] = typer.Option(None, "--global-batch-range",
+                                              help="MIN,MAX: let the search choose the batch."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
     max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
                                                help="Reject plans idling more than this fraction."),
     top: int = typer.Option(10, "--top", help="How many plans to show."),
     as_json: bool = typer.Option(False, "--json", help="Print the plans as JSON."),
+    csv_file: Optional[Path] = typer.Option(None, "--csv", help="Also write the plans as CSV."),
+    explain_it: bool = typer.Option(False, "--explain",
+                                    help="Explain the pinned configuration: fits or not, by "
+                                         "how much."),
     tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
     dp: Optional[int] = typer.Option(None, "--dp", help="Pin data-parallel size."),
@@ -116,7 +123,8 @@ def solve(
       plan solve --gpus 16 --nodes 2\n
       plan solve --model gpt3-175b --gpus 1024 --nodes 128 --global-batch 1536\n
       plan solve --model llama3-70b --gpus 64 --nodes 8 --gpu h100 --tp 8 --json\n
-      plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/
+      plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/\n
+      plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
     with user_errors():
         spec = load_model(model)
@@ -134,11 +142,16 @@ def solve(
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
         req = Request(model=spec, cluster=cluster, global_batch=global_batch,
-                      max_bubble=max_bubble, pins=pins, top=top, refine=refine,
+                      batch_range=parse_range(batch_range), max_bubble=max_bubble, pins=pins, top=top, refine=refine,
                       launcher=launcher,
                       options=RunOptions(flash_attention=flash, overlap_dp=overlap))
+        if explain_it:
+            print_explanation(out, explain(req))
+            return
         with progress_bar("searching") as progress:
             result = search(req, progress)
+        if csv_file is not None:
+            write_text(csv_file, plans_csv(result.plans), force=force)
         if targets:
             written = export_plan(result.plans[0], targets, out_dir, force=force)
             err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
@@ -148,6 +161,16 @@ def solve(
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
             print_search(out, result, spec, cluster)
+
+
+def parse_range(text: Optional[str]) -> Optional[tuple[int, int]]:
+    if text is None:
+        return None
+    try:
+        low, high = (int(x) for x in text.split(","))
+    except ValueError:
+        raise PlanInputError(f"--global-batch-range takes MIN,MAX (two integers), got {text!r}")
+    return low, high
 
 
 @app.command()

@@ -88,7 +88,7 @@ class Plan:
     rank_memory_bytes: tuple[float, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, with_layout: bool = True) -> dict:
         from planner.layout import build_layout  # the layout depends on the plan, not vice versa
 
         par, cl = self.parallel, self.cluster
@@ -114,7 +114,8 @@ class Plan:
                         "mfu": _round(self.metrics.mfu), "hfu": _round(self.metrics.hfu),
                         "bubble_fraction": _round(self.metrics.bubble_fraction),
                         "peak_memory_bytes": int(self.metrics.peak_memory_bytes)},
-            "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node).to_dict(),
+            "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node).to_dict()
+            if with_layout else None,
             "notes": list(self.notes),
         }
 

@@ -21,7 +21,8 @@ def _si(x: float) -> str:
 
 def plans_table(plans: list[Plan] | tuple[Plan, ...], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("#", "tp", "pp", "dp", "mb", "M", "schedule", "v", "recomp", "ZeRO", "SP"):
+    for col in ("#", "tp", "pp", "dp", "mb", "M", "batch", "schedule", "v", "recomp", "ZeRO",
+                "SP"):
         table.add_column(col, justify="right" if col not in ("schedule", "recomp") else "left")
     for col in ("step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem/GPU GiB", "bubble"):
         table.add_column(col, justify="right")
@@ -29,7 +30,7 @@ def plans_table(plans: list[Plan] | tuple[Plan, ...], title: str) -> Table:
         p, m = plan.parallel, plan.metrics
         table.add_row(
             str(i), str(p.tp), str(p.pp), str(p.dp), str(p.micro_batch), str(p.num_microbatches),
-            p.schedule, str(p.virtual_stages), p.recompute, str(p.zero),
+            str(p.global_batch), p.schedule, str(p.virtual_stages), p.recompute, str(p.zero),
             "on" if p.sequence_parallel else "off", f"{m.step_time_s:.3f}", _si(m.tokens_per_s),
             f"{m.tflops_per_gpu:.1f}", f"{m.mfu:.1%}", f"{m.peak_memory_bytes / GIB:.1f}",
             f"{m.bubble_fraction:.1%}")
@@ -70,10 +71,53 @@ def hardware_table(gpus: dict[str, Hardware]) -> Table:
 
 def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
     title = (f"{model.name} ({_si(model.params)} params, seq {model.seq_length}) on "
-             f"{cluster.gpus} x {cluster.hardware.name} ({cluster.nodes} nodes), global batch "
-             f"{result.plans[0].parallel.global_batch}")
+             f"{cluster.gpus} x {cluster.hardware.name} ({cluster.nodes} nodes)")
     console.print(plans_table(result.plans, title))
     console.print(f"{result.screened} configurations screened in {result.elapsed_s:.2f} s; "
                   + rejected_line(result.rejected))
     for note in result.plans[0].notes:
         console.print(f"[dim]assumes {note}[/dim]")
+
+
+CSV_COLUMNS = ("tp", "pp", "dp", "micro_batch", "num_microbatches", "global_batch", "schedule",
+               "virtual_stages", "recompute", "zero", "sequence_parallel", "step_time_s",
+               "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "peak_memory_bytes",
+               "bubble_fraction")
+
+
+def plans_csv(plans) -> str:
+    """The ranked plans as CSV, one row per plan, the plan JSON's field names as header."""
+    rows = [",".join(CSV_COLUMNS)]
+    for plan in plans:
+        d = plan.to_dict(with_layout=False)
+        values = {**d["parallel"], **d["metrics"]}
+        rows.append(",".join(str(values[c]).lower() if isinstance(values[c], bool)
+                             else str(values[c]) for c in CSV_COLUMNS))
+    return "\n".join(rows) + "\n"
+
+
+def print_explanation(console: Console, exp) -> None:
+    """Fits or not, and by how much; the stages and their memory when it was predicted."""
+    if exp.plan is None:
+        console.print(f"[bold red]not a valid configuration:[/bold red] {exp.rule}",
+                      highlight=False)
+        return
+    m = exp.plan.metrics
+    console.print(plans_table([exp.plan], "the pinned configuration"))
+    spare = exp.capacity_bytes - m.peak_memory_bytes
+    if spare >= 0:
+        console.print(f"[green]fits[/green]: {m.peak_memory_bytes / GIB:.1f} GiB of "
+                      f"{exp.capacity_bytes / GIB:.0f} GiB per GPU ({spare / GIB:.1f} GiB spare)")
+    else:
+        console.print(f"[red]does not fit[/red]: needs {m.peak_memory_bytes / GIB:.1f} GiB of "
+                      f"{exp.capacity_bytes / GIB:.0f} GiB per GPU ({-spare / GIB:.1f} GiB over); "
+                      "try recompute, more pipeline stages or a higher ZeRO stage")
+    table = Table(title="per pipeline rank", title_justify="left")
+    for col in ("rank", "layers", "recompute", "time/microbatch s", "memory GiB"):
+        table.add_column(col, justify="right")
+    for r, mem in enumerate(exp.plan.rank_memory_bytes):
+        chunks = [s for s in exp.plan.stages if s.rank == r]
+        layers = " ".join(f"[{s.first},{s.last})" for s in chunks)
+        table.add_row(str(r), layers, chunks[0].recompute, f"{sum(s.time_s for s in chunks):.4f}",
+                      f"{mem / GIB:.1f}")
+    console.print(table)

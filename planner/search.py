@@ -48,6 +48,7 @@ class Request:
     model: ModelSpec
     cluster: Cluster
     global_batch: int | None = None
+    batch_range: tuple[int, int] | None = None  # let the search choose the batch in [min, max]
     max_bubble: float | None = None
     pins: Pins = Pins()
     options: RunOptions = RunOptions()
@@ -109,6 +110,12 @@ def validate_pins(req: Request) -> None:
         raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved")
     if req.global_batch is not None and req.global_batch < 1:
         raise PlanInputError(f"--global-batch must be positive, got {req.global_batch}")
+    if req.batch_range is not None:
+        low, high = req.batch_range
+        if req.global_batch is not None:
+            raise PlanInputError("give --global-batch or --global-batch-range, not both")
+        if not 1 <= low <= high:
+            raise PlanInputError(f"--global-batch-range needs 1 <= MIN <= MAX, got {low},{high}")
     if req.launcher is not None and req.launcher not in LAUNCHERS:
         raise PlanInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
                              f"got {req.launcher!r}")
@@ -150,11 +157,22 @@ def enumerate_configs(req: Request, rejected: Counter):
                 rejected["more stages than layers"] += 1
                 continue
             for mb in ([pins.micro_batch] if pins.micro_batch else MICRO_BATCHES):
-                if batch % (mb * dp):
+                m = _microbatches(req, mb * dp)
+                if m is None:
                     rejected["batch not divisible"] += 1
                     continue
-                m = batch // (mb * dp)
                 yield from _knobs(req, tp, pp, dp, mb, m, blocks, rejected)
+
+
+def _microbatches(req: Request, per_microbatch_step: int) -> int | None:
+    """M for an exact batch, or the most microbatches that keep the batch inside the range
+    (more microbatches shrink the pipeline bubble); None when no M fits."""
+    if req.batch_range is None:
+        batch = req.batch
+        return batch // per_microbatch_step if batch % per_microbatch_step == 0 else None
+    low, high = req.batch_range
+    m = high // per_microbatch_step
+    return m if m >= 1 and m * per_microbatch_step >= low else None
 
 
 def _knobs(req: Request, tp, pp, dp, mb, m, blocks, rejected: Counter):
@@ -276,10 +294,85 @@ def _evaluate_cached(req: Request, par: Parallel, cache: dict) -> Plan:
     return evaluate(req.model, req.cluster, par, req.options, costs=cache[key])
 
 
+@dataclass(frozen=True)
+class Explanation:
+    """One pinned configuration: its prediction, whether it fits, and why not if not."""
+
+    parallel: Parallel | None
+    plan: Plan | None
+    capacity_bytes: float
+    rule: str | None  # a rule that forbids it before any prediction
+
+    @property
+    def fits(self) -> bool:
+        return (self.rule is None and self.plan is not None
+                and self.plan.metrics.peak_memory_bytes <= self.capacity_bytes)
+
+
+def explain(req: Request) -> Explanation:
+    """Evaluate the pinned configuration (defaults for what is not pinned: 1f1b, v = 1, no
+    recompute, ZeRO-1, SP when tp > 1), whatever its fate in the search."""
+    validate_pins(req)
+    pins, gpus = req.pins, req.cluster.gpus
+    capacity = capacity_bytes(req.cluster)
+    tp, pp = pins.tp or 1, pins.pp or 1
+    dp = pins.dp or gpus // (tp * pp)
+    mb = pins.micro_batch or 1
+    if tp * pp * dp != gpus:
+        return Explanation(None, None, capacity,
+                           f"tp {tp} x pp {pp} x dp {dp} != {gpus} GPUs: pin two of them or all "
+                           "three consistently")
+    rule = _tp_reason(req.model, req.cluster, tp)
+    m = _microbatches(req, mb * dp)
+    if m is None:
+        rule = rule or f"global batch {req.batch} is not a multiple of micro-batch x dp = {mb * dp}"
+        m = 1
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=m,
+                   schedule=pins.schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
+                   recompute=pins.recompute or "none",
+                   zero=1 if pins.zero is None else pins.zero,
+                   sequence_parallel=tp > 1 if pins.sequence_parallel is None
+                   else pins.sequence_parallel)
+    if rule is None:
+        rule = _schedule_rule(req, par)
+    if rule is None and req.launcher:
+        rule = _launcher_refuses(req, par)
+    if rule is not None and rule.startswith("TP across"):
+        rule = (f"TP {tp} crosses nodes: it must divide the {req.cluster.gpus_per_node} GPUs "
+                "of a node")
+    if rule is not None:
+        return Explanation(par, None, capacity, rule)
+    plan = evaluate(req.model, req.cluster, par, req.options, simulated=True)
+    return Explanation(par, plan, capacity, None)
+
+
+def _schedule_rule(req: Request, par: Parallel) -> str | None:
+    layers = len(req.model.layers)
+    if par.num_chunks > layers:
+        return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
+    if par.schedule == "interleaved":
+        if par.pp == 1:
+            return "interleaved needs pp > 1"
+        if par.num_microbatches % par.pp:
+            return (f"interleaved needs the microbatch count ({par.num_microbatches}) divisible "
+                    f"by pp ({par.pp})")
+    if par.virtual_stages > 1 and req.model.num_layers % par.num_chunks:
+        return (f"{req.model.num_layers} blocks do not split evenly into {par.num_chunks} "
+                "virtual stages")
+    return None
+
+
 def _no_plan_message(req: Request, rejected: Counter, screened: int) -> str:
     gib = (capacity_bytes(req.cluster) - calibration.RESERVED_BYTES) / 1024**3
     reasons = ", ".join(f"{n} {r}" for r, n in rejected.most_common())
-    return (f"no feasible plan for {req.model.name} on {req.cluster.gpus} x "
-            f"{req.cluster.hardware.name} ({screened} configurations screened; rejected: "
-            f"{reasons or 'none'}). Try more GPUs, a smaller --global-batch or micro-batch, or "
-            f"check that the model fits in {gib:.0f} GiB per GPU with full recompute and ZeRO-3")
+    top = rejected.most_common(1)[0][0] if rejected else ""
+    if top.startswith("memory"):
+        hint = (f"the model does not fit in {gib:.0f} GiB per GPU with the options tried: add "
+                "GPUs, allow recompute and ZeRO (drop pins) or use a larger GPU")
+    elif top == "batch not divisible":
+        hint = (f"the global batch ({req.batch}) cannot be split over this many data-parallel "
+                "ranks: raise --global-batch, give --global-batch-range, or use fewer GPUs")
+    else:
+        hint = "relax the pins or limits that rejected the most"
+    return (f"{req.model.name} on {req.cluster.gpus} x {req.cluster.hardware.name}: "
+            f"{screened} configurations screened; rejected: {reasons or 'none'}. {hint}")

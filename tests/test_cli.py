@@ -147,3 +147,29 @@ def test_layout_matches_megatron_example():
 def test_layout_refuses_tp_across_nodes():
     result = run("layout", "--tp", "16", "--pp", "1", "--dp", "1", "--gpus-per-node", "8")
     assert result.exit_code == 2 and "node" in result.output
+
+
+def test_explain_says_whether_it_fits_and_by_how_much():
+    result = run("solve", "--gpus", "16", "--nodes", "2", "--tp", "2", "--pp", "2",
+                 "--micro-batch", "4", "--explain")
+    assert result.exit_code == 0, result.output
+    assert "GiB of 80 GiB per GPU" in result.output
+    bad = run("solve", "--gpus", "16", "--nodes", "2", "--tp", "16", "--pp", "1", "--explain")
+    assert "crosses nodes" in bad.output
+
+
+def test_batch_range_lets_the_search_choose_and_csv(tmp_path):
+    csv = tmp_path / "plans.csv"
+    result = run("solve", "--gpus", "16", "--nodes", "2", "--global-batch-range", "100,300",
+                 "--json", "--csv", str(csv))
+    assert result.exit_code == 0, result.output
+    for plan in json.loads(result.output)["plans"]:
+        assert 100 <= plan["parallel"]["global_batch"] <= 300
+    lines = csv.read_text().splitlines()
+    assert lines[0].startswith("tp,pp,dp") and len(lines) == 11
+
+
+def test_a_million_gpus_ends_quickly_with_a_clear_answer():
+    result = run("solve", "--gpus", "1000000", "--nodes", "125000")
+    assert result.exit_code == 1
+    assert "global batch" in result.output and "data-parallel" in result.output
