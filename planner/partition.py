@@ -26,9 +26,12 @@ by both methods.  The ILP lives here; the DP reference in
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import Sequence
 
@@ -477,7 +480,7 @@ class _Model:
         x = {}
         for k in range(K - 1):
             for j in range(lo[k], hi[k]):
-                x[k, j] = pulp.LpVariable(f"x_{k}_{j}", cat="Binary")
+                x[k, j] = prob.add_variable(f"x_{k}_{j}", cat="Binary")
         self.x = x
 
         def X(k: int, j: int):
@@ -522,11 +525,16 @@ class _Model:
                 tk.append(span_t[0])
                 mk.append(span_s + float(prep.inflight[k]) * span_a[0])
                 continue
-            z = [pulp.LpVariable(f"z_{k}_{r}", cat="Binary") for r in range(R)]
+            z = [prob.add_variable(f"z_{k}_{r}", cat="Binary") for r in range(R)]
             self.z.update({(k, r): z[r] for r in range(R)})
             prob += pulp.lpSum(z) == 1
-            tv = pulp.LpVariable(f"t_{k}", lowBound=0)
-            av = pulp.LpVariable(f"a_{k}", lowBound=0)
+            tv = prob.add_variable(f"t_{k}", lowBound=0)
+            av = prob.add_variable(f"a_{k}", lowBound=0)
+            # valid cuts: a chunk costs at least its fastest / lightest mode
+            prob += tv >= prefix(k, t.min(axis=1)) - prefix(k - 1, t.min(axis=1))
+            amin = a.min(axis=1)
+            if amin.any():
+                prob += av >= float(prep.inflight[k]) * (prefix(k, amin) - prefix(k - 1, amin))
             for r in range(R):
                 big_t = float(t[i_lo:e_hi, r].sum())
                 big_a = float(prep.inflight[k] * a[i_lo:e_hi, r].sum())
@@ -536,7 +544,7 @@ class _Model:
             tk.append(tv)
             mk.append(span_s + av)
         self.tk = tk
-        self.B = pulp.LpVariable("B", lowBound=0)
+        self.B = prob.add_variable("B", lowBound=0)
         bnd = prep.bnd / ts
         for rho in range(p):
             ks = range(rho, K, p)
@@ -552,6 +560,13 @@ class _Model:
         prob += self.B
         self.prob = prob
 
+    def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
+        """Give the solver a known feasible split (used by CBC)."""
+        for (k, j), var in self.x.items():
+            var.setInitialValue(1 if ends[k] > j else 0)
+        for (k, r), var in self.z.items():
+            var.setInitialValue(1 if modes[k] == r else 0)
+
     def solution(self) -> tuple[list[int], list[int]]:
         K, R = self.prep.K, self.prep.R
         ends = []
@@ -566,6 +581,27 @@ class _Model:
         return ends, modes
 
 
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence C-level stdout (solver banners) for the duration of the block."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # captured / not a real file
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
 def _val(v) -> float:
     return float(v) if isinstance(v, (int, float)) else float(v.varValue or 0.0)
 
@@ -576,7 +612,9 @@ def _make_solver(name: str, time_limit_s: float):
     tl = max(float(time_limit_s), 0.01)
     if name == "highs":
         return pulp.HiGHS(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1)
-    return pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1)
+    with warnings.catch_warnings():  # bundled CBC: deprecated name, still the one that ships
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True)
 
 
 def _solve(model: _Model, name: str, time_limit_s: float) -> tuple[str, float | None]:
@@ -584,7 +622,8 @@ def _solve(model: _Model, name: str, time_limit_s: float) -> tuple[str, float | 
     import pulp
 
     solver = _make_solver(name, time_limit_s)
-    model.prob.solve(solver)
+    with _quiet_stdout():  # HiGHS prints a banner before msg=False takes effect
+        model.prob.solve(solver)
     bound = None
     if name == "highs":
         try:
@@ -654,6 +693,8 @@ def partition(
     heur = _upper_bound(prep)
     try:
         model = _Model(prep, heur.bottleneck_s if heur is not None else None)
+        if heur is not None:
+            model.warm_start(heur.boundaries, [prep.problem.modes.index(m) for m in heur.recompute])
         if lp_path is not None:
             model.prob.writeLP(os.fspath(lp_path))
         status, bound = _solve(model, name, deadline - time.monotonic())
