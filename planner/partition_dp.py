@@ -32,6 +32,7 @@ from planner.partition import (
     PartitionError,
     PartitionProblem,
     Prepared,
+    _upper_bound,
     evaluate,
     infeasible_error,
     prepare,
@@ -47,52 +48,85 @@ def _cap(x: float) -> float:
     return x + TIE_RTOL * abs(x) + 1e-300
 
 
-def _segment_tables(prep: Prepared, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """(L+1, L+1, R) time (boundary included) and fits-in-memory mask for chunk k = [i, j)."""
-    time = prep.pt[None, :, :] - prep.pt[:, None, :] + prep.bnd[k]
-    mem = (prep.ps[None, :] - prep.ps[:, None])[:, :, None] + prep.inflight[k] * (
-        prep.pa[None, :, :] - prep.pa[:, None, :]
-    )
-    fits = mem + prep.extra[k % prep.p] <= _cap(prep.cap)
-    idx = np.arange(prep.L + 1)
-    fits &= (idx[None, :] > idx[:, None])[:, :, None]
+def _max_span(prep: Prepared, b_cap: float) -> int:
+    """Longest chunk (in layers) whose fastest-mode time stays within ``b_cap``.
+
+    Bounds the DP band: no optimal chunk is longer, so tables are (L+1, W, R)
+    instead of (L+1, L+1, R).  W is small for real models (~ L / K).
+    """
+    L, K = prep.L, prep.K
+    if not math.isfinite(b_cap):
+        return L - K + 1
+    pref = np.concatenate([[0.0], np.cumsum(prep.problem.time_s.min(axis=1))])
+    last = np.searchsorted(pref, pref + b_cap, side="right") - 1  # furthest end from each start
+    return int(max(1, min(L - K + 1, int((last - np.arange(L + 1)).max()))))
+
+
+def _band(prep: Prepared, k: int, W: int, by_end: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Time (boundary included) and fits-in-memory mask of chunk k over a band.
+
+    Entry ``[a, w-1, r]`` is the chunk of w layers ending at a (``by_end``) or
+    starting at a; out-of-range chunks are masked out.
+    """
+    L = prep.L
+    a = np.arange(L + 1)[:, None]
+    w = np.arange(1, W + 1)[None, :]
+    i, j = (a - w, a) if by_end else (a, a + w)
+    valid = (i >= 0) & (j <= L)
+    i, j = np.clip(i, 0, L), np.clip(j, 0, L)
+    time = prep.pt[j] - prep.pt[i] + prep.bnd[k]
+    mem = (prep.ps[j] - prep.ps[i])[:, :, None] + prep.inflight[k] * (prep.pa[j] - prep.pa[i])
+    fits = (mem + prep.extra[k % prep.p] <= _cap(prep.cap)) & valid[:, :, None]
     return time, fits
 
 
-def _bottleneck_v1(prep: Prepared) -> float:
-    """Phase A: the smallest achievable bottleneck (min-max DP), INF if none fits."""
+def _bottleneck_v1(prep: Prepared, ub: float = INF) -> float:
+    """Phase A: the smallest achievable bottleneck (min-max DP), INF if none fits.
+
+    ``ub`` is any upper bound on the answer (a feasible split's bottleneck); it
+    only narrows the band.
+    """
     L, K = prep.L, prep.K
+    W = _max_span(prep, _cap(ub))
+    starts = np.arange(L + 1)[:, None] - np.arange(1, W + 1)[None, :]
+    ok_start = starts >= 0
+    starts = np.clip(starts, 0, L)
     f = np.full(L + 1, INF)
     f[0] = 0.0
     for k in range(K):
-        time, fits = _segment_tables(prep, k)
-        c = np.where(fits, time, INF).min(axis=2)  # (i, j)
-        f = np.maximum(f[:, None], c).min(axis=0)
+        time, fits = _band(prep, k, W, by_end=True)
+        c = np.where(fits, time, INF).min(axis=2)  # (end, width)
+        prev = np.where(ok_start, f[starts], INF)
+        f = np.maximum(prev, c).min(axis=1)
         f[: k + 1] = INF  # chunks 0..k need at least k+1 layers
     return float(f[L])
 
 
-def _suffix_v1(prep: Prepared, b_cap: float) -> tuple[np.ndarray, list[np.ndarray]]:
+def _suffix_v1(prep: Prepared, b_cap: float) -> tuple[np.ndarray, list[np.ndarray], int]:
     """Phase B: S[k][i] = least compute time of layers [i, L) in chunks k..K-1, each <= b_cap.
 
-    Also returns, per chunk, the (i, j, r) table of compute times with INF where
-    the mode does not fit or exceeds the cap, for phase C.
+    Also returns, per chunk, the (start, width, r) table of compute times with
+    INF where the mode does not fit or exceeds the cap, for phase C.
     """
     L, K = prep.L, prep.K
+    W = _max_span(prep, b_cap)
+    ends = np.arange(L + 1)[:, None] + np.arange(1, W + 1)[None, :]
+    ok_end = ends <= L
+    ends = np.clip(ends, 0, L)
     S = np.full((K + 1, L + 1), INF)
     S[K, L] = 0.0
     tables: list[np.ndarray] = [None] * K  # type: ignore[list-item]
     for k in range(K - 1, -1, -1):
-        time, fits = _segment_tables(prep, k)
-        ok = fits & (time <= b_cap)
-        g = np.where(ok, time - prep.bnd[k], INF)
+        time, fits = _band(prep, k, W, by_end=False)
+        g = np.where(fits & (time <= b_cap), time - prep.bnd[k], INF)
         tables[k] = g
-        S[k] = (g.min(axis=2) + S[k + 1][None, :]).min(axis=1)
-    return S, tables
+        nxt = np.where(ok_end, S[k + 1][ends], INF)
+        S[k] = (g.min(axis=2) + nxt).min(axis=1)
+    return S, tables, W
 
 
 def _canonical_v1(prep: Prepared, b_cap: float, t_cap: float | None) -> tuple[list[int], list[int]] | None:
-    S, tables = _suffix_v1(prep, b_cap)
+    S, tables, W = _suffix_v1(prep, b_cap)
     if not math.isfinite(S[0, 0]):
         return None
     t_cap = _cap(S[0, 0]) if t_cap is None else min(t_cap, _cap(S[0, 0]))
@@ -101,14 +135,15 @@ def _canonical_v1(prep: Prepared, b_cap: float, t_cap: float | None) -> tuple[li
     for k in range(prep.K):
         g, nxt = tables[k][i], S[k + 1]
         found = False
-        for e in range(i + 1, prep.L + 1):
+        for e in range(i + 1, min(i + W, prep.L) + 1):
             if not math.isfinite(nxt[e]):
                 continue
             for r in range(prep.R):
-                if spent + g[e, r] + nxt[e] <= t_cap:
+                c = g[e - i - 1, r]
+                if spent + c + nxt[e] <= t_cap:
                     ends.append(e)
                     modes.append(r)
-                    spent += g[e, r]
+                    spent += c
                     i = e
                     found = True
                     break
@@ -290,7 +325,8 @@ def partition_dp(problem: PartitionProblem, num_chunks: int, p: int) -> Partitio
     """
     prep = prepare(problem, num_chunks, p)
     if prep.K == prep.p:
-        b = _bottleneck_v1(prep)
+        heur = _upper_bound(prep)
+        b = _bottleneck_v1(prep, INF if heur is None else heur.bottleneck_s)
         sol = None if not math.isfinite(b) else canonical(prep, b, None)
     else:
         sol = _exhaustive(prep)
