@@ -428,6 +428,37 @@ def _upper_bound(prep: Prepared) -> Partition | None:
     return best
 
 
+def _seed(prep: Prepared) -> Partition | None:
+    """A strong feasible split to bound and warm-start the MILP.
+
+    v = 1: the exact banded DP (so the MILP only has to confirm it).  v > 1:
+    the same DP over K "ranks" of one chunk each, every chunk limited to a
+    1/v share of its rank's free memory; summing v such chunks per rank
+    keeps memory feasible and the bottleneck within v times the chunk max.
+    Falls back to the cheap heuristics when that finds nothing.
+    """
+    from dataclasses import replace
+
+    from planner.partition_dp import _bottleneck_v1, canonical
+
+    best = _upper_bound(prep)
+    v = prep.K // prep.p
+    if v == 1:
+        sub = prep
+    else:
+        rank_extra = prep.extra[np.arange(prep.K) % prep.p]
+        sub = replace(prep, p=prep.K, extra=rank_extra + (prep.cap - rank_extra) * (v - 1) / v)
+    b = _bottleneck_v1(sub, best.bottleneck_s if (best is not None and v == 1) else math.inf)
+    sol = canonical(sub, b, None) if math.isfinite(b) else None
+    if sol is not None:
+        cand = evaluate(prep, sol[0], sol[1], method="seed")
+        if max(cand.rank_memory_bytes) <= prep.cap * (1 + TIE_RTOL) and (
+            best is None or cand.bottleneck_s < best.bottleneck_s
+        ):
+            best = cand
+    return best
+
+
 def _lower_bound(prep: Prepared) -> float:
     """Simple valid lower bound on the bottleneck (for the reported gap)."""
     tmin = prep.problem.time_s.min(axis=1)
@@ -647,6 +678,7 @@ def partition(
     solver: str = "auto",
     time_limit_s: float = 2.0,
     lp_path: str | os.PathLike | None = None,
+    warm_start: bool = True,
 ) -> Partition:
     """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks (MILP).
 
@@ -670,6 +702,11 @@ def partition(
     timeout without a proven optimum, v = 1 falls back to the DP (said in
     ``note``); v > 1 returns the best split found with its ``gap``.
     ``lp_path`` writes the bottleneck model in LP format.
+
+    ``warm_start`` (default) bounds and seeds the MILP with :func:`_seed` (for
+    v = 1 the exact DP, so the MILP confirms it; for v > 1 a per-chunk DP);
+    ``False`` uses only the even / time-balanced splits, which keeps the MILP
+    an independent check (tests) but is far slower on large models.
     """
     from planner.partition_dp import canonical, partition_dp
 
@@ -690,7 +727,7 @@ def partition(
             return _replace(heur, optimal=False, gap=_gap(heur.bottleneck_s, lb), note=f"{reason}, used heuristic split")
         raise PartitionError(f"{reason} and no heuristic split fits; try a longer time limit")
 
-    heur = _upper_bound(prep)
+    heur = _seed(prep) if warm_start else _upper_bound(prep)
     try:
         model = _Model(prep, heur.bottleneck_s if heur is not None else None)
         if heur is not None:
@@ -703,6 +740,8 @@ def partition(
     except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace
         return fallback(f"{name} solver failed ({type(exc).__name__})")
     if status == "infeasible":
+        if heur is not None:  # contradicts a known split: numerical trouble
+            return fallback("solver reported a feasible instance infeasible")
         raise infeasible_error(prep)
     if status == "none":
         return fallback(f"solver found no solution within {time_limit_s:g} s")

@@ -91,8 +91,9 @@ def _same(a, b):
 def test_ilp_matches_dp_v1(case):
     prob, K, p = case
     dp = _outcome(lambda: partition_dp(prob, K, p))
-    ilp = _outcome(lambda: partition(prob, K, p))
+    ilp = _outcome(lambda: partition(prob, K, p, warm_start=False))
     _same(ilp, dp)
+    _same(_outcome(lambda: partition(prob, K, p)), dp)
     if not isinstance(dp, PartitionError):
         assert dp.optimal and ilp.optimal and ilp.gap == 0.0
         assert max(dp.rank_memory_bytes) <= prob.capacity_bytes * (1 + TIE_RTOL)
@@ -102,7 +103,7 @@ def test_ilp_matches_dp_v1(case):
 @given(instances(max_layers=8))
 def test_cbc_matches_dp_v1(case):
     prob, K, p = case
-    _same(_outcome(lambda: partition(prob, K, p, solver="cbc")), _outcome(lambda: partition_dp(prob, K, p)))
+    _same(_outcome(lambda: partition(prob, K, p, solver="cbc", warm_start=False)), _outcome(lambda: partition_dp(prob, K, p)))
 
 
 @settings(max_examples=80, deadline=None)
@@ -123,7 +124,8 @@ def test_dp_matches_brute_force(case):
 def test_virtual_stages_match_exhaustive(case):
     prob, K, p = case
     bf = brute_force(prob, K, p) if K <= prob.num_layers else None
-    ilp = _outcome(lambda: partition(prob, K, p))
+    ilp = _outcome(lambda: partition(prob, K, p, warm_start=False))
+    assert isinstance(ilp, PartitionError) or ilp == partition(prob, K, p)
     if bf is None:
         assert isinstance(ilp, PartitionError)
         return
