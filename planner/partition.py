@@ -728,6 +728,10 @@ def partition(
         raise PartitionError(f"{reason} and no heuristic split fits; try a longer time limit")
 
     heur = _seed(prep) if warm_start else _upper_bound(prep)
+    lo, hi = _windows(prep, heur.bottleneck_s if heur is not None else None)
+    n_binaries = sum(h - l for l, h in zip(lo, hi))
+    if n_binaries > MAX_BINARIES:  # building it alone would blow the time limit
+        return fallback(f"MILP too large ({n_binaries} binaries > {MAX_BINARIES})")
     try:
         model = _Model(prep, heur.bottleneck_s if heur is not None else None)
         if heur is not None:
@@ -772,12 +776,16 @@ def partition(
         ) <= prep.cap * TIE_RTOL:
             ends, modes = e2, m2
     t_star = total_compute_s(prep, ends, modes)
-    sol = canonical(prep, b_star, t_star)
+    sol = canonical(prep, b_star, t_star, deadline=max(deadline, time.monotonic() + 0.2))
     note = "" if status2 == "optimal" else "least-recompute step timed out"
     if sol is None:
         note = (note + "; " if note else "") + "tie-break search gave up, ties may differ from the DP"
         sol = (ends, modes)
     return evaluate(prep, sol[0], sol[1], method=method, optimal=True, note=note)
+
+
+MAX_BINARIES = 20_000
+"""Above this many boundary binaries PuLP model building alone takes seconds."""
 
 
 def _gap(value: float, lower: float) -> float:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import time
 
 import numpy as np
 
@@ -155,7 +156,7 @@ def _canonical_v1(prep: Prepared, b_cap: float, t_cap: float | None) -> tuple[li
 
 
 def _canonical_search(
-    prep: Prepared, b_cap: float, t_cap: float, node_limit: int
+    prep: Prepared, b_cap: float, t_cap: float, node_limit: int, deadline: float | None = None
 ) -> tuple[list[int], list[int]] | None:
     """Depth-first lexicographic search for any v; returns the first split meeting the caps.
 
@@ -178,7 +179,7 @@ def _canonical_search(
         if k == K:
             return i == L
         nodes += 1
-        if nodes > node_limit:
+        if nodes > node_limit or (deadline is not None and nodes % 512 == 0 and time.monotonic() > deadline):
             raise TimeoutError
         rho = k % p
         # every rank has b_cap; what is left must hold the remaining work
@@ -222,7 +223,7 @@ def _canonical_search(
 
 
 def canonical(
-    prep: Prepared, b_star: float, t_star: float | None, *, node_limit: int = 200_000
+    prep: Prepared, b_star: float, t_star: float | None, *, node_limit: int = 200_000, deadline: float | None = None
 ) -> tuple[list[int], list[int]] | None:
     """Lexicographically first split with bottleneck <= b_star and compute time <= t_star.
 
@@ -235,7 +236,7 @@ def canonical(
         return _canonical_v1(prep, b_cap, None if t_star is None else _cap(t_star))
     if t_star is None:
         raise ValueError("v > 1 needs t_star")
-    return _canonical_search(prep, b_cap, _cap(t_star), node_limit)
+    return _canonical_search(prep, b_cap, _cap(t_star), node_limit, deadline)
 
 
 # ---------------------------------------------------------------- memory bound for messages
