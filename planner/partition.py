@@ -1,0 +1,798 @@
+"""Stage partitioner: split a layer sequence into pipeline chunks.
+
+The model is a sequence of L layers.  It is cut into K = p*v contiguous,
+non-empty chunks in order; chunk k runs on rank ``k % p`` (v virtual stages
+per rank, v = 1 is the plain pipeline).  Every chunk picks one recompute mode
+for all its layers.  We minimise the pipeline bottleneck: the largest per-rank
+sum of chunk times (plus one boundary transfer for every chunk but the last),
+subject to a per-rank memory capacity.
+
+Tie-break rule (identical in the ILP and in the DP, so both return the same
+partition, not only the same objective):
+
+1. smallest bottleneck ``B``;
+2. among those, smallest total compute time ``T`` (= least recompute);
+3. among those, the lexicographically smallest sequence
+   ``(end_0, mode_0, end_1, mode_1, ...)``: walking the chunks in order, each
+   chunk is as short as possible, then uses the lowest-index mode.
+
+Values within a relative tolerance of ``TIE_RTOL`` count as equal in 1 and 2.
+
+The ILP proves 1 and 2; step 3 is done by :func:`planner.partition_dp.canonical`,
+an exact lexicographic search restricted to ``B <= B*`` and ``T <= T*``, shared
+by both methods.  The ILP lives here; the DP reference in
+:mod:`planner.partition_dp`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+TIE_RTOL = 1e-9
+"""Relative tolerance under which two bottlenecks / total times are a tie."""
+
+GIB = float(1 << 30)
+
+
+class PartitionError(ValueError):
+    """An instance that has no valid partition (or is malformed)."""
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=float, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionProblem:
+    """Per-layer costs of one model, independent of how it is split.
+
+    Attributes:
+        time_s: (L, R) forward+backward seconds per microbatch of layer i
+            under mode r (recompute adds forward time).
+        state_bytes: (L,) model-state bytes (weights, grads, optimizer).
+        act_bytes: (L, R) activation bytes held per in-flight microbatch.
+        inflight: (K,) microbatches whose activations chunk k holds at peak.
+        capacity_bytes: memory per GPU.
+        modes: names of the R recompute modes, in preference order (index 0
+            wins ties after time).
+        boundary_s: seconds to ship one microbatch across a chunk boundary;
+            a scalar or a (K-1,) array, added to every chunk but the last.
+        extra_bytes: optional (p,) constant bytes per rank (buffers, ...).
+    """
+
+    time_s: np.ndarray
+    state_bytes: np.ndarray
+    act_bytes: np.ndarray
+    inflight: np.ndarray
+    capacity_bytes: float
+    modes: tuple[str, ...] = ("none",)
+    boundary_s: float | np.ndarray = 0.0
+    extra_bytes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        t = np.atleast_2d(np.asarray(self.time_s, dtype=float))
+        a = np.atleast_2d(np.asarray(self.act_bytes, dtype=float))
+        s = np.asarray(self.state_bytes, dtype=float).reshape(-1)
+        if t.shape[0] != s.shape[0] and t.shape[1] == s.shape[0]:
+            raise PartitionError("time_s must have shape (layers, modes)")
+        if t.shape != a.shape:
+            raise PartitionError(
+                f"time_s {t.shape} and act_bytes {a.shape} must have the same shape (layers, modes)"
+            )
+        if s.shape[0] != t.shape[0]:
+            raise PartitionError(f"state_bytes has {s.shape[0]} layers, time_s has {t.shape[0]}")
+        modes = tuple(self.modes)
+        if len(modes) != t.shape[1]:
+            raise PartitionError(f"{len(modes)} mode names for {t.shape[1]} mode columns")
+        for name, arr in (("time_s", t), ("state_bytes", s), ("act_bytes", a)):
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                raise PartitionError(f"{name} must be finite and non-negative")
+        object.__setattr__(self, "time_s", _readonly(t))
+        object.__setattr__(self, "act_bytes", _readonly(a))
+        object.__setattr__(self, "state_bytes", _readonly(s))
+        object.__setattr__(self, "inflight", _readonly(np.asarray(self.inflight, dtype=float).reshape(-1)))
+        object.__setattr__(self, "modes", modes)
+        b = np.asarray(self.boundary_s, dtype=float)
+        object.__setattr__(self, "boundary_s", float(b) if b.ndim == 0 else _readonly(b.reshape(-1)))
+        if self.extra_bytes is not None:
+            object.__setattr__(self, "extra_bytes", _readonly(np.asarray(self.extra_bytes).reshape(-1)))
+        object.__setattr__(self, "capacity_bytes", float(self.capacity_bytes))
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.time_s.shape[0])
+
+    @property
+    def num_modes(self) -> int:
+        return int(self.time_s.shape[1])
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Layers ``[first, last_exclusive)`` with one recompute mode.
+
+    ``time_s`` includes the boundary transfer when the chunk is not the last;
+    ``memory_bytes`` is state plus ``inflight[k]`` times activations (without
+    the rank's ``extra_bytes``).
+    """
+
+    first: int
+    last_exclusive: int
+    recompute: str
+    time_s: float
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A split with its per-rank cost and how it was obtained."""
+
+    chunks: tuple[Chunk, ...]
+    rank_time_s: tuple[float, ...]
+    rank_memory_bytes: tuple[float, ...]
+    bottleneck_s: float
+    method: str
+    optimal: bool
+    gap: float = 0.0
+    note: str = ""
+
+    @property
+    def boundaries(self) -> tuple[int, ...]:
+        """End (exclusive) of every chunk."""
+        return tuple(c.last_exclusive for c in self.chunks)
+
+    @property
+    def recompute(self) -> tuple[str, ...]:
+        return tuple(c.recompute for c in self.chunks)
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """Validated, normalised view of a problem for a given (K, p).
+
+    Prefix sums make any chunk's time/memory O(1): layers [i, j) under mode r
+    cost ``pt[j, r] - pt[i, r]`` seconds.
+    """
+
+    problem: PartitionProblem
+    K: int
+    p: int
+    pt: np.ndarray  # (L+1, R) prefix time
+    ps: np.ndarray  # (L+1,) prefix state
+    pa: np.ndarray  # (L+1, R) prefix activation
+    bnd: np.ndarray  # (K,) boundary seconds per chunk (0 for the last)
+    inflight: np.ndarray  # (K,)
+    extra: np.ndarray  # (p,)
+    cap: float
+
+    @property
+    def L(self) -> int:
+        return self.problem.num_layers
+
+    @property
+    def R(self) -> int:
+        return self.problem.num_modes
+
+    def chunk_time(self, k: int, i: int, j: int, r: int) -> float:
+        """Seconds of chunk k = layers [i, j) under mode r, boundary included."""
+        return float(self.pt[j, r] - self.pt[i, r] + self.bnd[k])
+
+    def chunk_mem(self, k: int, i: int, j: int, r: int) -> float:
+        return float(self.ps[j] - self.ps[i] + self.inflight[k] * (self.pa[j, r] - self.pa[i, r]))
+
+
+def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
+    """Validate (K, p) against the problem; raise PartitionError on misuse."""
+    L = problem.num_layers
+    K = int(num_chunks)
+    p = int(p)
+    if p < 1 or K < 1:
+        raise PartitionError(f"need at least one stage (got {K} chunks over {p} ranks)")
+    if K % p:
+        raise PartitionError(f"{K} chunks cannot be spread evenly over {p} ranks: use a multiple of pp")
+    if K > L:
+        if K == p:
+            raise PartitionError(f"cannot split {L} layers into {K} stages: use pp <= {L}")
+        raise PartitionError(
+            f"cannot split {L} layers into {K} chunks ({p} stages x {K // p} virtual): use pp*v <= {L}"
+        )
+    inflight = problem.inflight
+    if inflight.shape[0] != K:
+        raise PartitionError(f"inflight has {inflight.shape[0]} entries, need one per chunk ({K})")
+    b = problem.boundary_s
+    if isinstance(b, float):
+        bnd = np.full(K, b)
+    else:
+        if b.shape[0] != K - 1:
+            raise PartitionError(f"boundary_s has {b.shape[0]} entries, need {K - 1} (one per boundary)")
+        bnd = np.concatenate([b, [0.0]])
+    bnd[K - 1] = 0.0
+    extra = np.zeros(p) if problem.extra_bytes is None else np.asarray(problem.extra_bytes, dtype=float)
+    if extra.shape[0] != p:
+        raise PartitionError(f"extra_bytes has {extra.shape[0]} entries, need one per rank ({p})")
+    z = np.zeros((1, problem.num_modes))
+    return Prepared(
+        problem=problem,
+        K=K,
+        p=p,
+        pt=np.vstack([z, np.cumsum(problem.time_s, axis=0)]),
+        ps=np.concatenate([[0.0], np.cumsum(problem.state_bytes)]),
+        pa=np.vstack([z, np.cumsum(problem.act_bytes, axis=0)]),
+        bnd=bnd,
+        inflight=np.asarray(inflight, dtype=float),
+        extra=extra,
+        cap=problem.capacity_bytes,
+    )
+
+
+def le_tol(a: float, b: float) -> bool:
+    """``a <= b`` up to the tie tolerance."""
+    return a <= b + TIE_RTOL * max(abs(b), 1e-300) + 1e-300
+
+
+def evaluate(
+    prep: Prepared,
+    ends: Sequence[int],
+    modes: Sequence[int],
+    *,
+    method: str,
+    optimal: bool = False,
+    gap: float = 0.0,
+    note: str = "",
+    check_memory: bool = False,
+) -> Partition:
+    """Build a :class:`Partition` from chunk ends and mode indices."""
+    K, p = prep.K, prep.p
+    names = prep.problem.modes
+    chunks = []
+    rank_t = [0.0] * p
+    rank_m = [float(x) for x in prep.extra]
+    start = 0
+    for k, (e, r) in enumerate(zip(ends, modes)):
+        t = prep.chunk_time(k, start, e, r)
+        m = prep.chunk_mem(k, start, e, r)
+        chunks.append(Chunk(start, int(e), names[r], t, m))
+        rank_t[k % p] += t
+        rank_m[k % p] += m
+        start = e
+    if check_memory:
+        worst = int(np.argmax(rank_m))
+        if rank_m[worst] > prep.cap * (1 + TIE_RTOL):
+            raise PartitionError(
+                f"this split needs {rank_m[worst] / GIB:.1f} GiB on rank {worst}, "
+                f"more than {prep.cap / GIB:.1f} GiB per GPU"
+            )
+    return Partition(
+        chunks=tuple(chunks),
+        rank_time_s=tuple(rank_t),
+        rank_memory_bytes=tuple(rank_m),
+        bottleneck_s=max(rank_t),
+        method=method,
+        optimal=optimal,
+        gap=gap,
+        note=note,
+    )
+
+
+def total_compute_s(prep: Prepared, ends: Sequence[int], modes: Sequence[int]) -> float:
+    """Sum of chunk compute time (boundaries excluded: they are a constant)."""
+    start, tot = 0, 0.0
+    for e, r in zip(ends, modes):
+        tot += float(prep.pt[e, r] - prep.pt[start, r])
+        start = e
+    return tot
+
+
+def infeasible_error(prep: Prepared) -> PartitionError:
+    """The 'does not fit' message, with the smallest achievable peak memory."""
+    from planner.partition_dp import min_peak_memory
+
+    peak, rank = min_peak_memory(prep)
+    return PartitionError(
+        f"no split fits in {prep.cap / GIB:.1f} GiB per GPU: the smallest possible peak is "
+        f"{peak / GIB:.1f} GiB on rank {rank}; add recompute, pipeline stages or ZeRO"
+    )
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def _resolve_mode(problem: PartitionProblem, recompute: str | int | None) -> int | None:
+    if recompute is None:
+        return None
+    if isinstance(recompute, int):
+        return recompute
+    if recompute not in problem.modes:
+        raise PartitionError(f"unknown recompute mode {recompute!r}; known: {', '.join(problem.modes)}")
+    return problem.modes.index(recompute)
+
+
+def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, method: str) -> Partition:
+    """Evaluate given ends; with recompute=None pick per chunk the fastest mode that fits."""
+    mode = _resolve_mode(prep.problem, recompute)
+    if mode is not None:
+        return evaluate(prep, ends, [mode] * prep.K, method=method)
+    modes = []
+    start = 0
+    for k, e in enumerate(ends):
+        order = np.argsort(prep.pt[e] - prep.pt[start], kind="stable")
+        # fastest mode whose chunk alone fits next to the rank's extra bytes
+        pick = next(
+            (int(r) for r in order if prep.chunk_mem(k, start, e, int(r)) + prep.extra[k % prep.p] <= prep.cap),
+            int(order[-1]),
+        )
+        modes.append(pick)
+        start = e
+    return evaluate(prep, ends, modes, method=method)
+
+
+def _balanced_ends(weights: np.ndarray, K: int) -> list[int]:
+    """Contiguous cut of ``weights`` into K non-empty parts of ~equal sum."""
+    L = len(weights)
+    cum = np.concatenate([[0.0], np.cumsum(weights)])
+    total = cum[-1]
+    ends = []
+    prev = 0
+    for k in range(1, K):
+        target = total * k / K
+        e = int(np.searchsorted(cum, target))
+        if e > 0 and abs(cum[e - 1] - target) <= abs(cum[min(e, L)] - target):
+            e -= 1
+        e = min(max(e, prev + 1), L - (K - k))
+        ends.append(e)
+        prev = e
+    ends.append(L)
+    return ends
+
+
+def even_split(problem: PartitionProblem, num_chunks: int, p: int, recompute: str | int | None = None) -> Partition:
+    """Equal number of layers per chunk (remainder spread over the first chunks).
+
+    ``recompute`` names one mode for every chunk; ``None`` picks per chunk the
+    fastest mode whose memory fits.  Memory is not enforced: the result is a
+    comparison point and may exceed capacity (see ``rank_memory_bytes``).
+    """
+    prep = prepare(problem, num_chunks, p)
+    q, rem = divmod(prep.L, prep.K)
+    sizes = [q + (1 if k < rem else 0) for k in range(prep.K)]
+    return _fixed_split(prep, np.cumsum(sizes).tolist(), recompute, "even")
+
+
+def equal_param_split(
+    problem: PartitionProblem,
+    num_chunks: int,
+    p: int,
+    param_counts: Sequence[float],
+    recompute: str | int | None = None,
+) -> Partition:
+    """Chunks with ~equal parameter counts (the common hand-made heuristic).
+
+    Same ``recompute`` semantics as :func:`even_split`.
+    """
+    prep = prepare(problem, num_chunks, p)
+    w = np.asarray(param_counts, dtype=float).reshape(-1)
+    if w.shape[0] != prep.L:
+        raise PartitionError(f"param_counts has {w.shape[0]} entries, model has {prep.L} layers")
+    return _fixed_split(prep, _balanced_ends(w, prep.K), recompute, "equal-params")
+
+
+# ---------------------------------------------------------------- the ILP
+
+
+def _highs_available() -> bool:
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pick_solver(solver: str) -> str:
+    """'auto' -> 'highs' when highspy imports (faster in bench_partition.py), else 'cbc'."""
+    if solver not in ("auto", "highs", "cbc", "dp"):
+        raise PartitionError(f"unknown solver {solver!r}: use auto, highs, cbc or dp")
+    if solver == "auto":
+        return "highs" if _highs_available() else "cbc"
+    return solver
+
+
+def _heuristic_ends(prep: Prepared) -> list[list[int]]:
+    """Cheap candidate splits used as the ILP's upper bound (time-balanced, even)."""
+    q, rem = divmod(prep.L, prep.K)
+    even = np.cumsum([q + (1 if k < rem else 0) for k in range(prep.K)]).tolist()
+    tmin = prep.problem.time_s.min(axis=1)
+    return [_balanced_ends(tmin, prep.K), [int(e) for e in even]]
+
+
+def _upper_bound(prep: Prepared) -> Partition | None:
+    """Best memory-feasible heuristic split, or None."""
+    best = None
+    for ends in _heuristic_ends(prep):
+        cand = _fixed_split(prep, ends, None, "heuristic")
+        if max(cand.rank_memory_bytes) <= prep.cap and (best is None or cand.bottleneck_s < best.bottleneck_s):
+            best = cand
+    return best
+
+
+def _seed(prep: Prepared) -> Partition | None:
+    """A strong feasible split to bound and warm-start the MILP.
+
+    v = 1: the exact banded DP (so the MILP only has to confirm it).  v > 1:
+    the same DP over K "ranks" of one chunk each, every chunk limited to a
+    1/v share of its rank's free memory; summing v such chunks per rank
+    keeps memory feasible and the bottleneck within v times the chunk max.
+    Falls back to the cheap heuristics when that finds nothing.
+    """
+    from dataclasses import replace
+
+    from planner.partition_dp import _bottleneck_v1, canonical
+
+    best = _upper_bound(prep)
+    v = prep.K // prep.p
+    if v == 1:
+        sub = prep
+    else:
+        rank_extra = prep.extra[np.arange(prep.K) % prep.p]
+        sub = replace(prep, p=prep.K, extra=rank_extra + (prep.cap - rank_extra) * (v - 1) / v)
+    b = _bottleneck_v1(sub, best.bottleneck_s if (best is not None and v == 1) else math.inf)
+    sol = canonical(sub, b, None) if math.isfinite(b) else None
+    if sol is not None:
+        cand = evaluate(prep, sol[0], sol[1], method="seed")
+        if max(cand.rank_memory_bytes) <= prep.cap * (1 + TIE_RTOL) and (
+            best is None or cand.bottleneck_s < best.bottleneck_s
+        ):
+            best = cand
+    return best
+
+
+def _lower_bound(prep: Prepared) -> float:
+    """Simple valid lower bound on the bottleneck (for the reported gap)."""
+    tmin = prep.problem.time_s.min(axis=1)
+    return max((float(tmin.sum()) + float(prep.bnd.sum())) / prep.p, float(tmin.max()))
+
+
+def _windows(prep: Prepared, ub: float | None) -> tuple[list[int], list[int]]:
+    """Range [lo_k, hi_k] of each chunk end, tightened with an upper bound on B.
+
+    Chunks 0..k touch min(k+1, p) ranks, each with at most ``ub`` seconds, so
+    the fastest-mode time of layers [0, end_k) plus their boundaries is at
+    most min(k+1, p) * ub; symmetrically for the chunks after k.
+    """
+    L, K, p = prep.L, prep.K, prep.p
+    lo = [k + 1 for k in range(K)]
+    hi = [L - (K - 1 - k) for k in range(K)]
+    if ub is not None:
+        ub = ub * (1 + 1e-7)
+        pref = np.concatenate([[0.0], np.cumsum(prep.problem.time_s.min(axis=1))])
+        suf = pref[-1] - pref
+        bcum = np.cumsum(prep.bnd)
+        for k in range(K - 1):
+            room_before = min(k + 1, p) * ub - bcum[k]
+            room_after = min(K - 1 - k, p) * ub - (bcum[-1] - bcum[k])
+            hi[k] = min(hi[k], int(np.searchsorted(pref, room_before, side="right")) - 1)
+            lo[k] = max(lo[k], int(np.searchsorted(-suf, -room_after, side="left")))
+    for k in range(1, K):
+        lo[k] = max(lo[k], lo[k - 1] + 1)
+    for k in range(K - 2, -1, -1):
+        hi[k] = min(hi[k], hi[k + 1] - 1)
+    lo[K - 1] = hi[K - 1] = L
+    return lo, hi
+
+
+class _Model:
+    """The boundary-position MILP (see :func:`partition` for the formulation)."""
+
+    def __init__(self, prep: Prepared, ub: float | None) -> None:
+        import pulp
+
+        self.prep = prep
+        L, K, p, R = prep.L, prep.K, prep.p, prep.R
+        lo, hi = self.lo, self.hi = _windows(prep, ub)
+        if any(lo[k] > hi[k] for k in range(K)):
+            raise PartitionError("internal: empty window")  # ub came from a feasible split
+        # time in units of the bound, memory in units of the capacity: O(1) coefficients
+        self.tscale = ts = ub if ub else max(_lower_bound(prep), 1e-12)
+        ms = prep.cap if prep.cap > 0 else 1.0
+        prob = pulp.LpProblem("partition", pulp.LpMinimize)
+        x = {}
+        for k in range(K - 1):
+            for j in range(lo[k], hi[k]):
+                x[k, j] = prob.add_variable(f"x_{k}_{j}", cat="Binary")
+        self.x = x
+
+        def X(k: int, j: int):
+            if k < 0:
+                return 0
+            if k == K - 1 or j < lo[k]:
+                return 1
+            if j >= hi[k]:
+                return 0
+            return x[k, j]
+
+        self.X = X
+        for (k, j), var in x.items():
+            if (k, j + 1) in x:
+                prob += var >= x[k, j + 1]  # end_k > j+1  =>  end_k > j
+            nxt = X(k + 1, j + 1)  # end_k > j  =>  end_{k+1} > j+1
+            if not isinstance(nxt, int):
+                prob += nxt >= var
+            elif nxt == 0:
+                prob += var == 0
+
+        def prefix(k: int, w: np.ndarray):
+            """sum_{j < end_k} w[j] as a linear expression."""
+            if k < 0:
+                return 0.0
+            if k == K - 1:
+                return float(w.sum())
+            return float(w[: lo[k]].sum()) + pulp.lpSum(float(w[j]) * x[k, j] for j in range(lo[k], hi[k]) if w[j])
+
+        t = prep.problem.time_s / ts
+        a = prep.problem.act_bytes / ms
+        s = prep.problem.state_bytes / ms
+        start = lambda k: lo[k - 1] if k > 0 else 0  # noqa: E731
+        self.z = {}
+        tk, mk = [], []
+        for k in range(K):
+            i_lo, e_hi = start(k), hi[k]
+            span_t = [prefix(k, t[:, r]) - prefix(k - 1, t[:, r]) for r in range(R)]
+            span_a = [prefix(k, a[:, r]) - prefix(k - 1, a[:, r]) for r in range(R)]
+            span_s = prefix(k, s) - prefix(k - 1, s)
+            if R == 1:
+                tk.append(span_t[0])
+                mk.append(span_s + float(prep.inflight[k]) * span_a[0])
+                continue
+            z = [prob.add_variable(f"z_{k}_{r}", cat="Binary") for r in range(R)]
+            self.z.update({(k, r): z[r] for r in range(R)})
+            prob += pulp.lpSum(z) == 1
+            tv = prob.add_variable(f"t_{k}", lowBound=0)
+            av = prob.add_variable(f"a_{k}", lowBound=0)
+            # valid cuts: a chunk costs at least its fastest / lightest mode
+            prob += tv >= prefix(k, t.min(axis=1)) - prefix(k - 1, t.min(axis=1))
+            amin = a.min(axis=1)
+            if amin.any():
+                prob += av >= float(prep.inflight[k]) * (prefix(k, amin) - prefix(k - 1, amin))
+            for r in range(R):
+                big_t = float(t[i_lo:e_hi, r].sum())
+                big_a = float(prep.inflight[k] * a[i_lo:e_hi, r].sum())
+                prob += tv >= span_t[r] - big_t * (1 - z[r])
+                if big_a > 0:
+                    prob += av >= float(prep.inflight[k]) * span_a[r] - big_a * (1 - z[r])
+            tk.append(tv)
+            mk.append(span_s + av)
+        self.tk = tk
+        self.B = prob.add_variable("B", lowBound=0)
+        bnd = prep.bnd / ts
+        for rho in range(p):
+            ks = range(rho, K, p)
+            prob += self.B >= pulp.lpSum(tk[k] for k in ks) + float(sum(bnd[k] for k in ks))
+            worst = sum(
+                float(s[start(k) : hi[k]].sum() + prep.inflight[k] * a[start(k) : hi[k]].max(axis=0).sum())
+                for k in ks
+            ) + prep.extra[rho] / ms
+            if worst > prep.cap / ms:  # skip ranks that fit whatever happens
+                prob += pulp.lpSum(mk[k] for k in ks) <= (prep.cap - prep.extra[rho]) / ms
+        if ub is not None:
+            self.B.upBound = ub * (1 + 1e-7) / ts
+        prob += self.B
+        self.prob = prob
+
+    def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
+        """Give the solver a known feasible split (used by CBC)."""
+        for (k, j), var in self.x.items():
+            var.setInitialValue(1 if ends[k] > j else 0)
+        for (k, r), var in self.z.items():
+            var.setInitialValue(1 if modes[k] == r else 0)
+
+    def solution(self) -> tuple[list[int], list[int]]:
+        K, R = self.prep.K, self.prep.R
+        ends = []
+        for k in range(K):
+            ends.append(sum(int(round(float(_val(self.X(k, j))))) for j in range(self.prep.L)))
+        modes = []
+        for k in range(K):
+            if R == 1:
+                modes.append(0)
+            else:
+                modes.append(int(np.argmax([_val(self.z[k, r]) for r in range(R)])))
+        return ends, modes
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence C-level stdout (solver banners) for the duration of the block."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # captured / not a real file
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _val(v) -> float:
+    return float(v) if isinstance(v, (int, float)) else float(v.varValue or 0.0)
+
+
+def _make_solver(name: str, time_limit_s: float):
+    import pulp
+
+    tl = max(float(time_limit_s), 0.01)
+    if name == "highs":
+        return pulp.HiGHS(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1)
+    with warnings.catch_warnings():  # bundled CBC: deprecated name, still the one that ships
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True)
+
+
+def _solve(model: _Model, name: str, time_limit_s: float) -> tuple[str, float | None]:
+    """Run the solver; returns ('optimal'|'feasible'|'infeasible'|'none', dual bound in scaled units)."""
+    import pulp
+
+    solver = _make_solver(name, time_limit_s)
+    with _quiet_stdout():  # HiGHS prints a banner before msg=False takes effect
+        model.prob.solve(solver)
+    bound = None
+    if name == "highs":
+        try:
+            bound = float(model.prob.solverModel.getInfo().mip_dual_bound)
+        except Exception:  # noqa: BLE001 - the bound is informative only
+            bound = None
+    if model.prob.status == pulp.LpStatusInfeasible:
+        return "infeasible", bound
+    if model.prob.sol_status == pulp.LpSolutionOptimal and model.prob.status == pulp.LpStatusOptimal:
+        return "optimal", bound
+    if model.prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return "feasible", bound
+    return "none", bound
+
+
+def partition(
+    problem: PartitionProblem,
+    num_chunks: int,
+    p: int,
+    *,
+    solver: str = "auto",
+    time_limit_s: float = 2.0,
+    lp_path: str | os.PathLike | None = None,
+    warm_start: bool = True,
+) -> Partition:
+    """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks (MILP).
+
+    Formulation (boundary positions over prefix sums): binary ``x[k, j] = 1``
+    iff chunk k ends after layer j (``end_k > j``), only for j inside a window
+    ``[lo_k, hi_k)`` derived from a heuristic upper bound (outside it x is a
+    constant).  ``x[k, j] >= x[k, j+1]`` (monotone) and ``x[k+1, j+1] >=
+    x[k, j]`` (chunks non-empty, in order).  Any per-layer quantity ``w``
+    summed over chunk k is ``sum_j w_j (x[k, j] - x[k-1, j])``: O(window)
+    non-zeros, no (layer, chunk) assignment variables.  A one-hot ``z[k, r]``
+    picks the mode; chunk time ``t_k >= T_k^r(x) - M_k^r (1 - z[k, r])`` and
+    activations likewise, with ``M`` the largest chunk the window allows.
+    ``B >= sum_{k on rank} (t_k + boundary_k)`` and per-rank memory
+    ``sum (state_k + a_k) + extra <= capacity``.  Minimise ``B``; for v > 1
+    a second solve fixes ``B <= B*`` and minimises ``sum t_k``; for v = 1
+    that step and the final lexicographic tie-break are done exactly by
+    :func:`planner.partition_dp.canonical` (v > 1: the tie-break only).
+
+    ``solver``: 'auto' (HiGHS when ``highspy`` imports, else CBC), 'highs',
+    'cbc', or 'dp' (the exact reference, v = 1).  On a solver failure or a
+    timeout without a proven optimum, v = 1 falls back to the DP (said in
+    ``note``); v > 1 returns the best split found with its ``gap``.
+    ``lp_path`` writes the bottleneck model in LP format.
+
+    ``warm_start`` (default) bounds and seeds the MILP with :func:`_seed` (for
+    v = 1 the exact DP, so the MILP confirms it; for v > 1 a per-chunk DP);
+    ``False`` uses only the even / time-balanced splits, which keeps the MILP
+    an independent check (tests) but is far slower on large models.
+    """
+    from planner.partition_dp import canonical, partition_dp
+
+    prep = prepare(problem, num_chunks, p)
+    name = _pick_solver(solver)
+    if name == "dp":
+        return partition_dp(problem, num_chunks, p)
+    method = f"ilp-{name}"
+    deadline = time.monotonic() + float(time_limit_s)
+    v1 = prep.K == prep.p
+
+    def fallback(reason: str) -> Partition:
+        if v1:
+            res = partition_dp(problem, num_chunks, p)
+            return _replace(res, note=f"{reason}, used DP fallback")
+        if heur is not None:
+            lb = _lower_bound(prep)
+            return _replace(heur, optimal=False, gap=_gap(heur.bottleneck_s, lb), note=f"{reason}, used heuristic split")
+        raise PartitionError(f"{reason} and no heuristic split fits; try a longer time limit")
+
+    heur = _seed(prep) if warm_start else _upper_bound(prep)
+    lo, hi = _windows(prep, heur.bottleneck_s if heur is not None else None)
+    n_binaries = sum(h - l for l, h in zip(lo, hi))
+    if n_binaries > MAX_BINARIES:  # building it alone would blow the time limit
+        return fallback(f"MILP too large ({n_binaries} binaries > {MAX_BINARIES})")
+    try:
+        model = _Model(prep, heur.bottleneck_s if heur is not None else None)
+        if heur is not None:
+            model.warm_start(heur.boundaries, [prep.problem.modes.index(m) for m in heur.recompute])
+        if lp_path is not None:
+            model.prob.writeLP(os.fspath(lp_path))
+        status, bound = _solve(model, name, deadline - time.monotonic())
+    except PartitionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace
+        return fallback(f"{name} solver failed ({type(exc).__name__})")
+    if status == "infeasible":
+        if heur is not None:  # contradicts a known split: numerical trouble
+            return fallback("solver reported a feasible instance infeasible")
+        raise infeasible_error(prep)
+    if status == "none":
+        return fallback(f"solver found no solution within {time_limit_s:g} s")
+    ends, modes = model.solution()
+    first = evaluate(prep, ends, modes, method=method)
+    if status == "feasible":
+        if v1:
+            return fallback(f"solver timed out after {time_limit_s:g} s without proving optimality")
+        lb = max(_lower_bound(prep), (bound or 0.0) * model.tscale)
+        return _replace(first, optimal=False, gap=_gap(first.bottleneck_s, lb), note="solver timed out; best split found")
+    b_star = first.bottleneck_s
+    if v1:
+        sol = canonical(prep, b_star, None)
+        if sol is None:  # solver tolerance let a hair-infeasible split through
+            return fallback("ILP split failed the exact check")
+        return evaluate(prep, sol[0], sol[1], method=method, optimal=True)
+    # v > 1: least compute time at this bottleneck, then the lexicographic tie-break
+    import pulp
+
+    model.B.upBound = b_star * (1 + TIE_RTOL) / model.tscale
+    model.prob.setObjective(pulp.lpSum(model.tk))
+    status2, _ = _solve(model, name, max(deadline - time.monotonic(), 0.05))
+    if status2 in ("optimal", "feasible"):
+        e2, m2 = model.solution()
+        second = evaluate(prep, e2, m2, method=method)
+        if second.bottleneck_s <= b_star * (1 + TIE_RTOL) and max(
+            r - c for r, c in zip(second.rank_memory_bytes, [prep.cap] * prep.p)
+        ) <= prep.cap * TIE_RTOL:
+            ends, modes = e2, m2
+    t_star = total_compute_s(prep, ends, modes)
+    sol = canonical(prep, b_star, t_star, deadline=max(deadline, time.monotonic() + 0.2))
+    note = "" if status2 == "optimal" else "least-recompute step timed out"
+    if sol is None:
+        note = (note + "; " if note else "") + "tie-break search gave up, ties may differ from the DP"
+        sol = (ends, modes)
+    return evaluate(prep, sol[0], sol[1], method=method, optimal=True, note=note)
+
+
+MAX_BINARIES = 20_000
+"""Above this many boundary binaries PuLP model building alone takes seconds."""
+
+
+def _gap(value: float, lower: float) -> float:
+    return max(0.0, (value - lower) / value) if value > 0 else 0.0
+
+
+def _replace(part: Partition, **kw) -> Partition:
+    from dataclasses import replace
+
+    return replace(part, **kw)

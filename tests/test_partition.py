@@ -1,0 +1,226 @@
+"""Tests for the stage partitioner: ILP vs exact DP vs brute force."""
+
+from __future__ import annotations
+
+import itertools
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from planner.partition import (
+    TIE_RTOL,
+    PartitionError,
+    PartitionProblem,
+    _highs_available,
+    equal_param_split,
+    even_split,
+    partition,
+)
+from planner.partition_dp import partition_dp
+
+SOLVERS = ["cbc"] + (["highs"] if _highs_available() else [])
+
+
+def brute_force(prob: PartitionProblem, K: int, p: int):
+    """Independent oracle: every split x modes, rule (B, T, interleaved lex) applied literally."""
+    L, R = prob.num_layers, prob.num_modes
+    bnd = np.broadcast_to(np.append(np.asarray(prob.boundary_s, float) * np.ones(K - 1), 0.0), (K,))
+    extra = np.zeros(p) if prob.extra_bytes is None else prob.extra_bytes
+    best = None
+    for cuts in itertools.combinations(range(1, L), K - 1):
+        ends = list(cuts) + [L]
+        for modes in itertools.product(range(R), repeat=K):
+            rt, rm, tot, i = [0.0] * p, list(extra), 0.0, 0
+            for k, (e, r) in enumerate(zip(ends, modes)):
+                t = float(prob.time_s[i:e, r].sum())
+                rt[k % p] += t + bnd[k]
+                rm[k % p] += float(prob.state_bytes[i:e].sum() + prob.inflight[k] * prob.act_bytes[i:e, r].sum())
+                tot += t
+                i = e
+            if max(rm) > prob.capacity_bytes:
+                continue
+            key = (max(rt), tot, [x for pair in zip(ends, modes) for x in pair])
+            if best is None or key < best[0]:
+                best = (key, tuple(ends), tuple(prob.modes[r] for r in modes))
+    return best
+
+
+@st.composite
+def instances(draw, max_layers=12, max_p=4, max_v=1):
+    L = draw(st.integers(1, max_layers))
+    p = draw(st.integers(1, max_p))
+    v = draw(st.integers(1, max_v))
+    K = p * v
+    R = draw(st.integers(1, 3))
+    ints = lambda lo, hi, n: np.array(draw(st.lists(st.integers(lo, hi), min_size=n, max_size=n)), float)  # noqa: E731
+    base = ints(1, 9, L)
+    extra_t = ints(0, 3, L * R).reshape(L, R)
+    extra_t[:, 0] = 0
+    time_s = base[:, None] + np.cumsum(extra_t, axis=1)  # more recompute => more time
+    act0 = ints(0, 6, L)
+    act = np.stack([np.floor(act0 / (1 + r)) for r in range(R)], axis=1)  # ... and less memory
+    state = ints(0, 5, L)
+    inflight = np.array([min(K - k, draw(st.integers(1, 4))) for k in range(K)], float)
+    total = state.sum() + inflight.max() * act0.sum()
+    cap = float(draw(st.integers(0, int(total) + 2)))
+    boundary = float(draw(st.sampled_from([0, 0, 1])))
+    modes = ("none", "selective", "full")[:R]
+    prob = PartitionProblem(time_s, state, act, inflight, cap, modes, boundary)
+    return prob, K, p
+
+
+def _outcome(fn):
+    try:
+        return fn()
+    except PartitionError as exc:
+        return exc
+
+
+def _same(a, b):
+    assert isinstance(a, PartitionError) == isinstance(b, PartitionError), (a, b)
+    if isinstance(a, PartitionError):
+        return
+    assert abs(a.bottleneck_s - b.bottleneck_s) <= TIE_RTOL * max(1.0, b.bottleneck_s)
+    assert a.boundaries == b.boundaries and a.recompute == b.recompute
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(instances())
+def test_ilp_matches_dp_v1(case):
+    prob, K, p = case
+    dp = _outcome(lambda: partition_dp(prob, K, p))
+    ilp = _outcome(lambda: partition(prob, K, p, warm_start=False))
+    _same(ilp, dp)
+    _same(_outcome(lambda: partition(prob, K, p)), dp)
+    if not isinstance(dp, PartitionError):
+        assert dp.optimal and ilp.optimal and ilp.gap == 0.0
+        assert max(dp.rank_memory_bytes) <= prob.capacity_bytes * (1 + TIE_RTOL)
+
+
+@settings(max_examples=40, deadline=None)
+@given(instances(max_layers=8))
+def test_cbc_matches_dp_v1(case):
+    prob, K, p = case
+    _same(_outcome(lambda: partition(prob, K, p, solver="cbc", warm_start=False)), _outcome(lambda: partition_dp(prob, K, p)))
+
+
+@settings(max_examples=80, deadline=None)
+@given(instances(max_layers=7, max_p=3))
+def test_dp_matches_brute_force(case):
+    prob, K, p = case
+    dp = _outcome(lambda: partition_dp(prob, K, p))
+    bf = brute_force(prob, K, p) if K <= prob.num_layers else None
+    if bf is None:
+        assert isinstance(dp, PartitionError)
+    else:
+        assert not isinstance(dp, PartitionError), dp
+        assert (dp.bottleneck_s, dp.boundaries, dp.recompute) == (bf[0][0], bf[1], bf[2])
+
+
+@settings(max_examples=40, deadline=None)
+@given(instances(max_layers=7, max_p=2, max_v=3))
+def test_virtual_stages_match_exhaustive(case):
+    prob, K, p = case
+    bf = brute_force(prob, K, p) if K <= prob.num_layers else None
+    ilp = _outcome(lambda: partition(prob, K, p, warm_start=False))
+    assert isinstance(ilp, PartitionError) or ilp == partition(prob, K, p)
+    if bf is None:
+        assert isinstance(ilp, PartitionError)
+        return
+    assert not isinstance(ilp, PartitionError), ilp
+    assert (ilp.bottleneck_s, ilp.boundaries, ilp.recompute) == (bf[0][0], bf[1], bf[2])
+    _same(partition_dp(prob, K, p), ilp)
+
+
+def _vocab_model(blocks=30, K=4):
+    """Embedding with huge state but cheap compute, 30 blocks, an expensive head."""
+    L = blocks + 2
+    t = np.ones((L, 1))
+    t[0], t[-1] = 0.1, 6.0
+    state = np.full(L, 1.0)
+    state[0] = 8.0
+    act = np.full((L, 1), 0.1)
+    inflight = np.array([K - k for k in range(K)], float)
+    return PartitionProblem(t, state, act, inflight, capacity_bytes=100.0, boundary_s=0.05)
+
+
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_large_vocab_edges_get_fewer_blocks(solver):
+    prob = _vocab_model()
+    res = partition(prob, 4, 4, solver=solver)
+    sizes = [c.last_exclusive - c.first for c in res.chunks]
+    blocks = [sizes[0] - 1, sizes[1], sizes[2], sizes[3] - 1]  # drop embedding / head
+    assert blocks[3] < min(blocks[1], blocks[2])
+    assert blocks[0] <= min(blocks[1], blocks[2])
+    even = even_split(prob, 4, 4)
+    params = equal_param_split(prob, 4, 4, prob.state_bytes)
+    assert res.bottleneck_s < even.bottleneck_s and res.bottleneck_s < params.bottleneck_s
+    assert res.bottleneck_s == pytest.approx(partition_dp(prob, 4, 4).bottleneck_s)
+    print(f"\noptimal {res.bottleneck_s:.2f}s {sizes}  even {even.bottleneck_s:.2f}s  params {params.bottleneck_s:.2f}s")
+
+
+def test_too_many_stages_message():
+    prob = _vocab_model(blocks=1)
+    with pytest.raises(PartitionError, match=r"^cannot split 3 layers into 4 stages: use pp <= 3$"):
+        partition(PartitionProblem(prob.time_s, prob.state_bytes, prob.act_bytes, [1, 1, 1, 1], 100.0), 4, 4)
+
+
+@pytest.mark.parametrize("solver", SOLVERS + ["dp"])
+def test_memory_too_small_message(solver):
+    g = float(1 << 30)
+    L = 8
+    prob = PartitionProblem(
+        np.ones((L, 2)) * [1.0, 1.3],
+        np.full(L, 10 * g),
+        np.ones((L, 2)) * [2 * g, 1 * g],
+        [2.0, 1.0],
+        capacity_bytes=30 * g,
+        modes=("none", "full"),
+    )
+    with pytest.raises(PartitionError) as err:
+        partition(prob, 2, 2, solver=solver)
+    msg = str(err.value)
+    assert msg.startswith("no split fits in 30.0 GiB per GPU: the smallest possible peak is 48.0 GiB on rank 0")
+    assert msg.endswith("add recompute, pipeline stages or ZeRO")
+    assert "\n" not in msg
+
+
+def test_bad_inputs_are_partition_errors():
+    prob = _vocab_model()
+    with pytest.raises(PartitionError, match="inflight has 4 entries"):
+        partition(prob, 8, 8)
+    with pytest.raises(PartitionError, match="multiple of pp"):
+        partition(prob, 5, 4)
+    with pytest.raises(PartitionError, match="unknown solver"):
+        partition(prob, 4, 4, solver="gurobi")
+
+
+def test_deterministic_and_lp_file(tmp_path):
+    prob = _vocab_model(blocks=60)
+    a = partition(prob, 4, 4, lp_path=tmp_path / "m.lp")
+    b = partition(prob, 4, 4)
+    assert a == b
+    assert (tmp_path / "m.lp").read_text().startswith("\\*")
+
+
+def test_time_limit_falls_back_to_dp(monkeypatch):
+    import planner.partition as mod
+
+    monkeypatch.setattr(mod, "_solve", lambda *a, **k: ("none", None))
+    prob = _vocab_model()
+    res = partition(prob, 4, 4)
+    assert res.method == "dp" and "DP fallback" in res.note
+    assert res.boundaries == partition_dp(prob, 4, 4).boundaries
+
+
+def test_solver_crash_is_not_shown(monkeypatch):
+    import planner.partition as mod
+
+    def boom(*a, **k):
+        raise RuntimeError("solver trace")
+
+    monkeypatch.setattr(mod, "_solve", boom)
+    res = partition(_vocab_model(), 4, 4)
+    assert "failed (RuntimeError)" in res.note and "trace" not in res.note
