@@ -130,21 +130,20 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
 
 def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions = RunOptions(),
              bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
-             profile=None, costs: CostTable | None = None,
+             profile=None, tables: dict[str, CostTable] | None = None,
              simulated: bool = False) -> Plan:
     """Predict the plan of one fully specified configuration (even split unless ``bounds``).
 
-    ``costs`` are this configuration's layer costs when the caller already has them. With
+    ``tables`` are the layer costs per recompute mode when the caller already has them. With
     ``simulated`` the schedule runs op by op (planner/simulate.py): step time, bubble and the
     activations each rank holds come from the simulation instead of the closed forms."""
     hw = cluster.hardware
     chunks = par.num_chunks
     bounds = bounds or even_split(model, chunks)
     modes = recompute_per_chunk or [par.recompute] * chunks
-    by_mode = {mode: CostTable(layer_costs(model, par, hw, opts, mode, profile))
-               for mode in set(modes) if not (costs is not None and mode == par.recompute)}
-    if costs is not None:
-        by_mode[par.recompute] = costs
+    by_mode = dict(tables or {})
+    for mode in set(modes) - set(by_mode):
+        by_mode[mode] = CostTable(layer_costs(model, par, hw, opts, mode, profile))
     stages = [by_mode[mode].stage(a, b, mode) for (a, b), mode in zip(bounds, modes)]
     p2p = _p2p_s(model, par, cluster)
     inflight = inflight_closed_form(par.schedule, par.pp, par.num_microbatches,

@@ -19,6 +19,8 @@ from planner.cost import RunOptions
 from planner.errors import NoFeasiblePlan, PlanInputError
 from planner.evaluate import CostTable, evaluate, layer_costs
 from planner.export import LAUNCHERS, launcher_allows
+from planner.partition import PartitionError
+from planner.split import best_split, cost_tables
 from planner.hardware import Cluster
 from planner.model import ModelSpec
 from planner.plan import RECOMPUTE_MODES, SCHEDULES, Parallel, Plan
@@ -55,6 +57,7 @@ class Request:
     top: int = 10
     refine: int = 20
     launcher: str | None = None  # only configurations this launcher runs
+    partition_method: str = "dp"  # exact DP (same optimum as the ILP, tests prove it) or "ilp"
 
     @property
     def batch(self) -> int:
@@ -273,7 +276,17 @@ def _refine(req: Request, screened: list[Plan], cache: dict, capacity: float,
     for plan in screened:
         par = plan.parallel
         key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute)
-        better = evaluate(req.model, req.cluster, par, req.options, costs=cache[key],
+        tables = cost_tables(req.model, par, req.cluster.hardware, req.options,
+                             known={par.recompute: cache[key]},
+                             exact=req.pins.recompute is not None)
+        try:
+            split = best_split(req.model, req.cluster, par, req.options, tables,
+                               req.partition_method)
+        except PartitionError:
+            rejected["memory (no stage split fits)"] += 1
+            continue
+        better = evaluate(req.model, req.cluster, par, req.options, bounds=list(split.bounds),
+                          recompute_per_chunk=list(split.recompute), tables=tables,
                           simulated=True)
         if better.metrics.peak_memory_bytes > capacity:
             rejected["memory (simulated in-flight)"] += 1
@@ -291,7 +304,7 @@ def _evaluate_cached(req: Request, par: Parallel, cache: dict) -> Plan:
     if key not in cache:
         cache[key] = CostTable(layer_costs(req.model, par, req.cluster.hardware, req.options,
                                            par.recompute))
-    return evaluate(req.model, req.cluster, par, req.options, costs=cache[key])
+    return evaluate(req.model, req.cluster, par, req.options, tables={par.recompute: cache[key]})
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,101 @@
+"""From a configuration to its stage-partition problem, and back to stage bounds.
+
+The partitioner (planner/partition.py) sees only per-layer numbers: time per microbatch under each
+recompute mode the configuration allows, model-state bytes, activation bytes, the in-flight
+microbatches each chunk holds under the schedule, and the per-GPU memory left once the
+framework's reserve and the largest transient are set aside.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner import calibration
+from planner.cost import RunOptions
+from planner.evaluate import CostTable, even_split, inflight_closed_form, layer_costs
+from planner.evaluate import _p2p_s as p2p_s  # renamed to p2p_s once the cost branch lands
+from planner.hardware import Cluster
+from planner.memory import model_state_bytes
+from planner.model import ModelSpec
+from planner.partition import Partition, PartitionProblem, equal_param_split, partition
+from planner.partition_dp import partition_dp
+from planner.plan import RECOMPUTE_MODES, Parallel
+
+METHODS = ("ilp", "dp")
+
+
+@dataclass(frozen=True)
+class Split:
+    bounds: tuple[tuple[int, int], ...]
+    recompute: tuple[str, ...]
+    partition: Partition | None  # None for a fixed (even) split
+
+
+def allowed_modes(par: Parallel, opts: RunOptions, exact: bool = False) -> tuple[str, ...]:
+    """The recompute modes a stage may use: exactly the configuration's (a user's pin), or any
+    up to it, so the partitioner can spare the stages with memory to spare (flash attention
+    already drops the scores, so 'selective' adds nothing there)."""
+    if exact:
+        return (par.recompute,)
+    modes = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(par.recompute) + 1]
+    return tuple(m for m in modes if not (m == "selective" and opts.flash_attention))
+
+
+def usable_bytes(cluster: Cluster) -> float:
+    return (cluster.hardware.memory_bytes - calibration.RESERVED_BYTES) / (
+        1 + calibration.FRAGMENTATION)
+
+
+def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+                      tables: dict[str, CostTable]) -> PartitionProblem:
+    modes = tuple(tables)
+    costs = {m: tables[m].costs for m in modes}
+    time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
+    act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
+    states = np.array([model_state_bytes(c.params, par.dp, par.zero, opts.grad_bytes)
+                       for c in costs[modes[0]]])
+    transient = max(max(c.work_bytes for c in costs[m]) for m in modes)
+    return PartitionProblem(
+        time_s=time_s, state_bytes=states, act_bytes=act,
+        inflight=np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
+                                               par.virtual_stages), dtype=float),
+        capacity_bytes=max(usable_bytes(cluster) - transient, 0.0), modes=modes,
+        boundary_s=2 * p2p_s(model, par, cluster))
+
+
+def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=None,
+                known: dict | None = None, exact: bool = False) -> dict[str, CostTable]:
+    """Cost tables for every mode the configuration allows (reusing ``known`` ones)."""
+    known = known or {}
+    return {m: known.get(m) or CostTable(layer_costs(model, par, hw, opts, m, profile))
+            for m in allowed_modes(par, opts, exact)}
+
+
+def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+               tables: dict[str, CostTable], method: str = "dp") -> Split:
+    """The compute-balanced split under memory. Interleaved chunks stay even: Megatron's
+    interleaved schedule wants the same layer count in every virtual stage."""
+    if par.virtual_stages > 1:
+        bounds = tuple(even_split(model, par.num_chunks))
+        return Split(bounds, (par.recompute,) * par.num_chunks, None)
+    problem = partition_problem(model, cluster, par, opts, tables)
+    if method == "ilp":
+        result = partition(problem, par.num_chunks, par.pp)
+    else:
+        result = partition_dp(problem, par.num_chunks, par.pp)
+    return _as_split(result)
+
+
+def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+                tables: dict[str, CostTable]) -> Split:
+    """The common hand-made split: equal parameter counts per stage."""
+    problem = partition_problem(model, cluster, par, opts, tables)
+    params = [c.params for c in next(iter(tables.values())).costs]
+    return _as_split(equal_param_split(problem, par.num_chunks, par.pp, params, par.recompute))
+
+
+def _as_split(result: Partition) -> Split:
+    return Split(tuple((c.first, c.last_exclusive) for c in result.chunks),
+                 tuple(c.recompute for c in result.chunks), result)
