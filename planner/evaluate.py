@@ -254,8 +254,10 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: lis
     first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather)."""
     if par.dp == 1:
         return 0.0
-    intra, inter = comm.links(cluster.hardware)
-    link = inter if par.tp * par.dp > cluster.gpus_per_node else intra
+    # tp-dp-pp rank order: a DP group has gpus_per_node / tp members on each node it spans.
+    per_node = max(1, min(par.dp, cluster.gpus_per_node // par.tp))
+    link = comm.group_link(cluster.hardware, per_node,
+                           par.tp * par.dp > cluster.gpus_per_node and cluster.nodes > 1)
     mine = [st for k, st in enumerate(stages) if k % par.pp == rank]
     params = sum(st.params for st in mine)
     grads = params * opts.grad_bytes

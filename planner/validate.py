@@ -173,7 +173,7 @@ def case_setup(case: dict) -> CaseSetup:
     notes = list(notes)
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
     gb = int(cf["global_batch"])
-    sweep = group
+    sweep = group if "sweep" in group else ""  # Table 1 and single runs are not sweeps
     bounds = None
 
     if group.startswith("megatron"):
@@ -187,7 +187,8 @@ def case_setup(case: dict) -> CaseSetup:
         if cf["micro_batch"] is None:
             notes.append("micro-batch unpublished: 1 (as the README GPT-3 run)")
         schedule, v = "1f1b", int(cf.get("virtual_stages") or 1)
-        if "interleaved" in str(cf["schedule"]) and pp > 1:
+        sched_text = str(cf["schedule"]).lower()
+        if sched_text.startswith("interleaved") and cf.get("virtual_stages") is None and pp > 1:
             v = _megatron_interleave(m["layers"] // pp)
             schedule = "interleaved" if v > 1 else "1f1b"
             notes.append(f"virtual stages unpublished: v={v} (smallest interleaving)")
@@ -212,8 +213,11 @@ def case_setup(case: dict) -> CaseSetup:
         bounds = _uniform_bounds(model, pp)
         notes.append("embedding and head each take a layer slot (type:transformer|embedding)")
     elif group.startswith("zero_bubble"):
-        # Zero-bubble fork of Megatron-LM (2023; examples/pretrain_zero_bubble.sh): flash
-        # attention, untied embeddings, learned positions, fp32 main grads; pure PP, no recompute.
+        # Zero-bubble fork of Megatron-LM (2023): Megatron's default unfused softmax attention
+        # (flash is opt-in, --use-flash-attn; Table 4's memory, e.g. 30 GB for 1.5B/1F1B, is what
+        # stored s x s scores need and twice what flash would), untied embeddings
+        # (examples/pretrain_zero_bubble.sh), learned positions, fp32 main grads; pure PP, no
+        # recompute.
         vocab = m.get("vocab") or GPT2_PADDED_VOCAB
         if m.get("vocab") is None:
             notes.append(f"vocabulary unpublished: GPT-2 padded {vocab}")
@@ -223,7 +227,7 @@ def case_setup(case: dict) -> CaseSetup:
                           seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=True,
                           tie_embeddings=False, position_embeddings=m["seq_len"])
         sweep = f"{group}:{m['params_b']}B"
-        opts = RunOptions(flash_attention=True, overlap_dp=False, grad_bytes=4)
+        opts = RunOptions(flash_attention=False, overlap_dp=False, grad_bytes=4)
         mb = int(cf["micro_batch"])
         sched = str(cf["schedule"])
         schedule, v = {"1F1B": ("1f1b", 1), "ZB-1p": ("zb-h1", 1)}.get(sched, (None, 1))
@@ -338,7 +342,7 @@ def summarize(rows: tuple[ValidationRow, ...] | list[ValidationRow]) -> Validati
         sweeps.setdefault(r.sweep, []).append(r)
     rho = tuple((k, spearman([r.predicted_tokens_per_s for r in v],
                              [r.measured_tokens_per_s for r in v]))
-                for k, v in sorted(sweeps.items()) if len(v) >= 3)
+                for k, v in sorted(sweeps.items()) if k and len(v) >= 3)
     return ValidationSummary(
         cases=len(rows), evaluated=len(done),
         skipped=tuple(r.case for r in rows if not r.supported),
