@@ -37,6 +37,14 @@ class RunOptions:
     overlap_dp: bool = True  # DP reduce-scatter/all-gather overlapped with backward (Megatron-Core)
     overlap_tp: bool = False  # TP comm overlapped with GEMMs (Megatron --tp-comm-overlap, off by default)
     grad_bytes: int = 4  # fp32 main gradients (Megatron); DeepSpeed keeps 16-bit (2)
+    # DeepSpeed's pipeline engine with BF16_Optimizer accumulates into an fp32 buffer but keeps the
+    # 16-bit .grad tensors too (PipelineEngine._exec_backward_pass: update_hp_grads(
+    # clear_lp_grads=False)): 2 more bytes per parameter.
+    lowp_grad_copy: bool = False
+    # DeepSpeed's pipeline engine keeps each in-flight microbatch's stage output
+    # (pipe_buffers['outputs']) until its backward; Megatron frees its data after the send
+    # (deallocate_output_tensor).
+    keep_stage_outputs: bool = False
 
 
 @dataclass(frozen=True)

@@ -197,8 +197,12 @@ def _pipeline_closed_form(par: Parallel, rank_time: list[float]) -> float:
     return steady + fill
 
 
+def _grad_bytes(opts: RunOptions) -> int:
+    return opts.grad_bytes + (ACT_BYTES if opts.lowp_grad_copy else 0)
+
+
 def _chunk_memory(par: Parallel, st: StageCost, inflight: int, opts: RunOptions) -> float:
-    states = model_state_bytes(st.params, par.dp, par.zero, opts.grad_bytes)
+    states = model_state_bytes(st.params, par.dp, par.zero, _grad_bytes(opts))
     return states + inflight * st.act_bytes
 
 
@@ -217,9 +221,13 @@ def _rank_memory(model: ModelSpec, par: Parallel, stages: list[StageCost], infli
             held = sum(_chunk_memory(par, st, inflight[k], opts) for k, st in mine)
         else:
             held = held_activations[r] + sum(
-                model_state_bytes(st.params, par.dp, par.zero, opts.grad_bytes) for _, st in mine)
+                model_state_bytes(st.params, par.dp, par.zero, _grad_bytes(opts)) for _, st in mine)
+        if opts.keep_stage_outputs:  # each in-flight microbatch's output of a non-last chunk
+            out_bytes = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
+                par.tp if par.sequence_parallel else 1)
+            held += sum(inflight[k] * out_bytes for k, _ in mine if k < len(stages) - 1)
         if r == 0 and tied_dup:
-            held -= model_state_bytes(tied_dup, par.dp, par.zero, opts.grad_bytes)
+            held -= model_state_bytes(tied_dup, par.dp, par.zero, _grad_bytes(opts))
         transient = max(st.work_bytes for _, st in mine)
         if par.zero >= 3:  # a gathered copy of the largest chunk's weights while it runs
             transient += max(st.params for _, st in mine) * ACT_BYTES
