@@ -30,6 +30,21 @@ def links(hw: Hardware) -> tuple[Link, Link]:
     return intra, inter
 
 
+def group_link(hw: Hardware, members_per_node: int, spans_nodes: bool) -> Link:
+    """The link a collective over one process group runs at, per member.
+
+    Within a node it is NVLink. Across nodes, NCCL runs one ring (channel) per NIC, and on
+    rail-optimised nodes (one NIC per GPU: DGX A100/H100 reference architecture, NVIDIA DGX
+    SuperPOD RA) a group with L members on a node drives L NICs at once, so each member's share
+    of the node-crossing traffic moves at L x the per-GPU NIC bandwidth, capped by NVLink.
+    ``inter_node_gbps`` is per GPU, so a node with fewer NICs than GPUs is already averaged in."""
+    intra, inter = links(hw)
+    if not spans_nodes:
+        return intra
+    rails = max(1, members_per_node)
+    return Link(min(intra.bytes_per_s, inter.bytes_per_s * rails), inter.latency_s)
+
+
 def all_reduce_s(nbytes: float, n: int, link: Link) -> float:
     if n <= 1:
         return 0.0

@@ -37,6 +37,14 @@ class RunOptions:
     overlap_dp: bool = True  # DP reduce-scatter/all-gather overlapped with backward (Megatron-Core)
     overlap_tp: bool = False  # TP comm overlapped with GEMMs (Megatron --tp-comm-overlap, off by default)
     grad_bytes: int = 4  # fp32 main gradients (Megatron); DeepSpeed keeps 16-bit (2)
+    # DeepSpeed's pipeline engine with BF16_Optimizer accumulates into an fp32 buffer but keeps the
+    # 16-bit .grad tensors too (PipelineEngine._exec_backward_pass: update_hp_grads(
+    # clear_lp_grads=False)): 2 more bytes per parameter.
+    lowp_grad_copy: bool = False
+    # DeepSpeed's pipeline engine keeps each in-flight microbatch's stage output
+    # (pipe_buffers['outputs']) until its backward; Megatron frees its data after the send
+    # (deallocate_output_tensor).
+    keep_stage_outputs: bool = False
 
 
 @dataclass(frozen=True)
@@ -158,6 +166,14 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     bwd_input_s = gemm_s + (bwd_attn_ratio * w.attn_flops / attn_rate
                             + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s
 
+    # Every microbatch's weight gradients are accumulated into the step's gradient buffer: read
+    # and write ``grad_bytes`` per parameter (Megatron's fp32 main_grad, filled by the wgrad GEMM
+    # with beta=1 under --gradient-accumulation-fusion or by a separate add; DeepSpeed's
+    # BF16_Optimizer fp32 accumulation buffer). Memory-bound, and it scales with parameters, not
+    # tokens: what makes small micro-batches of wide layers slower than their FLOPs.
+    params = sharded_params(layer, shape.tp)
+    bwd_weight_s += 2 * opts.grad_bytes * params / mem_rate
+
     fwd_flops = w.gemm_flops + w.attn_model_flops
     model_flops = 3 * fwd_flops
     if layer.kind == "embedding":
@@ -188,7 +204,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         fwd_s=fwd_s, bwd_input_s=bwd_input_s, bwd_weight_s=bwd_weight_s, recompute_s=recompute_s,
         tp_comm_s=tp_comm_s, model_flops=model_flops,
         hardware_flops=model_flops + recompute_flops,
-        params=sharded_params(layer, shape.tp),
+        params=params,
         act_bytes=activation_bytes(layer, shape, recompute, flash),
         work_bytes=working_bytes(layer, shape, recompute, flash),
         send_bytes=ACT_BYTES * shape.tokens * layer.hidden_size / (shape.tp if shape.sp else 1),

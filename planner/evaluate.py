@@ -207,8 +207,12 @@ def _pipeline_closed_form(par: Parallel, rank_time: list[float]) -> float:
     return steady + fill
 
 
+def _grad_bytes(opts: RunOptions) -> int:
+    return opts.grad_bytes + (ACT_BYTES if opts.lowp_grad_copy else 0)
+
+
 def _chunk_memory(par: Parallel, st: StageCost, inflight: int, opts: RunOptions) -> float:
-    states = model_state_bytes(st.params, par.dp, par.zero, opts.grad_bytes)
+    states = model_state_bytes(st.params, par.dp, par.zero, _grad_bytes(opts))
     return states + inflight * st.act_bytes
 
 
@@ -227,9 +231,13 @@ def _rank_memory(model: ModelSpec, par: Parallel, stages: list[StageCost], infli
             held = sum(_chunk_memory(par, st, inflight[k], opts) for k, st in mine)
         else:
             held = held_activations[r] + sum(
-                model_state_bytes(st.params, par.dp, par.zero, opts.grad_bytes) for _, st in mine)
+                model_state_bytes(st.params, par.dp, par.zero, _grad_bytes(opts)) for _, st in mine)
+        if opts.keep_stage_outputs:  # each in-flight microbatch's output of a non-last chunk
+            out_bytes = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
+                par.tp if par.sequence_parallel else 1)
+            held += sum(inflight[k] * out_bytes for k, _ in mine if k < len(stages) - 1)
         if r == 0 and tied_dup:
-            held -= model_state_bytes(tied_dup, par.dp, par.zero, opts.grad_bytes)
+            held -= model_state_bytes(tied_dup, par.dp, par.zero, _grad_bytes(opts))
         transient = max(st.work_bytes for _, st in mine)
         if par.zero >= 3:  # a gathered copy of the largest chunk's weights while it runs
             transient += max(st.params for _, st in mine) * ACT_BYTES
@@ -264,8 +272,10 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: lis
     first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather)."""
     if par.dp == 1:
         return 0.0
-    intra, inter = comm.links(cluster.hardware)
-    link = inter if par.tp * par.dp > cluster.gpus_per_node else intra
+    # tp-dp-pp rank order: a DP group has gpus_per_node / tp members on each node it spans.
+    per_node = max(1, min(par.dp, cluster.gpus_per_node // par.tp))
+    link = comm.group_link(cluster.hardware, per_node,
+                           par.tp * par.dp > cluster.gpus_per_node and cluster.nodes > 1)
     mine = stages[rank::par.pp]
     params = sum(st.params for st in mine)
     grads = params * opts.grad_bytes

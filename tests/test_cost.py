@@ -87,8 +87,11 @@ def test_backward_is_twice_forward_in_flops_and_split_in_halves():
     c = layer_cost(GPT3, shape, "none", hw, RunOptions(flash_attention=False))
     gemm, attn = block_forward_flops(GPT3, 2048, 2048)
     assert c.model_flops == pytest.approx(3 * (gemm + attn))
-    assert c.bwd_weight_s < c.bwd_input_s  # input grad also carries attention and elementwise
-    assert c.bwd_s == pytest.approx(2 * c.fwd_s, rel=0.1)
+    # beyond its FLOPs, the weight-gradient pass accumulates into the fp32 gradient buffer:
+    # read + write 4 bytes per parameter at the achieved HBM rate.
+    accumulate_s = 2 * 4 * c.params / (hw.memory_bandwidth_gbps * 1e9 * 0.9)
+    assert c.bwd_weight_s - accumulate_s < c.bwd_input_s  # input grad also carries attention
+    assert c.bwd_s - accumulate_s == pytest.approx(2 * c.fwd_s, rel=0.1)
 
 
 def test_recompute_costs_time_and_saves_memory():
