@@ -45,6 +45,10 @@ class RunOptions:
     # (pipe_buffers['outputs']) until its backward; Megatron frees its data after the send
     # (deallocate_output_tensor).
     keep_stage_outputs: bool = False
+    # Megatron's scatter/gather: each TP rank sends 1/tp of a stage's output over the network
+    # and the next stage all-gathers it over NVLink (Narayanan et al. 2021 §4.1). DeepSpeed's
+    # pipeline engine sends the whole tensor from every TP rank.
+    scatter_gather: bool = True
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ from itertools import accumulate
 from planner import calibration, comm
 from planner.cost import LayerCost, RunOptions, layer_cost
 from planner.hardware import Cluster
+from planner.layout import dp_group_crosses_nodes, stage_hop_crosses_nodes
 from planner.memory import ACT_BYTES, Shape, model_state_bytes
 from planner.model import ModelSpec
 from planner.plan import Metrics, Parallel, Plan, Stage
@@ -145,13 +146,13 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
     for mode in set(modes) - set(by_mode):
         by_mode[mode] = CostTable(layer_costs(model, par, hw, opts, mode, profile))
     stages = [by_mode[mode].stage(a, b, mode) for (a, b), mode in zip(bounds, modes)]
-    p2p = _p2p_s(model, par, cluster)
+    p2p = stage_transfer_s(model, par, cluster, opts)
     inflight = inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
                                     par.virtual_stages)
 
     rank_time = [0.0] * par.pp
     for k, st in enumerate(stages):
-        rank_time[k % par.pp] += st.time_s + (2 * p2p if k < chunks - 1 else 0.0)
+        rank_time[k % par.pp] += st.time_s + (2 * p2p[k] if k < chunks - 1 else 0.0)
     held = None
     if simulated:
         sim = simulate(par.schedule, par.pp, par.num_microbatches, par.virtual_stages,
@@ -246,20 +247,28 @@ def _rank_memory(model: ModelSpec, par: Parallel, stages: list[StageCost], infli
     return out
 
 
-def _p2p_s(model: ModelSpec, par: Parallel, cluster: Cluster) -> float:
-    """One microbatch's activations across a stage boundary. Megatron's scatter/gather sends 1/tp
-    of the tensor per GPU and re-gathers over NVLink (Narayanan et al. 2021 §4.1); with sequence
-    parallelism the tensor is already sharded."""
-    if par.pp == 1:
-        return 0.0
+def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
+                     opts: RunOptions) -> list[float]:
+    """One microbatch's activations across each chunk boundary (chunk k to k + 1), on NVLink or
+    the network depending on where the two stages' ranks live (tp-dp-pp order). With Megatron's
+    scatter/gather each GPU sends 1/tp of the tensor and the receiver re-gathers it over NVLink
+    (Narayanan et al. 2021 §4.1); with sequence parallelism the tensor is already sharded."""
+    chunks = par.num_chunks
+    if chunks == 1:
+        return []
     intra, inter = comm.links(cluster.hardware)
-    nbytes = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / par.tp
-    stride = par.tp * par.dp  # tp-dp-pp rank order: the next stage is tp·dp ranks away
-    crosses = stride >= cluster.gpus_per_node or cluster.gpus_per_node % stride != 0
-    t = comm.p2p_s(nbytes, inter if crosses and cluster.nodes > 1 else intra)
-    if not par.sequence_parallel and par.tp > 1:
-        t += comm.all_gather_s(nbytes * par.tp, par.tp, intra)
-    return t
+    full = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size
+    sharded = par.sequence_parallel or opts.scatter_gather
+    nbytes = full / par.tp if sharded else full
+    regather = (comm.all_gather_s(full, par.tp, intra)
+                if opts.scatter_gather and not par.sequence_parallel else 0.0)
+    out = []
+    for k in range(chunks - 1):
+        a, b = k % par.pp, (k + 1) % par.pp
+        crosses = cluster.nodes > 1 and stage_hop_crosses_nodes(a, b, par.tp, par.dp,
+                                                                 cluster.gpus_per_node)
+        out.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
+    return out
 
 
 def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: list[StageCost],
@@ -274,8 +283,9 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: lis
         return 0.0
     # tp-dp-pp rank order: a DP group has gpus_per_node / tp members on each node it spans.
     per_node = max(1, min(par.dp, cluster.gpus_per_node // par.tp))
-    link = comm.group_link(cluster.hardware, per_node,
-                           par.tp * par.dp > cluster.gpus_per_node and cluster.nodes > 1)
+    spans = cluster.nodes > 1 and dp_group_crosses_nodes(par.tp, par.dp, par.pp,
+                                                         cluster.gpus_per_node)
+    link = comm.group_link(cluster.hardware, per_node, spans)
     mine = stages[rank::par.pp]
     params = sum(st.params for st in mine)
     grads = params * opts.grad_bytes

@@ -171,3 +171,28 @@ def _sorted(groups) -> tuple[Group, ...]:
 def _crossing_groups(groups: tuple[Group, ...], gpus_per_node: int) -> list[Group]:
     return [g for g in groups if g[0] // gpus_per_node != g[-1] // gpus_per_node
             or len({r // gpus_per_node for r in g}) > 1]
+
+
+def stage_hop_crosses_nodes(a: int, b: int, tp: int, dp: int, gpus_per_node: int) -> bool:
+    """Whether activations from pipeline stage ``a`` to stage ``b`` leave a node, in the default
+    tp-dp-pp order, without building the layout (the search asks this per candidate).
+
+    Stage s owns ranks [s·tp·dp, (s+1)·tp·dp) and rank x sends to x + (b - a)·tp·dp. With
+    stride d = |b - a|·tp·dp and lo the first rank of the lower stage, some x crosses a node
+    boundary iff d >= G or (lo mod G) + tp·dp + d > G (the x mod G range reaches G - d).
+    ``tests/test_layout.py`` checks this against :func:`build_layout`."""
+    if a == b:
+        return False
+    width = tp * dp
+    d = abs(b - a) * width
+    lo = min(a, b) * width
+    return d >= gpus_per_node or lo % gpus_per_node + width + d > gpus_per_node
+
+
+def dp_group_crosses_nodes(tp: int, dp: int, pp: int, gpus_per_node: int) -> bool:
+    """Whether any DP group spans two nodes (tp-dp-pp order): the group of stage s lies inside
+    the block [s·tp·dp, (s+1)·tp·dp), which crosses a node iff it straddles a multiple of G."""
+    if dp == 1:
+        return False
+    width = tp * dp
+    return any((s * width) % gpus_per_node + width > gpus_per_node for s in range(pp))

@@ -14,8 +14,8 @@ import numpy as np
 
 from planner import calibration
 from planner.cost import RunOptions
-from planner.evaluate import CostTable, even_split, inflight_closed_form, layer_costs
-from planner.evaluate import _p2p_s as p2p_s  # renamed to p2p_s once the cost branch lands
+from planner.evaluate import (CostTable, even_split, inflight_closed_form, layer_costs,
+                              stage_transfer_s)
 from planner.hardware import Cluster
 from planner.memory import model_state_bytes
 from planner.model import ModelSpec
@@ -62,7 +62,7 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: R
         inflight=np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
                                                par.virtual_stages), dtype=float),
         capacity_bytes=max(usable_bytes(cluster) - transient, 0.0), modes=modes,
-        boundary_s=2 * p2p_s(model, par, cluster))
+        boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)))
 
 
 def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=None,

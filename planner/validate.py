@@ -200,14 +200,15 @@ def case_setup(case: dict) -> CaseSetup:
         # 250,880 vocabulary tied, unfused attention, BF16_Optimizer = ZeRO-1 with an fp32
         # gradient accumulation buffer beside the kept bf16 grads, DeepSpeed's 1F1B TrainSchedule
         # keeping stage outputs until their backward, all-reduce after the backward (not
-        # overlapped), full recompute keeping only layer inputs.
+        # overlapped), full recompute keeping only layer inputs; its pipeline sends the whole
+        # activation from every TP rank (no Megatron scatter/gather).
         model = ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
                           num_attention_heads=m["heads"], num_kv_heads=m["heads"],
                           ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"],
                           seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=True,
                           tie_embeddings=True)
         opts = RunOptions(flash_attention=False, overlap_dp=False, grad_bytes=4,
-                          lowp_grad_copy=True, keep_stage_outputs=True)
+                          lowp_grad_copy=True, keep_stage_outputs=True, scatter_gather=False)
         mb = int(cf["micro_batch"])
         par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=gb // (mb * dp),
                        schedule="1f1b", virtual_stages=1, recompute="full",

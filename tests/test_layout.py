@@ -6,8 +6,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.layout import (ORDERS, LayoutError, build_layout, check_layout, rank_of,
-                            require_node_local_tp)
+from planner.layout import (ORDERS, LayoutError, build_layout, check_layout,
+                            dp_group_crosses_nodes, rank_of, require_node_local_tp,
+                            stage_hop_crosses_nodes)
 
 degrees = st.sampled_from([1, 2, 3, 4, 8])
 gpn = st.sampled_from([1, 2, 4, 6, 8, 16])
@@ -136,3 +137,15 @@ def test_render_layout_small_and_huge():
     render_layout(build_layout(8, 16, 64, 8), console)
     text = console.export_text()
     assert "1016 nodes not shown" in text and "more" in text and len(text) < 20000
+
+
+@given(tp=st.sampled_from([1, 2, 4, 8]), pp=st.integers(1, 8), dp=st.integers(1, 12),
+       gpn=st.sampled_from([1, 2, 4, 6, 8, 16]))
+@settings(max_examples=200, deadline=None)
+def test_closed_form_node_crossings_match_the_layout(tp, pp, dp, gpn):
+    layout = build_layout(tp, pp, dp, gpn)
+    hops = tuple(i for i in range(pp - 1) if stage_hop_crosses_nodes(i, i + 1, tp, dp, gpn))
+    assert hops == layout.cross_node_pp_boundaries
+    assert dp_group_crosses_nodes(tp, dp, pp, gpn) == layout.dp_crosses_nodes
+    wrap = any(layout.node_of(g[-1]) != layout.node_of(g[0]) for g in layout.pp_groups)
+    assert stage_hop_crosses_nodes(pp - 1, 0, tp, dp, gpn) == (wrap and pp > 1)

@@ -30,9 +30,10 @@ def test_every_case_is_evaluated_or_explicitly_skipped(result):
 def test_step_time_error(result):
     _, s = result
     assert s.mean_abs_time_error <= 0.10  # issue target: mean |error| <= 10%
-    assert s.mean_abs_time_error == pytest.approx(0.068, abs=0.01)
-    # issue target 25% not reached: BLOOM's TP8/DP4 run is 26.6% slower than predicted
-    assert s.max_abs_time_error == pytest.approx(0.266, abs=0.015)
+    assert s.mean_abs_time_error == pytest.approx(0.061, abs=0.01)
+    assert s.max_abs_time_error <= 0.25  # issue target: no case worse than 25%
+    # the worst case is BLOOM's TP8/DP4 run, 18.6% slower than predicted
+    assert s.max_abs_time_error == pytest.approx(0.186, abs=0.015)
 
 
 def test_groups_outside_bloom_are_within_twelve_percent(result):
