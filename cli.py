@@ -24,7 +24,13 @@ from planner.hardware import bundled_hardware, load_hardware, make_cluster
 from planner.model import PRESETS, load_model
 from planner.report import (hardware_table, models_table, plans_csv, print_explanation,
                             print_search)
-from planner.search import Pins, Request, explain, search
+from planner.partition import PartitionError
+from planner.partition_report import comparison_dict, compare_splits, print_comparison
+from planner.plan import Parallel
+from planner.schedule import ScheduleError
+from planner.search import Pins, Request, explain, search, validate_pins
+from planner.split import METHODS
+from planner.validate import DEFAULT_FILE, validate_file, validation_markdown, validation_table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor x pipeline x data parallel training of large models.\n\n"
@@ -227,6 +233,83 @@ def layout(
         except LayoutError as e:
             raise PlanInputError(str(e)) from None
         render_layout(rank_layout, out)
+
+
+@app.command()
+def partition(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Preset, model.json or HF "
+                                                                    "config.json."),
+    pp: int = typer.Option(..., "--pp", help="Pipeline stages."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel size (shards ZeRO states)."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size."),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches",
+                                               help="Microbatches per step (default 4 x pp)."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
+    virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
+    recompute: str = typer.Option("full", "--recompute",
+                                  help="The most recompute a stage may use."),
+    zero: int = typer.Option(1, "--zero", help="ZeRO stage."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU."),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
+    solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
+    lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
+    as_json: bool = typer.Option(False, "--json", help="Print the splits as JSON."),
+):
+    """Split the layers into pipeline stages balanced by compute under memory.
+
+    The optimum (ILP, checked against an exact DP) is shown beside Megatron's even split and the
+    equal-parameter split, with the predicted throughput gain.
+
+    Examples:\n
+      plan partition --model llama3-8b --pp 4\n
+      plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
+    """
+    with user_errors():
+        spec = load_model(model)
+        if seq_len is not None:
+            spec = spec.with_seq_length(seq_len)
+        if solver not in METHODS:
+            raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
+        m = microbatches or 4 * pp
+        gpus = tp * pp * dp
+        hw = load_hardware(gpu, hardware)
+        cluster = make_cluster(hw, gpus, max(1, gpus // hw.gpus_per_node)
+                               if gpus % hw.gpus_per_node == 0 else 1)
+        pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                    virtual_stages=virtual_stages, recompute=recompute, zero=zero)
+        req = Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp, pins=pins)
+        validate_pins(req)
+        par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=m,
+                       schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
+                       zero=zero, sequence_parallel=tp > 1)
+        try:
+            cmp = compare_splits(spec, cluster, par, RunOptions(), solver, lp_path=lp)
+        except (PartitionError, ScheduleError) as e:
+            raise PlanInputError(str(e)) from None
+        if as_json:
+            sys.stdout.write(json.dumps(comparison_dict(cmp), indent=2) + "\n")
+        else:
+            print_comparison(out, cmp)
+
+
+@app.command()
+def validate(
+    file: Optional[Path] = typer.Argument(None, help="Published runs JSON (default: bundled)."),
+    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table."),
+):
+    """Predict published training runs and compare: step time, TFLOP/s, memory, ranking.
+
+    Example: plan validate
+    """
+    with user_errors():
+        with progress_bar("validating") as _:
+            rows, summary = validate_file(file or DEFAULT_FILE)
+        if markdown:
+            sys.stdout.write(validation_markdown(rows, summary))
+        else:
+            out.print(validation_table(rows, summary))
 
 
 @app.command()

@@ -581,7 +581,7 @@ class _Model:
             ks = range(rho, K, p)
             prob += self.B >= pulp.lpSum(tk[k] for k in ks) + float(sum(bnd[k] for k in ks))
             worst = sum(
-                float(s[start(k) : hi[k]].sum() + prep.inflight[k] * a[start(k) : hi[k]].max(axis=0).sum())
+                float(s[start(k) : hi[k]].sum() + prep.inflight[k] * a[start(k) : hi[k]].max(axis=1).sum())
                 for k in ks
             ) + prep.extra[rho] / ms
             if worst > prep.cap / ms:  # skip ranks that fit whatever happens

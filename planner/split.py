@@ -74,7 +74,7 @@ def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=N
 
 
 def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
-               tables: dict[str, CostTable], method: str = "dp") -> Split:
+               tables: dict[str, CostTable], method: str = "dp", lp_path=None) -> Split:
     """The compute-balanced split under memory. Interleaved chunks stay even: Megatron's
     interleaved schedule wants the same layer count in every virtual stage."""
     if par.virtual_stages > 1:
@@ -82,7 +82,7 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
         return Split(bounds, (par.recompute,) * par.num_chunks, None)
     problem = partition_problem(model, cluster, par, opts, tables)
     if method == "ilp":
-        result = partition(problem, par.num_chunks, par.pp)
+        result = partition(problem, par.num_chunks, par.pp, lp_path=lp_path)
     else:
         result = partition_dp(problem, par.num_chunks, par.pp)
     return _as_split(result)

@@ -97,6 +97,8 @@ def test_ilp_matches_dp_v1(case):
     if not isinstance(dp, PartitionError):
         assert dp.optimal and ilp.optimal and ilp.gap == 0.0
         assert max(dp.rank_memory_bytes) <= prob.capacity_bytes * (1 + TIE_RTOL)
+        # the answer must be the ILP's own, not the DP fallback (which would hide ILP bugs)
+        assert ilp.method.startswith("ilp"), ilp.note
 
 
 @settings(max_examples=40, deadline=None)
@@ -224,3 +226,21 @@ def test_solver_crash_is_not_shown(monkeypatch):
     monkeypatch.setattr(mod, "_solve", boom)
     res = partition(_vocab_model(), 4, 4)
     assert "failed (RuntimeError)" in res.note and "trace" not in res.note
+
+
+def test_ilp_solves_a_real_memory_bound_instance_itself():
+    """Llama-3-8B over 4 A100 stages, recompute none|full: memory binds on the first stages.
+    A wrong worst-case bound once skipped their memory rows and the ILP's split was rejected."""
+    from planner.cost import RunOptions
+    from planner.hardware import load_hardware, make_cluster
+    from planner.model import load_model
+    from planner.plan import Parallel
+    from planner.split import cost_tables, partition_problem
+
+    spec, hw = load_model("llama3-8b"), load_hardware("a100-80gb")
+    par = Parallel(tp=1, pp=4, dp=1, micro_batch=1, num_microbatches=16, recompute="full")
+    tables = cost_tables(spec, par, hw, RunOptions())
+    prob = partition_problem(spec, make_cluster(hw, 4, 1), par, RunOptions(), tables)
+    ilp, dp = partition(prob, 4, 4), partition_dp(prob, 4, 4)
+    assert ilp.method.startswith("ilp") and ilp.note == ""
+    assert (ilp.boundaries, ilp.recompute) == (dp.boundaries, dp.recompute)
