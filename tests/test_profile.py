@@ -120,3 +120,14 @@ def test_tiny_budget_scales_and_marks_entries():
     full = profile_model(spec, seq_len=256, repeats=1, warmup=0, budget_s=1e-4).layers[1]
     assert block.fwd_flops > full.fwd_flops  # FLOPs are those of the full shape
     assert block.fwd_s > 0 and block.attention_fwd_s > 0
+
+
+def test_report_groups_repeated_blocks(tiny_profile):
+    from rich.console import Console
+
+    from planner.profile_report import profile_table
+
+    console = Console(width=200, record=True)
+    console.print(profile_table(tiny_profile[0]))
+    text = console.export_text()
+    assert "block ×3" in text and "embedding" in text and "head" in text
