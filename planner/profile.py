@@ -103,6 +103,13 @@ class LayerTiming:
     def total_flops(self) -> float:
         return self.fwd_flops + self.bwd_input_flops + self.bwd_weight_flops
 
+    def flops_per_s(self, phase: str) -> float:
+        """Achieved rate of a phase ('fwd', 'bwd_input', 'bwd_weight'): the cost model predicts
+        another shape's time as its FLOPs / this rate. 0 for a phase with no work (no time)."""
+        seconds = getattr(self, f"{phase}_s")
+        flops = getattr(self, f"{phase}_flops")
+        return flops / seconds if seconds > 0 and flops > 0 else 0.0
+
 
 @dataclass(frozen=True)
 class Profile:

@@ -131,3 +131,45 @@ def test_report_groups_repeated_blocks(tiny_profile):
     console.print(profile_table(tiny_profile[0]))
     text = console.export_text()
     assert "block ×3" in text and "embedding" in text and "head" in text
+
+
+def test_flops_match_the_design_formula():
+    """Block matmul FLOPs of DESIGN.md §3 (full-matrix attention), backward = 2x forward."""
+    from planner.layer_exec import layer_costs
+
+    spec = ModelSpec(name="f", num_layers=1, hidden_size=512, num_attention_heads=8,
+                     num_kv_heads=2, ffn_hidden_size=1408, vocab_size=1000, seq_length=256,
+                     mlp="swiglu", norm="rmsnorm", bias=False)
+    block = spec.layers[1]
+    b, s, h, f, g, d = 2, 256, 512, 1408, 2, 64
+    tokens = b * s
+    design = (2 * tokens * h * (h + 2 * g * d) + 2 * tokens * h * h + 6 * tokens * h * f
+              + 4 * tokens * s * h)
+    costs = layer_costs(block, b, s)
+    fwd = costs["dense"].fwd.flops + costs["attention"].fwd.flops
+    assert fwd == pytest.approx(design, rel=0.03)  # elementwise ops add a little
+    bwd = sum(costs[p].bwd_input.flops + costs[p].bwd_weight.flops for p in costs)
+    assert bwd == pytest.approx(2 * fwd, rel=0.05)
+
+
+def test_explicit_layers_with_a_linear_layer():
+    from planner.model import Layer
+
+    layers = (Layer(kind="embedding", hidden_size=32, vocab_size=64),
+              Layer(kind="block", hidden_size=32, num_attention_heads=2, num_kv_heads=2,
+                    ffn_hidden_size=64),
+              Layer(kind="linear", hidden_size=32, out_features=48, bias=True),
+              Layer(kind="head", hidden_size=32, vocab_size=64))
+    spec = ModelSpec(name="x", num_layers=1, hidden_size=32, num_attention_heads=2,
+                     num_kv_heads=2, ffn_hidden_size=64, vocab_size=64, seq_length=16,
+                     layers=layers)
+    prof = profile_model(spec, tp=2, **FAST)
+    linear = prof.layers[2]
+    assert linear.kind == "linear" and linear.fwd_flops == 2 * 16 * 32 * 24 + 16 * 24
+    assert linear.bwd_weight_s > 0
+
+
+def test_rates_for_the_cost_model(tiny_profile):
+    block = tiny_profile[0].layers[1]
+    assert block.flops_per_s("fwd") == pytest.approx(block.fwd_flops / block.fwd_s)
+    assert tiny_profile[0].layers[0].flops_per_s("bwd_input") == 0.0  # embedding: no input grad
