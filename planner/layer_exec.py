@@ -176,7 +176,7 @@ class Executor:
     """
 
     def __init__(self, xp, dtype, clock: Clock | None):
-        self.xp, self.dtype = xp, xp.dtype(dtype)
+        self.xp, self.dtype = xp, np.dtype(dtype)
         self.clock = clock or Clock(xp)
         self.params: dict = {}
         self.grads: dict = {}
