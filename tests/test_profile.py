@@ -1,0 +1,175 @@
+"""profile_model on tiny models: fast, shared measurements, JSON round trip, safe saving, scaling."""
+
+import json
+import sys
+
+import pytest
+
+from planner.errors import PlanInputError
+from planner.model import ModelSpec
+from planner.profile import (CUPY_MISSING, SCHEMA, Profile, load_profile, profile_model,
+                             save_profile)
+
+TINY = ModelSpec(name="tiny", num_layers=3, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
+                 ffn_hidden_size=128, vocab_size=256, seq_length=32, mlp="swiglu", norm="rmsnorm",
+                 bias=False)
+FAST = dict(repeats=2, warmup=1, budget_s=2.0)
+
+
+@pytest.fixture(scope="module")
+def tiny_profile():
+    calls = []
+    prof = profile_model(TINY, progress=lambda d, t, label: calls.append((d, t, label)), **FAST)
+    return prof, calls
+
+
+def test_tiny_profile_runs_with_progress(tiny_profile):
+    prof, calls = tiny_profile
+    assert len(prof.layers) == len(TINY.layers)
+    assert [layer.kind for layer in prof.layers] == [layer.kind for layer in TINY.layers]
+    assert calls[0][0] == 0 and calls[-1][0] == calls[-1][1]
+    assert prof.dtype == "float32" and prof.device == "cpu" and prof.seq_len == 32
+    for t in prof.layers:
+        assert t.fwd_s > 0 and t.scaled == 1.0
+        assert t.fwd_min_s <= t.fwd_s <= t.fwd_max_s
+    block = prof.layers[1]
+    assert block.bwd_weight_s > 0 and 0 < block.attention_fwd_s < block.fwd_s
+    assert "blas" in prof.environment and "numpy" in prof.environment
+
+
+def test_identical_blocks_share_one_measurement(tiny_profile):
+    prof, calls = tiny_profile
+    blocks = prof.layers[1:-1]
+    assert all(b is blocks[0] for b in blocks)
+    assert sum(1 for c in calls if c[2].startswith("block")) == 1
+
+
+def test_json_round_trip(tiny_profile, tmp_path):
+    prof, _ = tiny_profile
+    path = save_profile(prof, tmp_path / "p.json")
+    data = json.loads(path.read_text())
+    assert data["schema"] == SCHEMA and len(data["timings"]) == 3
+    back = load_profile(path)
+    assert back == prof
+    assert back.layers[1] is back.layers[2]
+
+
+def test_save_refuses_overwrite_without_force(tiny_profile, tmp_path):
+    prof, _ = tiny_profile
+    path = tmp_path / "p.json"
+    save_profile(prof, path)
+    with pytest.raises(PlanInputError, match="exists; pass --force to overwrite"):
+        save_profile(prof, path)
+    save_profile(prof, path, force=True)
+    assert [p.name for p in tmp_path.iterdir()] == ["p.json"]  # no temporary file left behind
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda d: d.update(schema="other"), "schema"),
+    (lambda d: d.pop("tp"), "missing 'tp'"),
+    (lambda d: d["timings"][0].update(fwd_s=-1), "non-negative"),
+    (lambda d: d.update(layer_timing=[0, 7]), "not an index"),
+])
+def test_bad_files_raise_one_line(tiny_profile, tmp_path, mutate, message):
+    data = tiny_profile[0].to_dict()
+    mutate(data)
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(data))
+    with pytest.raises(PlanInputError, match=message) as e:
+        load_profile(path)
+    assert "\n" not in str(e.value)
+    path.write_text("{not json")
+    with pytest.raises(PlanInputError, match="not valid JSON"):
+        load_profile(path)
+
+
+def test_gpu_without_cupy(monkeypatch):
+    monkeypatch.setitem(sys.modules, "cupy", None)  # import cupy -> ImportError
+    with pytest.raises(PlanInputError) as e:
+        profile_model(TINY, device="gpu")
+    assert str(e.value) == CUPY_MISSING
+
+
+def test_bad_device_and_tp():
+    with pytest.raises(PlanInputError, match="--device"):
+        profile_model(TINY, device="tpu")
+    with pytest.raises(PlanInputError, match="--tp 3"):
+        profile_model(TINY, tp=3)
+
+
+def test_attention_share_grows_with_seq_len():
+    spec = ModelSpec(name="w", num_layers=1, hidden_size=64, num_attention_heads=2,
+                     num_kv_heads=2, ffn_hidden_size=128, vocab_size=128, seq_length=32)
+    share = []
+    for s in (32, 512):
+        block = profile_model(spec, seq_len=s, **FAST).layers[1]
+        share.append(block.attention_fwd_flops / block.fwd_flops)
+        share[-1] = (share[-1], block.attention_fwd_s / block.fwd_s)
+    assert share[1][0] > share[0][0]  # FLOPs
+    assert share[1][1] > share[0][1]  # measured time
+
+
+def test_tiny_budget_scales_and_marks_entries():
+    spec = ModelSpec(name="m", num_layers=2, hidden_size=256, num_attention_heads=4,
+                     num_kv_heads=2, ffn_hidden_size=512, vocab_size=32768, seq_length=1024)
+    prof = profile_model(spec, repeats=2, warmup=0, budget_s=1e-4)
+    block, head = prof.layers[1], prof.layers[-1]
+    assert block.scaled > 1 and "attention" in block.measured_at and "s256" in block.measured_at
+    assert "s1024 heads 1/1" in block.measured_at  # attention keeps the full sequence
+    assert head.scaled > 1 and "vocab" in head.measured_at
+    full = profile_model(spec, seq_len=256, repeats=1, warmup=0, budget_s=1e-4).layers[1]
+    assert block.fwd_flops > full.fwd_flops  # FLOPs are those of the full shape
+    assert block.fwd_s > 0 and block.attention_fwd_s > 0
+
+
+def test_report_groups_repeated_blocks(tiny_profile):
+    from rich.console import Console
+
+    from planner.profile_report import profile_table
+
+    console = Console(width=200, record=True)
+    console.print(profile_table(tiny_profile[0]))
+    text = console.export_text()
+    assert "block ×3" in text and "embedding" in text and "head" in text
+
+
+def test_flops_match_the_design_formula():
+    """Block matmul FLOPs of DESIGN.md §3 (full-matrix attention), backward = 2x forward."""
+    from planner.layer_exec import layer_costs
+
+    spec = ModelSpec(name="f", num_layers=1, hidden_size=512, num_attention_heads=8,
+                     num_kv_heads=2, ffn_hidden_size=1408, vocab_size=1000, seq_length=256,
+                     mlp="swiglu", norm="rmsnorm", bias=False)
+    block = spec.layers[1]
+    b, s, h, f, g, d = 2, 256, 512, 1408, 2, 64
+    tokens = b * s
+    design = (2 * tokens * h * (h + 2 * g * d) + 2 * tokens * h * h + 6 * tokens * h * f
+              + 4 * tokens * s * h)
+    costs = layer_costs(block, b, s)
+    fwd = costs["dense"].fwd.flops + costs["attention"].fwd.flops
+    assert fwd == pytest.approx(design, rel=0.03)  # elementwise ops add a little
+    bwd = sum(costs[p].bwd_input.flops + costs[p].bwd_weight.flops for p in costs)
+    assert bwd == pytest.approx(2 * fwd, rel=0.05)
+
+
+def test_explicit_layers_with_a_linear_layer():
+    from planner.model import Layer
+
+    layers = (Layer(kind="embedding", hidden_size=32, vocab_size=64),
+              Layer(kind="block", hidden_size=32, num_attention_heads=2, num_kv_heads=2,
+                    ffn_hidden_size=64),
+              Layer(kind="linear", hidden_size=32, out_features=48, bias=True),
+              Layer(kind="head", hidden_size=32, vocab_size=64))
+    spec = ModelSpec(name="x", num_layers=1, hidden_size=32, num_attention_heads=2,
+                     num_kv_heads=2, ffn_hidden_size=64, vocab_size=64, seq_length=16,
+                     layers=layers)
+    prof = profile_model(spec, tp=2, **FAST)
+    linear = prof.layers[2]
+    assert linear.kind == "linear" and linear.fwd_flops == 2 * 16 * 32 * 24 + 16 * 24
+    assert linear.bwd_weight_s > 0
+
+
+def test_rates_for_the_cost_model(tiny_profile):
+    block = tiny_profile[0].layers[1]
+    assert block.flops_per_s("fwd") == pytest.approx(block.fwd_flops / block.fwd_s)
+    assert tiny_profile[0].layers[0].flops_per_s("bwd_input") == 0.0  # embedding: no input grad
