@@ -28,7 +28,12 @@ from planner.partition import PartitionError
 from planner.partition_report import comparison_dict, compare_splits, print_comparison
 from planner.plan import Parallel
 from planner.schedule import ScheduleError
-from planner.search import Pins, Request, explain, search, validate_pins
+from planner.calibrate import calibrate
+from planner.files import refuse_overwrite
+from planner.profile import load_profile, profile_model, save_profile
+from planner.profile_report import profile_table
+from planner.search import (Pins, Request, analytical_comparison, check_profile_matches, explain,
+                            search, validate_pins)
 from planner.split import METHODS
 from planner.validate import DEFAULT_FILE, validate_file, validation_markdown, validation_table
 
@@ -118,6 +123,9 @@ def solve(
                                               "deepspeed, torchtitan, torchrun (comma list)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Directory for --export."),
     force: bool = typer.Option(False, "--force", help="Overwrite exported files."),
+    profile_file: Optional[Path] = typer.Option(None, "--profile",
+                                                help="Plan from measured layer times "
+                                                     "(plan profile --out FILE)."),
     flash: bool = typer.Option(True, "--flash/--no-flash",
                                help="Flash attention (scores not stored) or unfused attention."),
     overlap: bool = typer.Option(True, "--overlap/--no-overlap",
@@ -147,8 +155,12 @@ def solve(
         targets = [t.strip() for t in export.split(",") if t.strip()] if export else []
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
+        measured = load_profile(profile_file) if profile_file is not None else None
+        if measured is not None:
+            check_profile_matches(measured, spec)
         req = Request(model=spec, cluster=cluster, global_batch=global_batch,
-                      batch_range=parse_range(batch_range), max_bubble=max_bubble, pins=pins, top=top, refine=refine,
+                      batch_range=parse_range(batch_range), max_bubble=max_bubble,
+                      profile=measured, pins=pins, top=top, refine=refine,
                       launcher=launcher,
                       options=RunOptions(flash_attention=flash, overlap_dp=overlap))
         if explain_it:
@@ -167,6 +179,8 @@ def solve(
             sys.stdout.write(json.dumps(doc, indent=2) + "\n")
         else:
             print_search(out, result, spec, cluster)
+            if measured is not None:
+                out.print(analytical_comparison(req, result.plans[0]), highlight=False)
 
 
 def parse_range(text: Optional[str]) -> Optional[tuple[int, int]]:
@@ -177,6 +191,64 @@ def parse_range(text: Optional[str]) -> Optional[tuple[int, int]]:
     except ValueError:
         raise PlanInputError(f"--global-batch-range takes MIN,MAX (two integers), got {text!r}")
     return low, high
+
+
+@app.command()
+def profile(
+    model: Optional[str] = typer.Argument(None, help="Preset, model.json or HF config.json "
+                                                     "(default: llama3-8b)."),
+    device: str = typer.Option("cpu", "--device", help="cpu (numpy) or gpu (CuPy)."),
+    tp: int = typer.Option(1, "--tp", help="Time the TP-sharded shapes of this degree."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length."),
+    budget_s: float = typer.Option(10.0, "--budget-s",
+                                   help="Per-layer time budget; bigger layers are measured "
+                                        "smaller and scaled by FLOPs."),
+    out_file: Optional[Path] = typer.Option(None, "--out", help="Profile JSON to write."),
+    force: bool = typer.Option(False, "--force", help="Overwrite --out."),
+    calibrate_it: bool = typer.Option(False, "--calibrate",
+                                      help="Measure matmul and memory speed instead, and write a "
+                                           "hardware profile for --hardware."),
+):
+    """Measure per-layer forward/backward time with torch-free kernels on this machine.
+
+    Examples:\n
+      plan profile llama3-8b --out llama3-8b.cpu.json\n
+      plan solve --gpus 16 --nodes 2 --profile llama3-8b.cpu.json\n
+      plan profile --calibrate --out cpu.json
+    """
+    with user_errors():
+        if device not in ("cpu", "gpu"):
+            raise PlanInputError(f"--device must be cpu or gpu, got {device!r}")
+        if calibrate_it:
+            with progress_bar("calibrating") as progress:
+                hw = calibrate(device, progress=_three(progress))
+            text = json.dumps(hw, indent=2) + "\n"
+            if out_file is not None:
+                write_text(out_file, text, force=force)
+                err.print(f"wrote {out_file}", highlight=False)
+            else:
+                sys.stdout.write(text)
+            return
+        spec = load_model(model)
+        for name, value in (("--tp", tp), ("--micro-batch", micro_batch), ("--seq-len", seq_len)):
+            if value is not None and value < 1:
+                raise PlanInputError(f"{name} must be positive, got {value}")
+        if out_file is not None:
+            refuse_overwrite([out_file], force)
+        with progress_bar("profiling") as progress:
+            measured = profile_model(spec, device=device, tp=tp, micro_batch=micro_batch,
+                                     seq_len=seq_len, budget_s=budget_s,
+                                     progress=_three(progress))
+        out.print(profile_table(measured))
+        if out_file is not None:
+            save_profile(measured, out_file, force=force)
+            err.print(f"wrote {out_file}", highlight=False)
+
+
+def _three(progress):
+    """Adapt the CLI's (done, total) progress callback to the profiler's (done, total, label)."""
+    return None if progress is None else (lambda done, total, label: progress(done, total))
 
 
 @app.command()

@@ -359,6 +359,14 @@ def _balanced_ends(weights: np.ndarray, K: int) -> list[int]:
     return ends
 
 
+def fixed_split(problem: PartitionProblem, ends: Sequence[int], p: int,
+                recompute: str | int | None = None) -> Partition:
+    """A given split (chunk ends), with ``recompute`` or, for None, each chunk's fastest mode
+    that fits: the comparison point for splits users make by hand."""
+    prep = prepare(problem, len(ends), p)
+    return _fixed_split(prep, list(ends), recompute, "fixed")
+
+
 def even_split(problem: PartitionProblem, num_chunks: int, p: int, recompute: str | int | None = None) -> Partition:
     """Equal number of layers per chunk (remainder spread over the first chunks).
 

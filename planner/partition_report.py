@@ -12,11 +12,11 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.cost import RunOptions
-from planner.evaluate import evaluate, even_split
+from planner.evaluate import evaluate
 from planner.hardware import Cluster
 from planner.model import ModelSpec
 from planner.plan import Parallel, Plan
-from planner.split import best_split, cost_tables, param_split
+from planner.split import best_split, cost_tables, megatron_split, param_split
 
 GIB = 1024**3
 
@@ -47,12 +47,12 @@ def compare_splits(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunO
 
     best = best_split(model, cluster, par, opts, tables, method, lp_path)
     params = param_split(model, cluster, par, opts, tables)
-    even = even_split(model, par.num_chunks)
+    even = megatron_split(model, cluster, par, opts, tables)
     how = "even (interleaved)" if best.partition is None else best.partition.method
     if best.partition is not None and best.partition.note:
         how += f" ({best.partition.note})"
     return SplitComparison(
-        optimal=run(best.bounds, best.recompute), even=run(even, [par.recompute] * len(even)),
+        optimal=run(best.bounds, best.recompute), even=run(even.bounds, even.recompute),
         equal_params=run(params.bounds, params.recompute), method=how,
         capacity_bytes=cluster.hardware.memory_bytes)
 

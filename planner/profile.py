@@ -44,7 +44,6 @@ import os
 import platform
 import statistics
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
@@ -53,6 +52,7 @@ from typing import Callable
 import numpy as np
 
 from planner.errors import PlanInputError
+from planner.files import write_text
 from planner.layer_exec import (PHASES, AttentionExecutor, PhaseCosts, attention_costs,
                                 build_executor, layer_costs, shard_dims, working_set_bytes)
 from planner.model import Layer, ModelSpec
@@ -201,21 +201,9 @@ def _timing_from_dict(t, where: str) -> LayerTiming:
 
 
 def save_profile(profile: Profile, path: str | Path, force: bool = False) -> Path:
-    """Write the profile JSON atomically (temporary file + rename); never overwrite unless force."""
-    path = Path(path)
-    if path.exists() and not force:
-        raise PlanInputError(f"{path} exists; pass --force to overwrite")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w") as f:
-            json.dump(profile.to_dict(), f, indent=1, sort_keys=True)
-            f.write("\n")
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    """Write the profile JSON atomically; never over an existing file unless ``force``."""
+    return write_text(path, json.dumps(profile.to_dict(), indent=1, sort_keys=True) + "\n",
+                      force=force)
 
 
 def load_profile(path: str | Path) -> Profile:

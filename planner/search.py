@@ -58,6 +58,7 @@ class Request:
     refine: int = 20
     launcher: str | None = None  # only configurations this launcher runs
     partition_method: str = "dp"  # exact DP (same optimum as the ILP, tests prove it) or "ilp"
+    profile: object = None  # a measured Profile (planner/profile.py) replacing analytical times
 
     @property
     def batch(self) -> int:
@@ -276,7 +277,7 @@ def _refine(req: Request, screened: list[Plan], cache: dict, capacity: float,
     for plan in screened:
         par = plan.parallel
         key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute)
-        tables = cost_tables(req.model, par, req.cluster.hardware, req.options,
+        tables = cost_tables(req.model, par, req.cluster.hardware, req.options, req.profile,
                              known={par.recompute: cache[key]},
                              exact=req.pins.recompute is not None)
         try:
@@ -287,7 +288,7 @@ def _refine(req: Request, screened: list[Plan], cache: dict, capacity: float,
             continue
         better = evaluate(req.model, req.cluster, par, req.options, bounds=list(split.bounds),
                           recompute_per_chunk=list(split.recompute), tables=tables,
-                          simulated=True)
+                          profile=req.profile, simulated=True)
         if better.metrics.peak_memory_bytes > capacity:
             rejected["memory (simulated in-flight)"] += 1
             continue
@@ -303,8 +304,31 @@ def _evaluate_cached(req: Request, par: Parallel, cache: dict) -> Plan:
     key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute)
     if key not in cache:
         cache[key] = CostTable(layer_costs(req.model, par, req.cluster.hardware, req.options,
-                                           par.recompute))
+                                           par.recompute, req.profile))
     return evaluate(req.model, req.cluster, par, req.options, tables={par.recompute: cache[key]})
+
+
+def check_profile_matches(profile, model: ModelSpec) -> None:
+    if len(profile.layers) != len(model.layers) or profile.model_name != model.name:
+        raise PlanInputError(
+            f"the profile is of {profile.model_name} ({len(profile.layers)} layers), not of "
+            f"{model.name} ({len(model.layers)} layers): profile this model or pass --model "
+            f"{profile.model_name}")
+
+
+def analytical_comparison(req: Request, plan: Plan) -> str:
+    """The best plan's step time from the measured profile beside the analytical model's."""
+    p = plan.parallel
+    analytical = evaluate(req.model, req.cluster, p, req.options,
+                          bounds=[(s.first, s.last) for s in plan.stages],
+                          recompute_per_chunk=[s.recompute for s in plan.stages],
+                          simulated=True)
+    return (f"step time of plan 1: {plan.metrics.step_time_s:.3f} s from the measured profile "
+            f"({req.profile.device_name}, {req.profile.dtype}), "
+            f"{analytical.metrics.step_time_s:.3f} s from the analytical model of "
+            f"{req.cluster.hardware.name}. Compute times come from the profile; memory, links and "
+            f"MFU's peak from {req.cluster.hardware.name} (for a cluster of the profiled device, "
+            "pass --hardware with the file `plan profile --calibrate` writes on it)")
 
 
 @dataclass(frozen=True)

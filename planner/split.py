@@ -19,7 +19,8 @@ from planner.evaluate import (CostTable, even_split, inflight_closed_form, layer
 from planner.hardware import Cluster
 from planner.memory import model_state_bytes
 from planner.model import ModelSpec
-from planner.partition import Partition, PartitionProblem, equal_param_split, partition
+from planner.partition import (Partition, PartitionProblem, equal_param_split, fixed_split,
+                               partition)
 from planner.partition_dp import partition_dp
 from planner.plan import RECOMPUTE_MODES, Parallel
 
@@ -90,10 +91,19 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
 
 def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
                 tables: dict[str, CostTable]) -> Split:
-    """The common hand-made split: equal parameter counts per stage."""
+    """The common hand-made split: equal parameter counts per stage, each stage with its
+    fastest recompute mode that fits."""
     problem = partition_problem(model, cluster, par, opts, tables)
     params = [c.params for c in next(iter(tables.values())).costs]
-    return _as_split(equal_param_split(problem, par.num_chunks, par.pp, params, par.recompute))
+    return _as_split(equal_param_split(problem, par.num_chunks, par.pp, params, None))
+
+
+def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+                   tables: dict[str, CostTable]) -> Split:
+    """Megatron's default even split, each stage with its fastest recompute mode that fits."""
+    problem = partition_problem(model, cluster, par, opts, tables)
+    ends = [b for _, b in even_split(model, par.num_chunks)]
+    return _as_split(fixed_split(problem, ends, par.pp, None))
 
 
 def _as_split(result: Partition) -> Split:

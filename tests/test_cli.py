@@ -173,3 +173,76 @@ def test_a_million_gpus_ends_quickly_with_a_clear_answer():
     result = run("solve", "--gpus", "1000000", "--nodes", "125000")
     assert result.exit_code == 1
     assert "global batch" in result.output and "data-parallel" in result.output
+
+
+TINY = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
+        "num_kv_heads": 2, "ffn_hidden_size": 128, "mlp": "swiglu", "vocab_size": 256,
+        "seq_length": 32}
+
+
+def test_profile_then_solve_from_it(tmp_path):
+    model = tmp_path / "tiny.json"
+    model.write_text(json.dumps(TINY))
+    prof = tmp_path / "tiny.profile.json"
+    result = run("profile", str(model), "--out", str(prof))
+    assert result.exit_code == 0, result.output
+    assert "block" in result.output and prof.exists()
+    again = run("profile", str(model), "--out", str(prof))
+    assert again.exit_code == 2 and "--force" in again.output
+    solved = run("solve", "--gpus", "8", "--nodes", "1", "--model", str(model), "--global-batch",
+                 "64", "--profile", str(prof))
+    assert solved.exit_code == 0, solved.output
+    assert "from the measured profile" in solved.output and "analytical model" in solved.output
+    wrong = run("solve", "--gpus", "8", "--nodes", "1", "--profile", str(prof))
+    assert wrong.exit_code == 2 and "not of llama3-8b" in wrong.output
+
+
+def test_profile_on_gpu_without_cupy_is_one_line():
+    pytest.importorskip("numpy")
+    try:
+        import cupy  # noqa: F401
+        pytest.skip("CuPy is installed here")
+    except ImportError:
+        pass
+    result = run("profile", "llama3-8b", "--device", "gpu")
+    assert result.exit_code == 2 and "CuPy is not installed" in result.output
+    assert len(result.output.strip().splitlines()) == 1
+
+
+def test_partition_command_shows_the_gain_and_agrees_with_dp():
+    ilp = run("partition", "--model", "llama3-8b", "--pp", "4", "--json")
+    dp = run("partition", "--model", "llama3-8b", "--pp", "4", "--json", "--solver", "dp")
+    assert ilp.exit_code == 0 and dp.exit_code == 0, ilp.output + dp.output
+    a, b = json.loads(ilp.output), json.loads(dp.output)
+    assert a["method"].startswith("ilp")
+    assert [s["layers"] for s in a["optimal"]["stages"]] == \
+        [s["layers"] for s in b["optimal"]["stages"]]
+    assert a["optimal"]["metrics"]["step_time_s"] <= a["even"]["metrics"]["step_time_s"]
+    table = run("partition", "--model", "llama3-8b", "--pp", "4")
+    assert "gain of the optimal split over the even split" in table.output
+
+
+def test_partition_refuses_more_stages_than_layers():
+    result = run("partition", "--model", "llama3-8b", "--pp", "64")
+    assert result.exit_code == 2 and "stages" in result.output
+
+
+def test_validate_command_prints_the_summary():
+    result = run("validate")
+    assert result.exit_code == 0, result.output
+    assert "mean |error|" in result.output and "Spearman" in result.output
+
+
+def test_large_vocabulary_gives_the_edge_stages_fewer_blocks(tmp_path):
+    model = tmp_path / "big_vocab.json"
+    model.write_text(json.dumps({"name": "big-vocab-7b", "num_layers": 32, "hidden_size": 4096,
+                                 "num_attention_heads": 32, "ffn_hidden_size": 11008,
+                                 "mlp": "swiglu", "vocab_size": 256000, "seq_length": 4096}))
+    result = run("partition", "--model", str(model), "--pp", "4", "--recompute", "none",
+                 "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.output)
+    blocks = [b - a - (a == 0) - (b == 34) for a, b in
+              (s["layers"] for s in doc["optimal"]["stages"])]
+    assert blocks[0] < min(blocks[1:-1]) and blocks[-1] < min(blocks[1:-1])
+    assert doc["gain_over_even"] > 0

@@ -6,7 +6,7 @@ import pytest
 from planner.errors import PlanInputError
 from planner.layer_exec import build_executor, layer_costs, shard_dims
 from planner.model import Layer
-from tests.test_kernels import close, numgrad
+from gradcheck import close, numgrad
 
 BLOCKS = [
     Layer(kind="block", hidden_size=4, num_attention_heads=2, num_kv_heads=1, ffn_hidden_size=6,
