@@ -117,7 +117,11 @@ def solve(
     launcher: Optional[str] = typer.Option(None, "--launcher",
                                            help="Only plans this launcher runs: megatron | "
                                                 "deepspeed | torchtitan."),
-    refine: int = typer.Option(20, "--refine", help="Simulate the best K screened plans."),
+    refine: int = typer.Option(20, "--refine", help="Partition and simulate the best K "
+                                                    "screened plans."),
+    partition_solver: str = typer.Option("dp", "--partition",
+                                         help="Stage split solver: dp (exact, fast) or ilp "
+                                              "(PuLP; same optimum, slower)."),
     export: Optional[str] = typer.Option(None, "--export",
                                          help="Write the best plan for: json, megatron, "
                                               "deepspeed, torchtitan, torchrun (comma list)."),

@@ -3,12 +3,17 @@
 A training step on pipeline rank i is the schedule over its microbatches plus what the schedule
 cannot hide: the data-parallel gradient synchronisation (partly overlapped with the last backward
 when the run overlaps it) and the optimizer step.
+
+Everything per stage is a numpy array over the chunks of one split, so a prediction costs a few
+array operations whatever the pipeline depth: the search screens thousands of configurations
+with the same code that evaluates one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from itertools import accumulate
+
+import numpy as np
 
 from planner import calibration, comm
 from planner.cost import LayerCost, RunOptions, layer_cost
@@ -23,30 +28,72 @@ from planner.simulate import simulate
 # m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
 OPTIMIZER_BYTES_PER_PARAM = 30
 
+_SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
+           "hardware_flops")
 
-@dataclass(frozen=True)
-class StageCost:
-    """One model chunk's costs for one microbatch, summed over its layers."""
 
-    first: int
-    last: int
-    recompute: str
-    fwd_s: float
-    bwd_input_s: float
-    bwd_weight_s: float
-    params: float
-    act_bytes: float  # per in-flight microbatch
-    work_bytes: float  # largest transient of its layers
-    model_flops: float
-    hardware_flops: float
+@dataclass(frozen=True, eq=False)
+class Stages:
+    """One split of the model: per-chunk totals for one microbatch, as arrays over the chunks
+    (chunk k runs on pipeline rank k mod pp)."""
+
+    first: np.ndarray
+    last: np.ndarray
+    recompute: tuple[str, ...]
+    fwd_s: np.ndarray
+    bwd_input_s: np.ndarray  # recompute included
+    bwd_weight_s: np.ndarray
+    params: np.ndarray
+    act_bytes: np.ndarray  # per in-flight microbatch
+    work_bytes: np.ndarray  # largest transient of the chunk's layers
+    model_flops: np.ndarray
+    hardware_flops: np.ndarray
 
     @property
-    def bwd_s(self) -> float:
+    def bwd_s(self) -> np.ndarray:
         return self.bwd_input_s + self.bwd_weight_s
 
     @property
-    def time_s(self) -> float:
+    def time_s(self) -> np.ndarray:
         return self.fwd_s + self.bwd_s
+
+    def by_rank(self, values: np.ndarray, pp: int) -> np.ndarray:
+        """Sum a per-chunk array over the chunks of each rank."""
+        return values.reshape(-1, pp).sum(axis=0)
+
+    def rank_max(self, values: np.ndarray, pp: int) -> np.ndarray:
+        return values.reshape(-1, pp).max(axis=0)
+
+
+class CostTable:
+    """Prefix sums over a model's layer costs under one recompute mode, so any split's per-chunk
+    totals are read with one vectorised difference."""
+
+    def __init__(self, costs: list[LayerCost]):
+        self.costs = costs
+        self.work_bytes = np.array([c.work_bytes for c in costs])
+        rows = {
+            "fwd_s": [c.fwd_s for c in costs],
+            "bwd_input_s": [c.bwd_input_s + c.recompute_s for c in costs],
+            "bwd_weight_s": [c.bwd_weight_s for c in costs],
+            "params": [c.params for c in costs],
+            "act_bytes": [c.act_bytes for c in costs],
+            "model_flops": [c.model_flops for c in costs],
+            "hardware_flops": [c.hardware_flops for c in costs],
+        }
+        self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
+
+
+def split_stages(tables: dict[str, CostTable], bounds, modes) -> Stages:
+    """Per-chunk totals of a split, each chunk under its own recompute mode."""
+    first = np.array([a for a, _ in bounds])
+    last = np.array([b for _, b in bounds])
+    sums = {}
+    for name in _SUMMED:
+        sums[name] = np.array([tables[m].prefix[name][b] - tables[m].prefix[name][a]
+                               for (a, b), m in zip(bounds, modes)])
+    work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
+    return Stages(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)
 
 
 def layer_costs(model: ModelSpec, par: Parallel, hw, opts: RunOptions, recompute: str,
@@ -86,32 +133,6 @@ def even_split(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
     return bounds
 
 
-class CostTable:
-    """Prefix sums over a model's layer costs, so any stage's totals cost O(1) to read."""
-
-    FIELDS = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
-              "hardware_flops")
-
-    def __init__(self, costs: list[LayerCost]):
-        self.costs = costs
-        self.work_bytes = [c.work_bytes for c in costs]
-        rows = {
-            "fwd_s": [c.fwd_s for c in costs],
-            "bwd_input_s": [c.bwd_input_s + c.recompute_s for c in costs],
-            "bwd_weight_s": [c.bwd_weight_s for c in costs],
-            "params": [c.params for c in costs],
-            "act_bytes": [c.act_bytes for c in costs],
-            "model_flops": [c.model_flops for c in costs],
-            "hardware_flops": [c.hardware_flops for c in costs],
-        }
-        self.prefix = {k: [0.0, *accumulate(v)] for k, v in rows.items()}
-
-    def stage(self, first: int, last: int, recompute: str) -> StageCost:
-        sums = {k: pre[last] - pre[first] for k, pre in self.prefix.items()}
-        return StageCost(first=first, last=last, recompute=recompute,
-                         work_bytes=max(self.work_bytes[first:last]), **sums)
-
-
 def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
     """Microbatches whose activations each chunk holds at peak (DESIGN.md §3; the simulator
     gives exact counts): GPipe M; 1F1B and ZB-H1 min(p - i, M) on rank i; interleaved: rank i
@@ -129,122 +150,137 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
     return [min(p - (k % p), m) for k in range(p * v)]
 
 
+@dataclass(frozen=True)
+class Prediction:
+    """What a configuration costs, before it is dressed as a Plan."""
+
+    step_s: float
+    bubble: float
+    rank_memory_bytes: np.ndarray
+    chunk_memory_bytes: np.ndarray
+    model_flops: float  # the whole step, all GPUs
+    hardware_flops: float
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return float(self.rank_memory_bytes.max())
+
+
+def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+            stages: Stages, simulated: bool = False) -> Prediction:
+    """Step time, bubble and memory of a configuration with the given split. With ``simulated``
+    the schedule runs op by op (planner/simulate.py): step time, bubble and the activations each
+    rank holds come from the simulation instead of the closed forms."""
+    hw, p = cluster.hardware, par.pp
+    p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
+    inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
+                                             par.virtual_stages), dtype=float)
+    rank_time = stages.by_rank(stages.time_s + 2 * p2p, p)
+    held = None
+    if simulated:
+        sim = simulate(par.schedule, p, par.num_microbatches, par.virtual_stages,
+                       fwd_s=stages.fwd_s.tolist(), bwd_s=stages.bwd_s.tolist(),
+                       wgrad_s=stages.bwd_weight_s.tolist(), comm_s=p2p[:-1].tolist(),
+                       act_bytes=stages.act_bytes.tolist())
+        pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
+        held = np.array(sim.peak_activation_bytes)
+    else:
+        pipeline_s = _pipeline_closed_form(par, rank_time)
+        busy = rank_time.sum() * par.num_microbatches
+        bubble = max(0.0, 1 - busy / (p * pipeline_s))
+
+    states = model_state_bytes(stages.params, par.dp, par.zero, _grad_bytes(opts))
+    chunk_mem = states + inflight * stages.act_bytes
+    rank_mem = _rank_memory(model, par, stages, inflight, states, opts, held)
+    dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
+    owned = stages.by_rank(stages.params, p).max() / (par.dp if par.zero >= 1 else 1)
+    optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / (
+        hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or calibration.MEMORY_EFFICIENCY))
+    replicas = par.tp * par.dp * par.num_microbatches  # per-GPU microbatch FLOPs -> whole step
+    return Prediction(step_s=float(pipeline_s + dp_exposed + optimizer_s), bubble=float(bubble),
+                      rank_memory_bytes=rank_mem, chunk_memory_bytes=chunk_mem,
+                      model_flops=float(stages.model_flops.sum()) * replicas,
+                      hardware_flops=float(stages.hardware_flops.sum()) * replicas)
+
+
+def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction) -> Metrics:
+    gpus, peak = cluster.gpus, cluster.hardware.peak_flops
+    step = pred.step_s
+    return Metrics(step_time_s=step,
+                   tokens_per_s=par.global_batch * model.seq_length / step,
+                   tflops_per_gpu=pred.model_flops / step / gpus / 1e12,
+                   mfu=pred.model_flops / (step * gpus * peak),
+                   hfu=pred.hardware_flops / (step * gpus * peak),
+                   bubble_fraction=pred.bubble, peak_memory_bytes=pred.peak_memory_bytes)
+
+
 def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions = RunOptions(),
              bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
              profile=None, tables: dict[str, CostTable] | None = None,
              simulated: bool = False) -> Plan:
     """Predict the plan of one fully specified configuration (even split unless ``bounds``).
 
-    ``tables`` are the layer costs per recompute mode when the caller already has them. With
-    ``simulated`` the schedule runs op by op (planner/simulate.py): step time, bubble and the
-    activations each rank holds come from the simulation instead of the closed forms."""
-    hw = cluster.hardware
-    chunks = par.num_chunks
-    bounds = bounds or even_split(model, chunks)
-    modes = recompute_per_chunk or [par.recompute] * chunks
+    ``tables`` are the layer costs per recompute mode when the caller already has them."""
+    bounds = bounds or even_split(model, par.num_chunks)
+    modes = recompute_per_chunk or [par.recompute] * par.num_chunks
     by_mode = dict(tables or {})
     for mode in set(modes) - set(by_mode):
-        by_mode[mode] = CostTable(layer_costs(model, par, hw, opts, mode, profile))
-    stages = [by_mode[mode].stage(a, b, mode) for (a, b), mode in zip(bounds, modes)]
-    p2p = stage_transfer_s(model, par, cluster, opts)
-    inflight = inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
-                                    par.virtual_stages)
-
-    rank_time = [0.0] * par.pp
-    for k, st in enumerate(stages):
-        rank_time[k % par.pp] += st.time_s + (2 * p2p[k] if k < chunks - 1 else 0.0)
-    held = None
-    if simulated:
-        sim = simulate(par.schedule, par.pp, par.num_microbatches, par.virtual_stages,
-                       fwd_s=[st.fwd_s for st in stages], bwd_s=[st.bwd_s for st in stages],
-                       wgrad_s=[st.bwd_weight_s for st in stages], comm_s=p2p,
-                       act_bytes=[st.act_bytes for st in stages])
-        pipeline_s, bubble, held = sim.makespan_s, sim.bubble_fraction, sim.peak_activation_bytes
-    else:
-        pipeline_s = _pipeline_closed_form(par, rank_time)
-        busy = sum(rank_time) * par.num_microbatches
-        bubble = max(0.0, 1 - busy / (par.pp * pipeline_s))
-
-    rank_mem = _rank_memory(model, par, stages, inflight, opts, held)
-    dp_exposed = max(_dp_exposed_s(par, cluster, opts, stages, r) for r in range(par.pp))
-    owned = max(sum(st.params for st in stages[r::par.pp])
-                for r in range(par.pp)) / (par.dp if par.zero >= 1 else 1)
-    optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / (
-        hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or calibration.MEMORY_EFFICIENCY))
-    step_s = pipeline_s + dp_exposed + optimizer_s
-
-    tokens = par.global_batch * model.seq_length
-    replicas = par.tp * par.dp * par.num_microbatches  # per-GPU microbatch FLOPs -> whole step
-    model_flops = sum(st.model_flops for st in stages) * replicas
-    hardware_flops = sum(st.hardware_flops for st in stages) * replicas
-    gpus = cluster.gpus
-    metrics = Metrics(
-        step_time_s=step_s, tokens_per_s=tokens / step_s,
-        tflops_per_gpu=model_flops / step_s / gpus / 1e12,
-        mfu=model_flops / (step_s * gpus * hw.peak_flops),
-        hfu=hardware_flops / (step_s * gpus * hw.peak_flops),
-        bubble_fraction=bubble,
-        peak_memory_bytes=max(rank_mem))
+        by_mode[mode] = CostTable(layer_costs(model, par, cluster.hardware, opts, mode, profile))
+    stages = split_stages(by_mode, bounds, modes)
+    pred = predict(model, cluster, par, opts, stages, simulated)
     plan_stages = tuple(
-        Stage(stage=k, rank=k % par.pp, first=st.first, last=st.last, recompute=st.recompute,
-              time_s=st.time_s, memory_bytes=_chunk_memory(par, st, inflight[k], opts),
-              fwd_s=st.fwd_s, bwd_s=st.bwd_s, wgrad_s=st.bwd_weight_s)
-        for k, st in enumerate(stages))
-    return Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages, metrics=metrics,
-                rank_memory_bytes=tuple(rank_mem), notes=_notes(opts))
+        Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),
+              recompute=stages.recompute[k], time_s=float(stages.time_s[k]),
+              memory_bytes=float(pred.chunk_memory_bytes[k]), fwd_s=float(stages.fwd_s[k]),
+              bwd_s=float(stages.bwd_s[k]), wgrad_s=float(stages.bwd_weight_s[k]))
+        for k in range(par.num_chunks))
+    return Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
+                metrics=metrics_of(model, cluster, par, pred),
+                rank_memory_bytes=tuple(float(x) for x in pred.rank_memory_bytes),
+                notes=_notes(opts))
 
 
-def _pipeline_closed_form(par: Parallel, rank_time: list[float]) -> float:
+def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
     """1F1B/GPipe with unequal stages: the slowest rank paces the M-1 steady steps, every rank
     is on the critical path once (fill and drain). Interleaving divides the fill and drain by v;
     ZB-H1 hides about two thirds of it (Qi et al. 2023)."""
     m, v = par.num_microbatches, par.virtual_stages
-    steady = (m - 1) * max(rank_time)
-    fill = sum(rank_time)
+    slowest = float(rank_time.max())
+    fill = float(rank_time.sum())
     if par.schedule == "interleaved" and v > 1:
-        fill = max(rank_time) + (fill - max(rank_time)) / v
+        fill = slowest + (fill - slowest) / v
     elif par.schedule == "zb-h1":
-        fill = max(rank_time) + (fill - max(rank_time)) / 3
-    return steady + fill
+        fill = slowest + (fill - slowest) / 3
+    return (m - 1) * slowest + fill
 
 
 def _grad_bytes(opts: RunOptions) -> int:
     return opts.grad_bytes + (ACT_BYTES if opts.lowp_grad_copy else 0)
 
 
-def _chunk_memory(par: Parallel, st: StageCost, inflight: int, opts: RunOptions) -> float:
-    states = model_state_bytes(st.params, par.dp, par.zero, _grad_bytes(opts))
-    return states + inflight * st.act_bytes
-
-
-def _rank_memory(model: ModelSpec, par: Parallel, stages: list[StageCost], inflight: list[int],
-                 opts: RunOptions, held_activations=None) -> list[float]:
+def _rank_memory(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.ndarray,
+                 states: np.ndarray, opts: RunOptions, held_activations=None) -> np.ndarray:
     """Peak bytes per pipeline rank, conservative: states + held activations (the closed-form
     in-flight counts, or the simulated peak when given) + the largest transient + the
     framework's reserve and fragmentation (planner/calibration.py)."""
-    out = []
-    tied_dup = 0.0
-    if model.tie_embeddings and par.num_chunks == 1:
-        tied_dup = model.vocab_size * model.hidden_size / par.tp  # one copy when not split
-    for r in range(par.pp):
-        mine = list(enumerate(stages))[r::par.pp]
-        if held_activations is None:
-            held = sum(_chunk_memory(par, st, inflight[k], opts) for k, st in mine)
-        else:
-            held = held_activations[r] + sum(
-                model_state_bytes(st.params, par.dp, par.zero, _grad_bytes(opts)) for _, st in mine)
-        if opts.keep_stage_outputs:  # each in-flight microbatch's output of a non-last chunk
-            out_bytes = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
-                par.tp if par.sequence_parallel else 1)
-            held += sum(inflight[k] * out_bytes for k, _ in mine if k < len(stages) - 1)
-        if r == 0 and tied_dup:
-            held -= model_state_bytes(tied_dup, par.dp, par.zero, _grad_bytes(opts))
-        transient = max(st.work_bytes for _, st in mine)
-        if par.zero >= 3:  # a gathered copy of the largest chunk's weights while it runs
-            transient += max(st.params for _, st in mine) * ACT_BYTES
-        out.append((held + transient) * (1 + calibration.FRAGMENTATION)
-                   + calibration.RESERVED_BYTES)
-    return out
+    p = par.pp
+    if held_activations is None:
+        held = stages.by_rank(states + inflight * stages.act_bytes, p)
+    else:
+        held = held_activations + stages.by_rank(states, p)
+    if opts.keep_stage_outputs:  # each in-flight microbatch's output of a non-last chunk
+        out_bytes = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
+            par.tp if par.sequence_parallel else 1)
+        not_last = np.ones(par.num_chunks)
+        not_last[-1] = 0.0
+        held = held + stages.by_rank(inflight * out_bytes * not_last, p)
+    if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
+        tied = model.vocab_size * model.hidden_size / par.tp
+        held = held - model_state_bytes(tied, par.dp, par.zero, _grad_bytes(opts))
+    transient = stages.rank_max(stages.work_bytes, p)
+    if par.zero >= 3:  # a gathered copy of the largest chunk's weights while it runs
+        transient = transient + stages.rank_max(stages.params, p) * ACT_BYTES
+    return (held + transient) * (1 + calibration.FRAGMENTATION) + calibration.RESERVED_BYTES
 
 
 def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
@@ -271,39 +307,40 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
     return out
 
 
-def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions, stages: list[StageCost],
-                  rank: int) -> float:
-    """Gradient synchronisation the step cannot hide. ZeRO-0: all-reduce of the gradients;
+def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
+                  stages: Stages) -> np.ndarray:
+    """Gradient synchronisation each rank cannot hide. ZeRO-0: all-reduce of the gradients;
     ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights once per
     step; ZeRO-2 reduce-scatters after every microbatch (DeepSpeed keeps only the shard);
     ZeRO-3 also gathers the weights for every forward and backward (Rajbhandari et al. 2020).
     With overlap the reduce hides behind the last microbatch's backward and the gather behind the
     first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather)."""
+    p = par.pp
     if par.dp == 1:
-        return 0.0
+        return np.zeros(p)
     # tp-dp-pp rank order: a DP group has gpus_per_node / tp members on each node it spans.
     per_node = max(1, min(par.dp, cluster.gpus_per_node // par.tp))
     spans = cluster.nodes > 1 and dp_group_crosses_nodes(par.tp, par.dp, par.pp,
                                                          cluster.gpus_per_node)
     link = comm.group_link(cluster.hardware, per_node, spans)
-    mine = stages[rank::par.pp]
-    params = sum(st.params for st in mine)
+    params = stages.by_rank(stages.params, p)
     grads = params * opts.grad_bytes
     if par.zero == 0:
-        reduce_s, gather_s = comm.all_reduce_s(grads, par.dp, link), 0.0
+        reduce_s, gather_s = comm.all_reduce_s(grads, par.dp, link), np.zeros(p)
     else:
         reduce_s = comm.reduce_scatter_s(grads, par.dp, link)
         gather_s = comm.all_gather_s(params * ACT_BYTES, par.dp, link)
     m = par.num_microbatches
     if par.zero >= 2:  # only a gradient shard is kept: reduce-scatter after every microbatch
-        reduce_s *= m
+        reduce_s = reduce_s * m
     if par.zero >= 3:  # weights gathered for every microbatch's forward and backward
-        gather_s += 2 * m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+        gather_s = gather_s + 2 * m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
     if not opts.overlap_dp:
         return reduce_s + gather_s
     windows = m if par.zero >= 2 else 1  # each per-microbatch collective hides behind its pass
-    return max(0.0, reduce_s - windows * sum(st.bwd_s for st in mine)) + \
-        max(0.0, gather_s - (m if par.zero >= 3 else 1) * sum(st.fwd_s for st in mine))
+    bwd, fwd = stages.by_rank(stages.bwd_s, p), stages.by_rank(stages.fwd_s, p)
+    return np.maximum(0.0, reduce_s - windows * bwd) + \
+        np.maximum(0.0, gather_s - (m if par.zero >= 3 else 1) * fwd)
 
 
 def _notes(opts: RunOptions) -> tuple[str, ...]:

@@ -17,10 +17,11 @@ from itertools import product
 from planner import calibration
 from planner.cost import RunOptions
 from planner.errors import NoFeasiblePlan, PlanInputError
-from planner.evaluate import CostTable, evaluate, layer_costs
+from planner.evaluate import (CostTable, Stages, evaluate, even_split, layer_costs, predict,
+                              split_stages)
 from planner.export import LAUNCHERS, launcher_allows
 from planner.partition import PartitionError
-from planner.split import best_split, cost_tables
+from planner.split import METHODS, allowed_modes, best_split
 from planner.hardware import Cluster
 from planner.model import ModelSpec
 from planner.plan import RECOMPUTE_MODES, SCHEDULES, Parallel, Plan
@@ -120,6 +121,11 @@ def validate_pins(req: Request) -> None:
             raise PlanInputError("give --global-batch or --global-batch-range, not both")
         if not 1 <= low <= high:
             raise PlanInputError(f"--global-batch-range needs 1 <= MIN <= MAX, got {low},{high}")
+    if req.partition_method not in METHODS:
+        raise PlanInputError(f"--partition must be one of {', '.join(METHODS)}, "
+                             f"got {req.partition_method!r}")
+    if req.refine < 1:
+        raise PlanInputError(f"--refine must be at least 1, got {req.refine}")
     if req.launcher is not None and req.launcher not in LAUNCHERS:
         raise PlanInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
                              f"got {req.launcher!r}")
@@ -231,11 +237,55 @@ def capacity_bytes(cluster: Cluster) -> float:
     return cluster.hardware.memory_bytes
 
 
-def _rank_key(plan: Plan):
-    p = plan.parallel
-    return (round(plan.metrics.step_time_s, 9), round(plan.metrics.peak_memory_bytes),
-            p.tp, p.pp, p.micro_batch, SCHEDULES.index(p.schedule), p.virtual_stages,
-            RECOMPUTE_MODES.index(p.recompute), p.zero, p.sequence_parallel)
+def _rank_key(par: Parallel, step_s: float, memory_bytes: float):
+    """Fastest first, then least memory, then the configuration itself: a total order, so the
+    same inputs always give the same ranking."""
+    return (round(step_s, 9), round(memory_bytes), par.tp, par.pp, par.micro_batch,
+            SCHEDULES.index(par.schedule), par.virtual_stages,
+            RECOMPUTE_MODES.index(par.recompute), par.zero, par.sequence_parallel)
+
+
+def _plan_key(plan: Plan):
+    return _rank_key(plan.parallel, plan.metrics.step_time_s, plan.metrics.peak_memory_bytes)
+
+
+class _Costs:
+    """Layer-cost tables and even-split stage totals shared by the configurations of a search."""
+
+    def __init__(self, req: Request):
+        self.req = req
+        self.tables: dict = {}
+        self.stages: dict = {}
+
+    def table(self, par: Parallel, mode: str) -> CostTable:
+        key = (par.tp, par.sequence_parallel, par.micro_batch, mode)
+        if key not in self.tables:
+            r = self.req
+            self.tables[key] = CostTable(layer_costs(r.model, par, r.cluster.hardware, r.options,
+                                                     mode, r.profile))
+        return self.tables[key]
+
+    def even_stages(self, par: Parallel) -> Stages:
+        key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute, par.num_chunks)
+        if key not in self.stages:
+            bounds = even_split(self.req.model, par.num_chunks)
+            self.stages[key] = split_stages({par.recompute: self.table(par, par.recompute)},
+                                            bounds, [par.recompute] * par.num_chunks)
+        return self.stages[key]
+
+    def refined(self, par: Parallel) -> Plan | str:
+        """Partition (compute-balanced under memory) and simulate one configuration; a
+        rejection reason when no split fits."""
+        r = self.req
+        known = {m: self.table(par, m) for m in allowed_modes(par, r.options,
+                                                               r.pins.recompute is not None)}
+        try:
+            split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
+        except PartitionError:
+            return "memory (no stage split fits)"
+        return evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
+                        recompute_per_chunk=list(split.recompute), tables=known,
+                        profile=r.profile, simulated=True)
 
 
 def search(req: Request, progress=None) -> SearchResult:
@@ -245,67 +295,37 @@ def search(req: Request, progress=None) -> SearchResult:
     rejected: Counter = Counter()
     configs = list(enumerate_configs(req, rejected))
     capacity = capacity_bytes(req.cluster)
-    kept: list[Plan] = []
-    cache: dict = {}
+    costs = _Costs(req)
+    kept = []
     for n, par in enumerate(configs):
-        if progress:
+        if progress and n % 256 == 0:
             progress(n, len(configs))
-        plan = _evaluate_cached(req, par, cache)
-        if plan.metrics.peak_memory_bytes > capacity:
+        pred = predict(req.model, req.cluster, par, req.options, costs.even_stages(par))
+        if pred.peak_memory_bytes > capacity:
             rejected["memory"] += 1
-            continue
-        if req.max_bubble is not None and plan.metrics.bubble_fraction > req.max_bubble:
+        elif req.max_bubble is not None and pred.bubble > req.max_bubble:
             rejected["bubble above limit"] += 1
-            continue
-        kept.append(plan)
+        else:
+            kept.append((_rank_key(par, pred.step_s, pred.peak_memory_bytes), par))
     if progress:
         progress(len(configs), len(configs))
-    if not kept:
-        raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
-    kept.sort(key=_rank_key)
-    refined = _refine(req, kept[: max(req.refine, req.top)], cache, capacity, rejected)
+    kept.sort(key=lambda item: item[0])
+    refined = []
+    for _, par in kept[: max(req.refine, req.top)]:
+        plan = costs.refined(par)
+        if isinstance(plan, str):
+            rejected[plan] += 1
+        elif plan.metrics.peak_memory_bytes > capacity:
+            rejected["memory (simulated in-flight)"] += 1
+        elif req.max_bubble is not None and plan.metrics.bubble_fraction > req.max_bubble:
+            rejected["bubble above limit"] += 1
+        else:
+            refined.append(plan)
     if not refined:
         raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
+    refined.sort(key=_plan_key)
     return SearchResult(plans=tuple(refined[: req.top]), rejected=dict(sorted(rejected.items())),
                         screened=len(configs), elapsed_s=time.perf_counter() - start)
-
-
-def _refine(req: Request, screened: list[Plan], cache: dict, capacity: float,
-            rejected: Counter) -> list[Plan]:
-    """Second phase: simulate the best screened plans op by op and re-rank them."""
-    out = []
-    for plan in screened:
-        par = plan.parallel
-        key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute)
-        tables = cost_tables(req.model, par, req.cluster.hardware, req.options, req.profile,
-                             known={par.recompute: cache[key]},
-                             exact=req.pins.recompute is not None)
-        try:
-            split = best_split(req.model, req.cluster, par, req.options, tables,
-                               req.partition_method)
-        except PartitionError:
-            rejected["memory (no stage split fits)"] += 1
-            continue
-        better = evaluate(req.model, req.cluster, par, req.options, bounds=list(split.bounds),
-                          recompute_per_chunk=list(split.recompute), tables=tables,
-                          profile=req.profile, simulated=True)
-        if better.metrics.peak_memory_bytes > capacity:
-            rejected["memory (simulated in-flight)"] += 1
-            continue
-        if req.max_bubble is not None and better.metrics.bubble_fraction > req.max_bubble:
-            rejected["bubble above limit"] += 1
-            continue
-        out.append(better)
-    return sorted(out, key=_rank_key)
-
-
-def _evaluate_cached(req: Request, par: Parallel, cache: dict) -> Plan:
-    """evaluate(), sharing per-layer costs between configurations with the same layer shape."""
-    key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute)
-    if key not in cache:
-        cache[key] = CostTable(layer_costs(req.model, par, req.cluster.hardware, req.options,
-                                           par.recompute, req.profile))
-    return evaluate(req.model, req.cluster, par, req.options, tables={par.recompute: cache[key]})
 
 
 def check_profile_matches(profile, model: ModelSpec) -> None:
@@ -379,7 +399,10 @@ def explain(req: Request) -> Explanation:
                 "of a node")
     if rule is not None:
         return Explanation(par, None, capacity, rule)
-    plan = evaluate(req.model, req.cluster, par, req.options, simulated=True)
+    plan = _Costs(req).refined(par)
+    if isinstance(plan, str):  # no split fits: show how far Megatron's even split is over
+        plan = evaluate(req.model, req.cluster, par, req.options, profile=req.profile,
+                        simulated=True)
     return Explanation(par, plan, capacity, None)
 
 
