@@ -181,7 +181,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
         sim = simulate(par.schedule, p, par.num_microbatches, par.virtual_stages,
                        fwd_s=stages.fwd_s.tolist(), bwd_s=stages.bwd_s.tolist(),
                        wgrad_s=stages.bwd_weight_s.tolist(), comm_s=p2p[:-1].tolist(),
-                       act_bytes=stages.act_bytes.tolist())
+                       act_bytes=stages.act_bytes.tolist(), timeline=False)
         pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
         held = np.array(sim.peak_activation_bytes)
     else:

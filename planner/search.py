@@ -192,7 +192,8 @@ def _knobs(req: Request, tp, pp, dp, mb, m, blocks, rejected: Counter):
     recomputes = [pins.recompute] if pins.recompute else [
         r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
     zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
-    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else [tp > 1]
+    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else (
+        [True, False] if tp > 1 else [False])
     for schedule in schedules:
         vs = [1]
         if schedule == "interleaved":

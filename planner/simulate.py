@@ -82,6 +82,7 @@ def simulate(
     wgrad_s: PerChunk | None = None,
     comm_s: PerChunk = 0.0,
     act_bytes: PerChunk | None = None,
+    timeline: bool = True,
 ) -> SimResult:
     """Simulate schedule `name` for p ranks, m microbatches, v chunks per rank.
 
@@ -89,10 +90,11 @@ def simulate(
     global chunk.  bwd_s is the full backward; in zb-h1, B takes bwd_s - wgrad_s and W takes
     wgrad_s (default half of bwd_s); other schedules ignore wgrad_s.  comm_s: one transfer across
     a chunk boundary, float or p*v-1 values (boundary k sits between chunks k and k+1).
+    ``timeline=False`` skips building the per-op timeline (the planner needs only the summary).
     """
     ops = build_schedule(name, p, m, v)
     return simulate_ops(ops, name, p, m, v, fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s,
-                        comm_s=comm_s, act_bytes=act_bytes)
+                        comm_s=comm_s, act_bytes=act_bytes, timeline=timeline)
 
 
 def simulate_ops(
@@ -107,6 +109,7 @@ def simulate_ops(
     wgrad_s: PerChunk | None = None,
     comm_s: PerChunk = 0.0,
     act_bytes: PerChunk | None = None,
+    timeline: bool = True,
 ) -> SimResult:
     """Time given per-rank compute op lists (SEND/RECV are skipped); see `simulate`."""
     chunks = p * v
@@ -180,10 +183,10 @@ def simulate_ops(
     stuck = [r for r in range(p) if ptr[r] < len(prog[r])]
     if stuck:
         raise ScheduleError(f"schedule cannot finish: ranks {stuck} wait on inputs that never come")
-    return _summarise(ops, name, p, m, v, prog, starts, ends, act, split)
+    return _summarise(name, p, m, v, prog, starts, ends, act, split, timeline)
 
 
-def _summarise(ops, name, p, m, v, prog, starts, ends, act, split) -> SimResult:
+def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> SimResult:
     """Busy/idle, bubble and peak activations from the placed ops."""
     chunks = p * v
     kinds = "FBW"
@@ -192,10 +195,10 @@ def _summarise(ops, name, p, m, v, prog, starts, ends, act, split) -> SimResult:
     busy, peak_n, peak_b = [], [], []
     release = 2 if split else 1  # activation freed when W (zb-h1) or B ends
     for r in range(p):
-        row = tuple(TimedOp(Op(kinds[kind], idx // chunks, idx % chunks), s, e)
-                    for (kind, idx), s, e in zip(prog[r], starts[r], ends[r]))
-        timeline.append(row)
-        busy.append(sum(e - s for s, e in zip(starts[r], ends[r])))
+        if keep_timeline:
+            timeline.append(tuple(TimedOp(Op(kinds[kind], idx // chunks, idx % chunks), s, e)
+                                  for (kind, idx), s, e in zip(prog[r], starts[r], ends[r])))
+        busy.append(sum(ends[r]) - sum(starts[r]))
         n = best_n = 0
         held = best_b = 0.0
         for kind, idx in prog[r]:

@@ -1,0 +1,75 @@
+"""The search: invariants of every plan it returns, and the published Megatron configurations."""
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from planner.errors import NoFeasiblePlan
+from planner.hardware import load_hardware, make_cluster
+from planner.model import PRESETS
+from planner.search import Pins, Request, enumerate_configs, explain, search
+from planner.validate import case_setup, load_cases
+
+
+@settings(max_examples=25, deadline=None)
+@given(model=st.sampled_from(["megatron-1.7b", "llama2-7b", "megatron-7.5b"]),
+       nodes=st.sampled_from([1, 2, 4]), per_node=st.sampled_from([4, 8]),
+       batch=st.sampled_from([64, 96, 256, 512]), gpu=st.sampled_from(["a100-80gb", "h100"]))
+def test_every_plan_keeps_the_invariants(model, nodes, per_node, batch, gpu):
+    spec = PRESETS[model].with_seq_length(2048)
+    cluster = make_cluster(load_hardware(gpu), nodes * per_node, nodes)
+    try:
+        result = search(Request(model=spec, cluster=cluster, global_batch=batch, top=5))
+    except NoFeasiblePlan as e:
+        assert e.rejected  # nothing fits: the reasons are counted
+        return
+    for plan in result.plans:
+        p = plan.parallel
+        assert p.tp * p.pp * p.dp == cluster.gpus  # degrees multiply to the GPU count
+        assert p.micro_batch * p.num_microbatches * p.dp == batch  # global batch
+        assert cluster.gpus_per_node % p.tp == 0  # TP never crosses a node
+        ranges = [(s.first, s.last) for s in plan.stages]
+        assert ranges[0][0] == 0 and ranges[-1][1] == len(spec.layers)  # stages cover the layers
+        assert all(a < b for a, b in ranges)  # every stage non-empty
+        assert all(x[1] == y[0] for x, y in zip(ranges, ranges[1:]))  # in order
+        assert plan.metrics.peak_memory_bytes <= cluster.hardware.memory_bytes
+    steps = [p.metrics.step_time_s for p in result.plans]
+    assert steps == sorted(steps)
+
+
+def test_pins_narrow_the_space():
+    cluster = make_cluster(load_hardware("a100-80gb"), 16, 2)
+    req = Request(model=PRESETS["llama3-8b"], cluster=cluster,
+                  pins=Pins(tp=2, schedule="1f1b", zero=1))
+    configs = list(enumerate_configs(req, __import__("collections").Counter()))
+    assert configs and all(c.tp == 2 and c.schedule == "1f1b" and c.zero == 1 for c in configs)
+
+
+MEGATRON_TABLE = [c for c in load_cases() if c["group"] == "megatron2021_table1"]
+
+
+@pytest.mark.parametrize("case", MEGATRON_TABLE, ids=lambda c: c["name"])
+def test_search_matches_or_beats_the_published_megatron_configuration(case):
+    """Issue: for each Megatron-LM 2021 Table 1 case the best plan is predicted at least as fast
+    as the published configuration evaluated by the same model, and the published
+    configuration is among the candidates, or its rejection reason is shown."""
+    setup = case_setup(case)
+    published = setup.parallel
+    req = Request(model=setup.model, cluster=setup.cluster,
+                  global_batch=published.global_batch, options=setup.options, top=1, refine=5)
+    exp = explain(Request(model=setup.model, cluster=setup.cluster,
+                          global_batch=published.global_batch, options=setup.options,
+                          pins=Pins(tp=published.tp, pp=published.pp, dp=published.dp,
+                                    micro_batch=published.micro_batch,
+                                    schedule=published.schedule,
+                                    virtual_stages=published.virtual_stages,
+                                    recompute=published.recompute, zero=published.zero,
+                                    sequence_parallel=published.sequence_parallel)))
+    assert exp.rule is None, exp.rule
+    candidates = list(enumerate_configs(req, __import__("collections").Counter()))
+    assert published in candidates
+    best = search(req).plans[0]
+    if exp.fits:
+        assert best.metrics.step_time_s <= exp.plan.metrics.step_time_s * (1 + 1e-9)
+    else:  # predicted not to fit: the explanation says by how much
+        assert exp.plan.metrics.peak_memory_bytes > exp.capacity_bytes
