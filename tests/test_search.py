@@ -56,7 +56,7 @@ def test_search_matches_or_beats_the_published_megatron_configuration(case):
     setup = case_setup(case)
     published = setup.parallel
     req = Request(model=setup.model, cluster=setup.cluster,
-                  global_batch=published.global_batch, options=setup.options, top=1, refine=5)
+                  global_batch=published.global_batch, options=setup.options, top=1)
     exp = explain(Request(model=setup.model, cluster=setup.cluster,
                           global_batch=published.global_batch, options=setup.options,
                           pins=Pins(tp=published.tp, pp=published.pp, dp=published.dp,
