@@ -52,6 +52,11 @@ out = _console()
 err = _console(stderr=True)
 
 
+def print_json(doc) -> None:
+    """Plain JSON on stdout (no colour, stable bytes) for pipes and scripts."""
+    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+
+
 @contextmanager
 def user_errors():
     """Bad input: one line and exit 2; nothing feasible: the reasons and exit 1."""
@@ -180,7 +185,7 @@ def solve(
         if as_json:
             doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
                    "search": {"screened": result.screened, "returned": len(result.plans)}}
-            sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+            print_json(doc)
         else:
             print_search(out, result, spec, cluster)
             if measured is not None:
@@ -285,7 +290,7 @@ def simulate(
         if svg is not None:
             write_text(svg, to_svg(result), force=force)
         if as_json:
-            sys.stdout.write(json.dumps(simulation_summary(result), indent=2) + "\n")
+            print_json(simulation_summary(result))
         else:
             render_gantt(result, out)
 
@@ -365,7 +370,7 @@ def partition(
         except (PartitionError, ScheduleError) as e:
             raise PlanInputError(str(e)) from None
         if as_json:
-            sys.stdout.write(json.dumps(comparison_dict(cmp), indent=2) + "\n")
+            print_json(comparison_dict(cmp))
         else:
             print_comparison(out, cmp)
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import tempfile
 from pathlib import Path
@@ -34,3 +35,16 @@ def write_text(path: str | Path, text: str, force: bool = False,
             os.unlink(tmp)
         raise
     return path
+
+
+def read_json(path: str | Path, what: str, missing_hint: str = ""):
+    """Parse a JSON file, or one clear PlanInputError line saying what is wrong and what to do."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise PlanInputError(f"{what} {path} not found{'; ' + missing_hint if missing_hint else ''}")
+    except json.JSONDecodeError as e:
+        raise PlanInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PlanInputError(f"{path}: cannot read the {what} ({e})")

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
 from planner.errors import PlanInputError
+from planner.files import read_json
 
 HARDWARE_DIR = Path(__file__).resolve().parent.parent / "profiles" / "hardware"
 DEFAULT_GPU = "a100-80gb"
@@ -85,13 +85,7 @@ def hardware_from_dict(data: dict, origin: str) -> Hardware:
 
 
 def load_hardware_file(path: str | Path) -> Hardware:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PlanInputError(f"hardware file {path} not found; `plan hardware` lists bundled ones")
-    except json.JSONDecodeError as e:
-        raise PlanInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file")
+    data = read_json(path, "hardware file", "`plan hardware` lists the bundled ones")
     return hardware_from_dict(data, str(path))
 
 

@@ -7,11 +7,11 @@ output head (final norm + projection + loss), or any explicit sequence of such l
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from planner.errors import PlanInputError
+from planner.files import read_json
 
 LAYER_KINDS = ("embedding", "block", "head", "linear")
 MLP_KINDS = ("gelu", "swiglu")
@@ -192,12 +192,7 @@ def load_model(source: str | Path | None) -> ModelSpec:
     if not path.exists():
         raise PlanInputError(
             f"unknown model '{text}': not a file and not a preset; `plan models` lists the presets")
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as e:
-        raise PlanInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file")
-    except OSError as e:
-        raise PlanInputError(f"{path}: cannot read ({e.strerror})")
+    data = read_json(path, "model file")
     if not isinstance(data, dict):
         raise PlanInputError(f"{path}: expected a JSON object describing the model")
     return model_from_dict(data, origin=str(path))

@@ -52,7 +52,7 @@ from typing import Callable
 import numpy as np
 
 from planner.errors import PlanInputError
-from planner.files import write_text
+from planner.files import read_json, write_text
 from planner.layer_exec import (PHASES, AttentionExecutor, PhaseCosts, attention_costs,
                                 build_executor, layer_costs, shard_dims, working_set_bytes)
 from planner.model import Layer, ModelSpec
@@ -207,17 +207,7 @@ def save_profile(profile: Profile, path: str | Path, force: bool = False) -> Pat
 
 
 def load_profile(path: str | Path) -> Profile:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PlanInputError(f"profile {path} not found; create one with `plan profile MODEL "
-                             f"--out {path}`")
-    except json.JSONDecodeError as e:
-        raise PlanInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); re-create it "
-                             "with `plan profile`")
-    except OSError as e:
-        raise PlanInputError(f"{path}: cannot read ({e.strerror})")
+    data = read_json(path, "profile", f"create one with `plan profile MODEL --out {path}`")
     return Profile.from_dict(data, str(path))
 
 

@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import PlanInputError
-from planner.files import write_text
+from planner.files import read_json, write_text
 from planner.schedule import ScheduleError
 from planner.simulate import SimResult, closed_form_bubble, simulate
 
@@ -59,8 +58,8 @@ def _times(text: str, chunks: int) -> tuple[float, ...]:
 
 
 def _from_plan(path: Path) -> SimulationJob:
+    doc = read_json(path, "plan file", "write one with plan solve --export json --out DIR")
     try:
-        doc = json.loads(path.read_text())
         if "plans" in doc:  # the output of `plan solve --json`: take the best plan
             doc = doc["plans"][0]
         par, stages = doc["parallel"], doc["stages"]
@@ -69,9 +68,7 @@ def _from_plan(path: Path) -> SimulationJob:
             v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
             bwd_s=tuple(s["bwd_s"] for s in stages), wgrad_s=tuple(s["wgrad_s"] for s in stages),
             comm_s=0.0)
-    except FileNotFoundError:
-        raise PlanInputError(f"plan file {path} not found")
-    except (json.JSONDecodeError, KeyError, TypeError, IndexError) as e:
+    except (KeyError, TypeError, IndexError) as e:
         raise PlanInputError(f"{path}: not a plan3d plan JSON ({type(e).__name__}: {e}); "
                              "write one with plan solve --export json --out DIR")
 
