@@ -167,7 +167,7 @@ class Prediction:
 
 
 def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
-            stages: Stages, simulated: bool = False) -> Prediction:
+            stages: Stages, simulated: bool = False, sim_cache: dict | None = None) -> Prediction:
     """Step time, bubble and memory of a configuration with the given split. With ``simulated``
     the schedule runs op by op (planner/simulate.py): step time, bubble and the activations each
     rank holds come from the simulation instead of the closed forms."""
@@ -178,11 +178,18 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
     rank_time = stages.by_rank(stages.time_s + 2 * p2p, p)
     held = None
     if simulated:
-        sim = simulate(par.schedule, p, par.num_microbatches, par.virtual_stages,
-                       fwd_s=stages.fwd_s.tolist(), bwd_s=stages.bwd_s.tolist(),
-                       wgrad_s=stages.bwd_weight_s.tolist(), comm_s=p2p[:-1].tolist(),
-                       act_bytes=stages.act_bytes.tolist(), timeline=False)
-        pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
+        args = (par.schedule, p, par.num_microbatches, par.virtual_stages,
+                tuple(stages.fwd_s.tolist()), tuple(stages.bwd_s.tolist()),
+                tuple(stages.bwd_weight_s.tolist()), tuple(p2p[:-1].tolist()),
+                tuple(stages.act_bytes.tolist()))
+        sim = (sim_cache or {}).get(args)
+        if sim is None:
+            name, pp, m, v, fwd, bwd, wgrad, comm_s, act = args
+            sim = simulate(name, pp, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm_s,
+                           act_bytes=act, timeline=False)
+            if sim_cache is not None:  # configurations differing only in ZeRO share a schedule
+                sim_cache[args] = sim
+        pipeline_s, bubble = sim.makespan_s, max(0.0, sim.bubble_fraction)
         held = np.array(sim.peak_activation_bytes)
     else:
         pipeline_s = _pipeline_closed_form(par, rank_time)
@@ -217,7 +224,7 @@ def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Predicti
 def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions = RunOptions(),
              bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
              profile=None, tables: dict[str, CostTable] | None = None,
-             simulated: bool = False) -> Plan:
+             simulated: bool = False, sim_cache: dict | None = None) -> Plan:
     """Predict the plan of one fully specified configuration (even split unless ``bounds``).
 
     ``tables`` are the layer costs per recompute mode when the caller already has them."""
@@ -227,7 +234,7 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
     for mode in set(modes) - set(by_mode):
         by_mode[mode] = CostTable(layer_costs(model, par, cluster.hardware, opts, mode, profile))
     stages = split_stages(by_mode, bounds, modes)
-    pred = predict(model, cluster, par, opts, stages, simulated)
+    pred = predict(model, cluster, par, opts, stages, simulated, sim_cache)
     plan_stages = tuple(
         Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),
               recompute=stages.recompute[k], time_s=float(stages.time_s[k]),

@@ -75,6 +75,8 @@ def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
     console.print(plans_table(result.plans, title))
     console.print(f"{result.screened} configurations screened in {result.elapsed_s:.2f} s; "
                   + rejected_line(result.rejected))
+    for note in result.notes:
+        console.print(f"[dim]{note}[/dim]")
     for note in result.plans[0].notes:
         console.print(f"[dim]assumes {note}[/dim]")
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass
+from functools import lru_cache
 
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 COMPUTE_KINDS = ("F", "B", "W")
@@ -127,10 +128,12 @@ def interleaved_order(p: int, m: int, v: int, r: int) -> list[Op]:
     return ops
 
 
+@lru_cache(maxsize=64)
 def build_schedule(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Op, ...], ...]:
     """Per-rank ordered compute ops (F/B/W only) of schedule `name` for p ranks and m microbatches.
 
-    Raises ScheduleError on arguments the schedule cannot honour (unknown name, p/m/v < 1, v > 1
+    Immutable and a pure function of its arguments, so it is memoised: the planner simulates many
+    configurations with the same schedule shape. Raises ScheduleError on arguments the schedule cannot honour (unknown name, p/m/v < 1, v > 1
     outside interleaved, interleaved with m not divisible by p).
     """
     _check_args(name, p, m, v)

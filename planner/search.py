@@ -257,6 +257,7 @@ class _Costs:
         self.req = req
         self.tables: dict = {}
         self.stages: dict = {}
+        self.simulations: dict = {}
 
     def table(self, par: Parallel, mode: str) -> CostTable:
         key = (par.tp, par.sequence_parallel, par.micro_batch, mode)
@@ -286,7 +287,7 @@ class _Costs:
             return "memory (no stage split fits)"
         return evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
                         recompute_per_chunk=list(split.recompute), tables=known,
-                        profile=r.profile, simulated=True)
+                        profile=r.profile, simulated=True, sim_cache=self.simulations)
 
 
 def search(req: Request, progress=None) -> SearchResult:
@@ -312,7 +313,7 @@ def search(req: Request, progress=None) -> SearchResult:
         progress(len(configs), len(configs))
     kept.sort(key=lambda item: item[0])
     refined = []
-    for _, par in kept[: max(req.refine, req.top)]:
+    for par in _best_groups([par for _, par in kept], max(req.refine, req.top)):
         plan = costs.refined(par)
         if isinstance(plan, str):
             rejected[plan] += 1
@@ -325,8 +326,36 @@ def search(req: Request, progress=None) -> SearchResult:
     if not refined:
         raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
     refined.sort(key=_plan_key)
-    return SearchResult(plans=tuple(refined[: req.top]), rejected=dict(sorted(rejected.items())),
-                        screened=len(configs), elapsed_s=time.perf_counter() - start)
+    plans, hidden = _distinct_beyond_zero(refined)
+    return SearchResult(plans=tuple(plans[: req.top]), rejected=dict(sorted(rejected.items())),
+                        screened=len(configs), elapsed_s=time.perf_counter() - start,
+                        notes=(f"{hidden} plans that differ from a better one only in ZeRO stage "
+                               "are not shown",) if hidden else ())
+
+
+def _best_groups(ranked: list[Parallel], groups: int) -> list[Parallel]:
+    """The configurations of the ``groups`` best configurations-up-to-ZeRO, with every ZeRO
+    stage of each (refinement may reorder them: the simulated memory decides which fit)."""
+    chosen: dict = {}
+    for par in ranked:
+        key = replace(par, zero=0)
+        if key in chosen:
+            chosen[key].append(par)
+        elif len(chosen) < groups:
+            chosen[key] = [par]
+    return [par for variants in chosen.values() for par in variants]
+
+
+def _distinct_beyond_zero(plans: list[Plan]) -> tuple[list[Plan], int]:
+    """Keep the best plan of each configuration that differs in more than the ZeRO stage: a
+    ZeRO-2 twin of a ZeRO-1 plan at the same speed tells the user nothing new."""
+    seen, out = set(), []
+    for plan in plans:
+        key = replace(plan.parallel, zero=0)
+        if key not in seen:
+            seen.add(key)
+            out.append(plan)
+    return out, len(plans) - len(out)
 
 
 def check_profile_matches(profile, model: ModelSpec) -> None:
