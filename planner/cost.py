@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 from planner import calibration, comm
 from planner.hardware import Hardware
-from planner.memory import (ACT_BYTES, Shape, activation_bytes, sharded_params,
+from planner.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
 from planner.model import Layer
 
@@ -48,6 +48,12 @@ class RunOptions:
     # and the next stage all-gathers it over NVLink (Narayanan et al. 2021 §4.1). DeepSpeed's
     # pipeline engine sends the whole tensor from every TP rank.
     scatter_gather: bool = True
+    # Megatron's vocab-parallel cross-entropy computes the softmax gradient in place on its saved
+    # fp32 exp-logits. PyTorch's F.cross_entropy on fp32 logits (torchtitan, llm-foundry, HF)
+    # does not: log_softmax's backward takes the saved fp32 output and a dense fp32 gradient from
+    # nll_loss and writes a new fp32 gradient (aten _log_softmax_backward_data(grad_output,
+    # output) -> grad_input): two more fp32 logit-sized buffers while the head runs its backward.
+    fused_cross_entropy: bool = True
 
 
 @dataclass(frozen=True)
@@ -212,7 +218,9 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         hardware_flops=model_flops + recompute_flops,
         params=params,
         act_bytes=activation_bytes(layer, shape, recompute, flash),
-        work_bytes=working_bytes(layer, shape, recompute, flash),
+        work_bytes=working_bytes(layer, shape, recompute, flash) + (
+            0.0 if opts.fused_cross_entropy or layer.kind != "head"
+            else 2 * LOGIT_BYTES * shape.tokens * layer.vocab_size / shape.tp),
         send_bytes=ACT_BYTES * shape.tokens * layer.hidden_size / (shape.tp if shape.sp else 1),
     )
 

@@ -361,8 +361,12 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str]) -> CaseSetup:
     zero = int(cf.get("zero") or 0)
     # FSDP (llm-foundry amp_bf16, torchtitan FSDP2) reduces gradients in fp32 and keeps fp32
     # sharded gradients; Megatron-Core's distributed optimizer keeps fp32 main grads.
+    # Loss: torchtitan calls F.cross_entropy on fp32 logits (unfused); llm-foundry defaults to
+    # flash-attn's fused CrossEntropyLoss (loss_fn 'fused_crossentropy', ComposerMPTCausalLM) and
+    # Megatron-Core to its vocab-parallel cross-entropy, both computing the gradient in place.
+    fused_ce = not group.startswith("torchtitan")
     opts = RunOptions(flash_attention=bool(cf.get("flash_attention", True)), overlap_dp=True,
-                      grad_bytes=4)
+                      grad_bytes=4, fused_cross_entropy=fused_ce)
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
                    schedule=schedule, virtual_stages=v, recompute=recompute, zero=zero,
                    sequence_parallel=bool(cf.get("sequence_parallel")) and tp > 1)
