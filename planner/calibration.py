@@ -6,9 +6,18 @@ its own measurement (``plan profile --calibrate`` writes one).
 """
 
 # Achieved fraction of the datasheet dense bf16 peak for large, well-shaped matmuls ("maximum
-# achievable matmul FLOPS"): A100-SXM 267.9 of 312 TFLOP/s = 85.9%, GH200 821 of 989 = 83.0%
-# (S. Bekman, ml-engineering, compute/accelerator, MAMF table, measured with CUDA 12).
+# achievable matmul FLOPS"): A100-SXM 267.9 of 312 TFLOP/s = 85.9%, H100-SXM 792.1 of 989 = 80.1%,
+# GH200 821 of 989 = 83.0% (S. Bekman, ml-engineering, compute/accelerator, MAMF table, measured
+# with CUDA 12). The bundled profiles carry their GPU's own figure (``matmul_efficiency``); this is
+# the default for a profile without one.
 MATMUL_EFFICIENCY = 0.85
+
+# Achieved fraction of peak of a flash-attention kernel, forward and backward together, for a
+# profile without its own ``attention_efficiency``: FlashAttention-2 reaches 50-73% of A100 peak
+# forward and somewhat less backward (Dao 2023, "FlashAttention-2", §4.1, Fig. 5-6): 0.6 for the
+# pair. On H100 the same kernel reaches only ~35% (Shah et al. 2024, "FlashAttention-3", §1), which
+# the H100/H200 profiles say.
+ATTENTION_EFFICIENCY = 0.6
 
 # Achieved fraction of datasheet HBM bandwidth for streaming kernels (copies, elementwise ops):
 # about 90% (copy and read-read-write probes on H100/H200-class parts; NVIDIA's STREAM-like

@@ -18,13 +18,12 @@ from dataclasses import dataclass
 
 from planner import calibration, comm
 from planner.hardware import Hardware
-from planner.memory import (ACT_BYTES, Shape, activation_bytes, sharded_params,
+from planner.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
 from planner.model import Layer
 
-# FlashAttention-2 reaches 50-73% of A100 peak in the forward pass and somewhat less backward
-# (Dao 2023, "FlashAttention-2", §4.1, Fig. 5-6): 0.6 for the pair.
-FLASH_ATTENTION_EFFICIENCY = 0.6
+# Default flash-attention efficiency (a profile's ``attention_efficiency`` overrides it per GPU).
+FLASH_ATTENTION_EFFICIENCY = calibration.ATTENTION_EFFICIENCY
 # A flash backward recomputes QK^T and does four matmuls where the forward does two: 2.5x forward.
 FLASH_BACKWARD_RATIO = 2.5
 
@@ -49,6 +48,12 @@ class RunOptions:
     # and the next stage all-gathers it over NVLink (Narayanan et al. 2021 §4.1). DeepSpeed's
     # pipeline engine sends the whole tensor from every TP rank.
     scatter_gather: bool = True
+    # Megatron's vocab-parallel cross-entropy computes the softmax gradient in place on its saved
+    # fp32 exp-logits. PyTorch's F.cross_entropy on fp32 logits (torchtitan, llm-foundry, HF)
+    # does not: log_softmax's backward takes the saved fp32 output and a dense fp32 gradient from
+    # nll_loss and writes a new fp32 gradient (aten _log_softmax_backward_data(grad_output,
+    # output) -> grad_input): two more fp32 logit-sized buffers while the head runs its backward.
+    fused_cross_entropy: bool = True
 
 
 @dataclass(frozen=True)
@@ -128,20 +133,22 @@ def _work(layer: Layer, shape: Shape, flash: bool) -> _Work:
     gemm_bytes = _gemm_bytes((T, h, (h + 2 * kv) / t), (T, h / t, h), (T, h, up / t),
                              (T, f / t, h))
     # Memory-bound ops: two norms (read + write), two residual adds with dropout (read 2, write 1,
-    # mask), on the replicated hidden (22·sbh bytes); the activation function on the sharded
-    # FFN hidden (GeLU reads and writes f, SwiGLU reads 2f and writes f).
+    # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); the activation
+    # function on the sharded FFN hidden (GeLU reads and writes f, SwiGLU reads 2f and writes f).
     act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * T * layer.ffn_hidden_size / t
-    mem = 22.0 * T * h * rep + act_fn
+    mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn
     if flash:
         return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / 2 / t,
                      attn_model_flops=attn_full / t, mem_bytes=mem, collectives=2,
                      collectives_bwd=2)
     # Unfused attention: the scores are written by one bmm, scaled/masked/softmaxed (read, write),
-    # dropout (read, write, mask) and read by the next bmm: ~13 bytes per score.
+    # dropout (read, write, mask) and read by the next bmm: ~13 bytes per score; 8 without dropout.
     scores = layer.num_attention_heads * s * s * shape.micro_batch / t
+    per_score = 13.0 if layer.dropout else 8.0
     return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / t,
                  attn_model_flops=attn_full / t,
-                 mem_bytes=mem, attn_mem_bytes=13.0 * scores, collectives=2, collectives_bwd=2)
+                 mem_bytes=mem, attn_mem_bytes=per_score * scores, collectives=2,
+                 collectives_bwd=2)
 
 
 def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
@@ -157,7 +164,8 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     gemm_rate = peak * (hw.matmul_efficiency or calibration.MATMUL_EFFICIENCY)
     mem_rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency
                                                   or calibration.MEMORY_EFFICIENCY)
-    attn_rate = peak * FLASH_ATTENTION_EFFICIENCY if flash else gemm_rate
+    attn_rate = peak * (hw.attention_efficiency or FLASH_ATTENTION_EFFICIENCY) if flash \
+        else gemm_rate
     bwd_attn_ratio = FLASH_BACKWARD_RATIO if flash else 2.0
 
     # Matmul time: compute at the achieved rate plus operand traffic, additive (a roofline that
@@ -210,7 +218,9 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         hardware_flops=model_flops + recompute_flops,
         params=params,
         act_bytes=activation_bytes(layer, shape, recompute, flash),
-        work_bytes=working_bytes(layer, shape, recompute, flash),
+        work_bytes=working_bytes(layer, shape, recompute, flash) + (
+            0.0 if opts.fused_cross_entropy or layer.kind != "head"
+            else 2 * LOGIT_BYTES * shape.tokens * layer.vocab_size / shape.tp),
         send_bytes=ACT_BYTES * shape.tokens * layer.hidden_size / (shape.tp if shape.sp else 1),
     )
 

@@ -19,7 +19,7 @@ from planner import calibration, comm
 from planner.cost import LayerCost, RunOptions, layer_cost
 from planner.hardware import Cluster
 from planner.layout import dp_group_crosses_nodes, stage_hop_crosses_nodes
-from planner.memory import ACT_BYTES, Shape, model_state_bytes
+from planner.memory import ACT_BYTES, Shape, model_state_bytes, sharded_params
 from planner.model import ModelSpec
 from planner.plan import Metrics, Parallel, Plan, Stage
 from planner.simulate import simulate
@@ -285,8 +285,13 @@ def _rank_memory(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.n
         tied = model.vocab_size * model.hidden_size / par.tp
         held = held - model_state_bytes(tied, par.dp, par.zero, _grad_bytes(opts))
     transient = stages.rank_max(stages.work_bytes, p)
-    if par.zero >= 3:  # a gathered copy of the largest chunk's weights while it runs
-        transient = transient + stages.rank_max(stages.params, p) * ACT_BYTES
+    if par.zero >= 3:
+        # ZeRO-3 / FSDP gathers one wrapped unit (a layer) at a time and prefetches the next: at
+        # most two units are unsharded at once (PyTorch FSDP ``limit_all_gathers``; FSDP2 and
+        # DeepSpeed ZeRO-3 prefetch one unit ahead likewise). The largest layer of the model
+        # counts twice, 16-bit.
+        largest = max(sharded_params(layer, par.tp) for layer in model.layers)
+        transient = transient + 2 * largest * ACT_BYTES
     return (held + transient) * (1 + calibration.FRAGMENTATION) + calibration.RESERVED_BYTES
 
 
@@ -340,13 +345,19 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
     m = par.num_microbatches
     if par.zero >= 2:  # only a gradient shard is kept: reduce-scatter after every microbatch
         reduce_s = reduce_s * m
-    if par.zero >= 3:  # weights gathered for every microbatch's forward and backward
-        gather_s = gather_s + 2 * m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+    bwd_gather_s = np.zeros(p)
+    if par.zero >= 3:
+        # Weights gathered for every microbatch's forward and again for its backward (FSDP
+        # FULL_SHARD reshards after the forward); nothing is gathered after the optimizer step.
+        gather_s = m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+        bwd_gather_s = gather_s
     if not opts.overlap_dp:
-        return reduce_s + gather_s
-    windows = m if par.zero >= 2 else 1  # each per-microbatch collective hides behind its pass
+        return reduce_s + gather_s + bwd_gather_s
+    # Each per-microbatch collective hides behind its own pass: forward gathers behind the
+    # forwards, backward gathers and gradient reduce-scatters (one link) behind the backwards.
+    windows = m if par.zero >= 2 else 1
     bwd, fwd = stages.by_rank(stages.bwd_s, p), stages.by_rank(stages.fwd_s, p)
-    return np.maximum(0.0, reduce_s - windows * bwd) + \
+    return np.maximum(0.0, reduce_s + bwd_gather_s - windows * bwd) + \
         np.maximum(0.0, gather_s - (m if par.zero >= 3 else 1) * fwd)
 
 

@@ -36,6 +36,7 @@ class Hardware:
     inter_node_gbps: float
     gpus_per_node: int = 8
     matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None  # flash-attention kernels, fraction of peak
     memory_efficiency: float | None = None
     network_efficiency: float | None = None
 

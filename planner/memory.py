@@ -9,6 +9,10 @@ counted the same way the paper counts GPT (for a GPT block they reduce exactly t
   selective recompute   drops the 5as/h term (scores, softmax, dropout mask)
   full recompute        2·s·b·h per layer (the layer input), /t with sequence parallel
 Flash attention never stores the s×s scores, so it drops the 5as/h term as selective recompute does.
+A model trained without dropout (Llama, MPT: ``Layer.dropout`` False) keeps no masks: 2·sbh less
+per block (the two residual-dropout masks), the a·s²·b score-dropout mask and its 2·a·s²·b output
+(the softmax output feeds the values matmul directly: 2·a·s²·b kept instead of 5), and no mask on
+the embedding. With dropout on, every formula is Korthikanti's.
 """
 
 from __future__ import annotations
@@ -41,7 +45,8 @@ def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) ->
     sbh = s * b * h
     rep = 1 / t if shape.sp else 1.0  # tensors TP replicates, unless SP shards them
     if layer.kind == "embedding":
-        return sbh * rep  # dropout mask on the embedding output (Korthikanti §4.3)
+        # dropout mask on the embedding output (Korthikanti §4.3); nothing without dropout
+        return sbh * rep if layer.dropout else 0.0
     if layer.kind == "linear":
         return ACT_BYTES * sbh * rep  # the input of the matmul
     if layer.kind == "head":
@@ -59,8 +64,8 @@ def _block_kept(layer: Layer, shape: Shape) -> float:
     sb = s * b
     kv = layer.num_kv_heads * layer.head_dim
     # Replicated across TP (sharded by SP): two norm inputs (4), QKV input (2), MLP input (2),
-    # two dropout masks (1 + 1): 10·sbh.
-    replicated = 10 * sb * h
+    # two dropout masks (1 + 1, only with dropout): 10·sbh (8·sbh without dropout).
+    replicated = (10 if layer.dropout else 8) * sb * h
     # Sharded by TP: Q and K (2h + 2kv), V (2kv), attention-output projection input (2h),
     # MLP: gelu keeps its input and the second matmul's input (2f + 2f); SwiGLU keeps gate, up
     # and their product (2f + 2f + 2f).
@@ -70,9 +75,10 @@ def _block_kept(layer: Layer, shape: Shape) -> float:
 
 
 def _scores_bytes(layer: Layer, shape: Shape) -> float:
-    """Softmax output (2), its dropout mask (1) and dropout output (2) per score: 5·a·s²·b/t."""
+    """Softmax output (2), its dropout mask (1) and dropout output (2) per score: 5·a·s²·b/t;
+    without dropout only the softmax output: 2·a·s²·b/t."""
     a, s, b = layer.num_attention_heads, shape.seq_len, shape.micro_batch
-    return 5 * a * s * s * b / shape.tp
+    return (5 if layer.dropout else 2) * a * s * s * b / shape.tp
 
 
 def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> float:

@@ -34,6 +34,10 @@ class Layer:
     position_embeddings: int = 0  # learned absolute positions held by an embedding layer
     tied: bool = False  # a head whose weight is the embedding's (stored again when on another stage)
     out_features: int = 0  # a plain "linear" layer: hidden_size -> out_features
+    # Dropout after the embedding, the attention probabilities and both residual branches
+    # (GPT-2/3, Megatron-LM, BLOOM). Llama and MPT train without it (p = 0), so no masks are
+    # kept and no dropout kernels run.
+    dropout: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -82,6 +86,7 @@ class ModelSpec:
     bias: bool = True
     tie_embeddings: bool = False
     position_embeddings: int = 0
+    dropout: bool = True  # see Layer.dropout
     layers: tuple[Layer, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -102,7 +107,7 @@ class ModelSpec:
 
 def _standard_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     common = dict(hidden_size=spec.hidden_size, norm=spec.norm, bias=spec.bias,
-                  vocab_size=spec.vocab_size)
+                  vocab_size=spec.vocab_size, dropout=spec.dropout)
     block = Layer(kind="block", num_attention_heads=spec.num_attention_heads,
                   num_kv_heads=spec.num_kv_heads, ffn_hidden_size=spec.ffn_hidden_size,
                   mlp=spec.mlp, **common)
@@ -126,11 +131,12 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200, se
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
            seq: int) -> ModelSpec:
-    # Llama family: SwiGLU, RMSNorm, no biases, RoPE, untied embeddings (Touvron et al. 2023;
-    # Meta Llama 3 model card / config.json).
+    # Llama family: SwiGLU, RMSNorm, no biases, RoPE, untied embeddings, no dropout (Touvron et
+    # al. 2023; Meta Llama 3 model card / config.json: attention_dropout 0.0).
     return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                      num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq,
-                     mlp="swiglu", norm="rmsnorm", bias=False, tie_embeddings=False)
+                     mlp="swiglu", norm="rmsnorm", bias=False, tie_embeddings=False,
+                     dropout=False)
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -260,6 +266,9 @@ def _from_ours(data: dict, origin: str) -> ModelSpec:
         bias=bool(data.get("bias", mlp != "swiglu")),
         tie_embeddings=bool(data.get("tie_embeddings", False)),
         position_embeddings=int(data.get("position_embeddings", 0)),
+        # unless the file says otherwise dropout is on: the conservative choice (its masks cost
+        # memory)
+        dropout=bool(data.get("dropout", True)),
     )
     if "layers" not in data:
         return _checked(ModelSpec(**base), origin)
@@ -275,7 +284,7 @@ def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
     defaults = dict(hidden_size=base["hidden_size"], num_attention_heads=base["num_attention_heads"],
                     num_kv_heads=base["num_kv_heads"], ffn_hidden_size=base["ffn_hidden_size"],
                     mlp=base["mlp"], vocab_size=base["vocab_size"], norm=base["norm"],
-                    bias=base["bias"])
+                    bias=base["bias"], dropout=base["dropout"])
     known = set(Layer.__dataclass_fields__) | {"repeat"}
     layers: list[Layer] = []
     for n, entry in enumerate(entries):
@@ -307,7 +316,8 @@ def _from_huggingface(data: dict, origin: str) -> ModelSpec:
             ffn_hidden_size=_require(data, origin, "intermediate_size"),
             vocab_size=_require(data, origin, "vocab_size"), seq_length=min(seq, 8192),
             mlp="swiglu", norm="rmsnorm", bias=False,
-            tie_embeddings=bool(data.get("tie_word_embeddings", False)))
+            tie_embeddings=bool(data.get("tie_word_embeddings", False)),
+            dropout=bool(data.get("attention_dropout", 0.0)))
     elif kind == "gpt2":
         hidden = _require(data, origin, "n_embd", "hidden_size")
         spec = ModelSpec(

@@ -23,8 +23,14 @@ from planner.hardware import GIB, Cluster, Hardware, load_hardware
 from planner.model import ModelSpec, _gpt
 from planner.plan import Parallel
 
-DEFAULT_FILE = (Path(__file__).resolve().parent.parent / "profiles" / "validation"
-                / "published_runs.json")
+VALIDATION_DIR = Path(__file__).resolve().parent.parent / "profiles" / "validation"
+# The 2020-23 runs (unfused attention, Megatron-LM / Megatron-DeepSpeed) and the modern stacks
+# (flash attention, FSDP / ZeRO-3, Megatron-Core, torchtitan); ``validate_file`` reads both.
+DEFAULT_FILE = VALIDATION_DIR / "published_runs.json"
+MODERN_FILE = VALIDATION_DIR / "modern_runs.json"
+DEFAULT_FILES = (DEFAULT_FILE, MODERN_FILE)
+# How each file is named in the summary's per-group lines.
+DATASET_LABELS = {"published_runs": "old", "modern_runs": "modern"}
 
 # Zero-bubble cases publish no vocabulary: GPT-2 BPE padded to 51,200 as in Megatron-LM's GPT
 # runs (Narayanan et al. 2021, Table 1). It is 2-4% of the parameters of the 1.5B/14.6B models.
@@ -51,6 +57,8 @@ class CaseSetup:
     bounds: tuple[tuple[int, int], ...] | None
     notes: tuple[str, ...]
     unsupported: str = ""
+    # torchtitan's selective AC: evaluated as the mean of no and full recompute (_recompute_mode)
+    half_recompute: bool = False
 
 
 @dataclass(frozen=True)
@@ -72,6 +80,7 @@ class ValidationRow:
     predicted_memory_gib: float | None
     predicted_oom: bool
     note: str
+    dataset: str = ""  # which file: "old" (published_runs.json) or "modern" (modern_runs.json)
 
     @property
     def supported(self) -> bool:
@@ -106,6 +115,9 @@ class ValidationSummary:
     max_memory_error: float | None
     spearman: tuple[tuple[str, float], ...]
     oom_mismatches: tuple[str, ...]  # published runs ran, so any predicted OOM is a miss
+    # the same summary per dataset ("old", "modern"), when the rows come from more than one
+    groups: tuple[tuple[str, ValidationSummary], ...] = ()
+    skip_reasons: tuple[str, ...] = ()  # why each skipped case was skipped (same order)
 
 
 # --- building the cases --------------------------------------------------------------------------
@@ -124,23 +136,36 @@ def load_cases(path: str | Path = DEFAULT_FILE) -> list[dict]:
     return data
 
 
+def _base_profile(gpu: str) -> str:
+    """The bundled profile of the case's GPU kind: its HBM bandwidth and measured efficiencies
+    are the part's, whatever the source publishes about the cluster."""
+    text = gpu.lower()
+    if "h100" in text:
+        return "h100-sxm-80gb"
+    if "a100" in text and "40" in text:
+        return "a100-40gb"
+    return "a100-80gb"
+
+
 def case_cluster(case: dict) -> tuple[Cluster, tuple[str, ...]]:
-    """The case's GPUs and links; an unpublished inter-node bandwidth falls back to the bundled
-    A100-80GB profile (one 200 Gb/s HDR rail per GPU) and says so."""
-    base = load_hardware("a100-80gb")
+    """The case's GPUs and links on the bundled profile of its GPU kind (HBM bandwidth and
+    efficiencies); an unpublished inter-node bandwidth falls back to that profile's (one NIC
+    per GPU: 200 Gb/s HDR on A100, 400 Gb/s NDR on H100) and says so."""
     cl = case["cluster"]
+    profile = _base_profile(str(cl.get("gpu", "")))
+    base = load_hardware(profile)
     notes = []
     inter = cl.get("inter_node_GBps")
+    per_node = int(cl["gpus_per_node"])
+    gpus = int(cl["gpus"])
     if inter is None:
         inter = base.inter_node_gbps
-        notes.append(f"inter-node bandwidth unpublished: bundled a100-80gb {inter:g} GB/s")
-    per_node = int(cl["gpus_per_node"])
-    hw = Hardware(name=cl.get("gpu", base.name), peak_tflops=float(cl["peak_tflops_bf16"]),
-                  memory_gib=float(cl.get("hbm_gb") or base.memory_gib),
-                  memory_bandwidth_gbps=base.memory_bandwidth_gbps,
-                  intra_node_gbps=float(cl["intra_node_GBps"]), inter_node_gbps=float(inter),
-                  gpus_per_node=per_node)
-    gpus = int(cl["gpus"])
+        if gpus > per_node:
+            notes.append(f"inter-node bandwidth unpublished: bundled {profile} {inter:g} GB/s")
+    hw = replace(base, name=cl.get("gpu", base.name), peak_tflops=float(cl["peak_tflops_bf16"]),
+                 memory_gib=float(cl.get("hbm_gb") or base.memory_gib),
+                 intra_node_gbps=float(cl["intra_node_GBps"]), inter_node_gbps=float(inter),
+                 gpus_per_node=per_node)
     return Cluster(hardware=hw, nodes=max(1, gpus // per_node), gpus_per_node=min(per_node, gpus)), \
         tuple(notes)
 
@@ -247,10 +272,106 @@ def case_setup(case: dict) -> CaseSetup:
                        schedule=schedule, virtual_stages=v, recompute="none", zero=0,
                        sequence_parallel=False)
         bounds = _uniform_bounds(model, pp * v)
+    elif _is_modern(group):
+        return _modern_setup(case, cluster, notes)
     else:
         return CaseSetup(name, group, sweep, None, None, None, None, None, tuple(notes),
                          unsupported=f"unknown group {group!r}: no documented stack")
     return CaseSetup(name, group, sweep, model, cluster, par, opts, bounds, tuple(notes))
+
+
+# Groups of modern_runs.json, by stack.
+_MODERN_PREFIXES = ("llmfoundry", "torchtitan", "llama3_405b", "nemo")
+
+# llm-foundry's MPT: tied embeddings, no biases, LayerNorm, GeLU MLP 4h, learned positions in the
+# benchmark models (NumParams grows with the sequence), no dropout (attn_pdrop, resid_pdrop and
+# emb_pdrop 0.0 in scripts/train/yamls/pretrain/mpt-*.yaml).
+# torchtitan and Llama 3: the Llama family (SwiGLU, RMSNorm, no biases, RoPE, untied, no dropout).
+
+
+def _is_modern(group: str) -> bool:
+    return group.startswith(_MODERN_PREFIXES)
+
+
+def _modern_model(case: dict) -> ModelSpec:
+    m, name = case["model"], case["name"]
+    if case["group"].startswith("llmfoundry"):
+        return ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
+                         num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
+                         ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"],
+                         seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=False,
+                         tie_embeddings=True, position_embeddings=m["seq_len"], dropout=False)
+    return ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
+                     num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
+                     ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"] or GPT2_PADDED_VOCAB,
+                     seq_length=m["seq_len"], mlp=m.get("mlp", "swiglu"),
+                     norm="rmsnorm" if m.get("mlp", "swiglu") == "swiglu" else "layernorm",
+                     bias=False, tie_embeddings=False, dropout=False)
+
+
+def _recompute_mode(text) -> tuple[str, bool]:
+    """(planner recompute mode, half): torchtitan's selective AC recomputes about half a block's
+    forward (layer policy: every other block checkpointed; op policy: every other matmul and the
+    element-wise ops), so it is evaluated as the mean of no and full recompute (``half``)."""
+    text = str(text or "none").lower()
+    if text.startswith("full"):
+        return "full", False
+    if text.startswith("selective"):
+        return "none", True
+    return "none", False
+
+
+def _modern_setup(case: dict, cluster: Cluster, notes: list[str]) -> CaseSetup:
+    """Flash attention, FSDP/ZeRO and overlapped DP traffic, as each source documents them."""
+    name, group = case["name"], case["group"]
+    cf = case["config"]
+    precision = str(cf.get("precision") or "").lower()
+    techniques = str(cf.get("techniques") or "").lower()
+    skip = ""
+    if "fp8" in precision or "float8" in precision:
+        skip = "FP8 not modelled"
+    elif int(cf.get("cp") or 1) > 1:
+        skip = f"context parallelism (cp={cf['cp']}) not modelled"
+    elif "compile" in techniques:
+        skip = "torch.compile (fused element-wise kernels) not modelled"
+    if skip:
+        return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
+                         unsupported=skip)
+    model = _modern_model(case)
+    tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
+    gb = int(cf["global_batch"])
+    mb = cf.get("micro_batch")
+    if mb is None:
+        mb = 1
+        notes.append("micro-batch unpublished: 1")
+    mb = int(mb)
+    recompute, half = _recompute_mode(cf.get("recompute"))
+    if cf.get("recompute") is None:
+        notes.append("recompute unpublished: none")
+    if half:
+        notes.append("selective AC (about half the forward recomputed): mean of none and full")
+    schedule, v = "1f1b", 1
+    sched_text = str(cf.get("schedule") or "").lower()
+    if pp > 1 and sched_text.startswith("interleaved"):
+        v = int(cf.get("virtual_stages") or 0)
+        if not v:
+            v = _megatron_interleave(-(-model.num_layers // pp))
+            notes.append(f"virtual stages unpublished: v={v} (smallest interleaving)")
+        schedule = "interleaved" if v > 1 else "1f1b"
+    zero = int(cf.get("zero") or 0)
+    # FSDP (llm-foundry amp_bf16, torchtitan FSDP2) reduces gradients in fp32 and keeps fp32
+    # sharded gradients; Megatron-Core's distributed optimizer keeps fp32 main grads.
+    # Loss: torchtitan calls F.cross_entropy on fp32 logits (unfused); llm-foundry defaults to
+    # flash-attn's fused CrossEntropyLoss (loss_fn 'fused_crossentropy', ComposerMPTCausalLM) and
+    # Megatron-Core to its vocab-parallel cross-entropy, both computing the gradient in place.
+    fused_ce = not group.startswith("torchtitan")
+    opts = RunOptions(flash_attention=bool(cf.get("flash_attention", True)), overlap_dp=True,
+                      grad_bytes=4, fused_cross_entropy=fused_ce)
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
+                   schedule=schedule, virtual_stages=v, recompute=recompute, zero=zero,
+                   sequence_parallel=bool(cf.get("sequence_parallel")) and tp > 1)
+    return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
+                     half_recompute=half)
 
 
 # --- evaluating ----------------------------------------------------------------------------------
@@ -271,7 +392,25 @@ def _configuration(par: Parallel) -> str:
     return text + f" {par.recompute} ZeRO-{par.zero}"
 
 
-def validate_case(case: dict, simulated: bool = True) -> ValidationRow:
+def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, float]:
+    """(step s, tokens/s, MFU, HFU, peak bytes) of a case's configuration; a half recompute is
+    the mean of the none and full evaluations."""
+    modes = ("none", "full") if setup.half_recompute else (setup.parallel.recompute,)
+    got = []
+    for mode in modes:
+        plan = evaluate(setup.model, setup.cluster, replace(setup.parallel, recompute=mode),
+                        setup.options, bounds=list(setup.bounds) if setup.bounds else None,
+                        simulated=simulated)
+        mt = plan.metrics
+        got.append((mt.step_time_s, mt.mfu * mt.step_time_s, mt.hfu * mt.step_time_s,
+                    mt.peak_memory_bytes))
+    step = sum(g[0] for g in got) / len(got)
+    # MFU and HFU are FLOPs over time: average the FLOPs (x step), then divide by the mean step
+    return (step, sum(g[1] for g in got) / len(got) / step,
+            sum(g[2] for g in got) / len(got) / step, sum(g[3] for g in got) / len(got))
+
+
+def validate_case(case: dict, simulated: bool = True, dataset: str = "") -> ValidationRow:
     """Evaluate one published case and compare it with what was measured."""
     setup = case_setup(case)
     me = case["measured"]
@@ -279,11 +418,11 @@ def validate_case(case: dict, simulated: bool = True) -> ValidationRow:
     tokens = case["config"]["global_batch"] * case["model"]["seq_len"]
     mem = me.get("memory_gb_per_gpu")
     hardware_def = _hardware_definition(case)
-    common = dict(case=setup.name, group=setup.group, sweep=setup.sweep,
+    common = dict(case=setup.name, group=setup.group, sweep=setup.sweep, dataset=dataset,
                   measured_step_s=measured_s, measured_tokens_per_s=tokens / measured_s,
                   tflops_definition="hardware" if hardware_def else "model",
                   measured_tflops=me.get("tflops_per_gpu"),
-                  measured_memory_gib=float(mem) if mem is not None else None)
+                  measured_memory_gib=_memory_gib(me))
     if setup.unsupported:
         return ValidationRow(configuration=str(case["config"].get("schedule")),
                              predicted_step_s=None, predicted_tokens_per_s=None,
@@ -291,22 +430,33 @@ def validate_case(case: dict, simulated: bool = True) -> ValidationRow:
                              predicted_oom=False,
                              note="; ".join(("skipped: " + setup.unsupported,) + setup.notes),
                              **common)
-    plan = evaluate(setup.model, setup.cluster, setup.parallel, setup.options,
-                    bounds=list(setup.bounds) if setup.bounds else None, simulated=simulated)
-    mt = plan.metrics
+    step, mfu, hfu, peak_bytes = _predicted(setup, simulated)
     peak = setup.cluster.hardware.peak_tflops
-    predicted_mem = mt.peak_memory_bytes / MEMORY_UNIT_BYTES
+    predicted_mem = peak_bytes / MEMORY_UNIT_BYTES
+    config = _configuration(setup.parallel)
+    if setup.half_recompute:
+        config = config.replace(" none ZeRO", " half ZeRO")
     return ValidationRow(
-        configuration=_configuration(setup.parallel), predicted_step_s=mt.step_time_s,
-        predicted_tokens_per_s=mt.tokens_per_s,
-        predicted_tflops=(mt.hfu if hardware_def else mt.mfu) * peak,
+        configuration=config, predicted_step_s=step, predicted_tokens_per_s=tokens / step,
+        predicted_tflops=(hfu if hardware_def else mfu) * peak,
         predicted_memory_gib=predicted_mem if mem is not None else None,
-        predicted_oom=mt.peak_memory_bytes > setup.cluster.hardware.memory_bytes,
+        predicted_oom=peak_bytes > setup.cluster.hardware.memory_bytes,
         note="; ".join(setup.notes), **common)
 
 
-def validate_cases(cases: list[dict], simulated: bool = True) -> tuple[ValidationRow, ...]:
-    return tuple(validate_case(c, simulated) for c in cases)
+def _memory_gib(measured: dict) -> float | None:
+    """Published memory in GiB: modern_runs.json keeps the source's GiB as
+    ``memory_gib_per_gpu`` (torchtitan logs GiB); published_runs.json's ``memory_gb_per_gpu`` is
+    read as GiB (MEMORY_UNIT_BYTES)."""
+    if measured.get("memory_gib_per_gpu") is not None:
+        return float(measured["memory_gib_per_gpu"])
+    mem = measured.get("memory_gb_per_gpu")
+    return float(mem) if mem is not None else None
+
+
+def validate_cases(cases: list[dict], simulated: bool = True,
+                   dataset: str = "") -> tuple[ValidationRow, ...]:
+    return tuple(validate_case(c, simulated, dataset) for c in cases)
 
 
 def _ranks(values: list[float]) -> list[float]:
@@ -336,6 +486,14 @@ def spearman(xs: list[float], ys: list[float]) -> float:
 
 
 def summarize(rows: tuple[ValidationRow, ...] | list[ValidationRow]) -> ValidationSummary:
+    """Overall fidelity, and per dataset in ``groups`` when the rows come from several files."""
+    labels = list(dict.fromkeys(r.dataset for r in rows))
+    groups = tuple((label, _summarize([r for r in rows if r.dataset == label]))
+                   for label in labels) if len(labels) > 1 else ()
+    return replace(_summarize(rows), groups=groups)
+
+
+def _summarize(rows) -> ValidationSummary:
     done = [r for r in rows if r.supported]
     errors = [abs(r.time_error) for r in done]
     worst = max(done, key=lambda r: abs(r.time_error)) if done else None
@@ -354,13 +512,20 @@ def summarize(rows: tuple[ValidationRow, ...] | list[ValidationRow]) -> Validati
         worst_case=worst.case if worst else "",
         memory_cases=len(mem), min_memory_error=min(mem, default=None),
         max_memory_error=max(mem, default=None), spearman=rho,
-        oom_mismatches=tuple(r.case for r in done if r.predicted_oom))
+        oom_mismatches=tuple(r.case for r in done if r.predicted_oom),
+        skip_reasons=tuple(r.note.split(";")[0].removeprefix("skipped: ")
+                           for r in rows if not r.supported))
 
 
-def validate_file(path: str | Path = DEFAULT_FILE, simulated: bool = True
+def validate_file(path=DEFAULT_FILES, simulated: bool = True
                   ) -> tuple[tuple[ValidationRow, ...], ValidationSummary]:
-    """Rows and summary for every case of a published-runs file."""
-    rows = validate_cases(load_cases(path), simulated)
+    """Rows and summary for every case of one published-runs file or several (default: the old
+    and the modern file); each row's ``dataset`` names its file (DATASET_LABELS)."""
+    paths = [path] if isinstance(path, (str, Path)) else list(path or DEFAULT_FILES)
+    rows: tuple[ValidationRow, ...] = ()
+    for p in paths:
+        label = DATASET_LABELS.get(Path(p).stem, Path(p).stem)
+        rows += validate_cases(load_cases(p), simulated, label)
     return rows, summarize(rows)
 
 
@@ -389,8 +554,25 @@ _HEADERS = ["case", "configuration", "measured s", "predicted s", "time err",
 
 
 def summary_lines(s: ValidationSummary) -> list[str]:
-    lines = [f"{s.evaluated} of {s.cases} cases evaluated"
-             + (f" ({len(s.skipped)} skipped: no equivalent schedule)" if s.skipped else ""),
+    """The summary as text lines: overall, then each dataset's (indented) when there are several."""
+    lines = _summary_lines(s, "all cases: " if s.groups else "")
+    for label, g in s.groups:
+        lines += ["  " + line for line in _summary_lines(g, f"{label}: ")]
+    return lines
+
+
+def _skip_text(s: ValidationSummary) -> str:
+    if not s.skipped:
+        return ""
+    counts: dict[str, int] = {}
+    for reason in s.skip_reasons or ("no equivalent schedule",) * len(s.skipped):
+        key = reason.split(":")[0] if ":" in reason else reason
+        counts[key] = counts.get(key, 0) + 1
+    return f" ({len(s.skipped)} skipped: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + ")"
+
+
+def _summary_lines(s: ValidationSummary, prefix: str) -> list[str]:
+    lines = [f"{prefix}{s.evaluated} of {s.cases} cases evaluated" + _skip_text(s),
              f"step time: mean |error| {s.mean_abs_time_error:.1%}, max {s.max_abs_time_error:.1%}"
              f" ({s.worst_case})"]
     if s.memory_cases:

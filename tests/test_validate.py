@@ -8,8 +8,9 @@ today's value and marked as such, so an improvement shows up as an easy tighteni
 
 import pytest
 
-from planner.validate import (DEFAULT_FILE, case_setup, load_cases, spearman, summarize,
-                              validate_cases, validation_markdown, validation_table)
+from planner.validate import (DEFAULT_FILE, MODERN_FILE, case_setup, load_cases, spearman,
+                              summarize, summary_lines, validate_cases, validate_file,
+                              validation_markdown, validation_table)
 
 
 @pytest.fixture(scope="module")
@@ -32,8 +33,8 @@ def test_step_time_error(result):
     assert s.mean_abs_time_error <= 0.10  # issue target: mean |error| <= 10%
     assert s.mean_abs_time_error == pytest.approx(0.061, abs=0.01)
     assert s.max_abs_time_error <= 0.25  # issue target: no case worse than 25%
-    # the worst case is BLOOM's TP8/DP4 run, 18.6% slower than predicted
-    assert s.max_abs_time_error == pytest.approx(0.186, abs=0.015)
+    # the worst case is BLOOM's TP8/DP4 run, 19.2% slower than predicted
+    assert s.max_abs_time_error == pytest.approx(0.192, abs=0.015)
 
 
 def test_groups_outside_bloom_are_within_twelve_percent(result):
@@ -49,7 +50,7 @@ def test_memory_error(result):
     # zero-bubble Table 4: never under-estimated by more than 3% (issue target), over <= 15%
     zb = [r.memory_error for r in rows if r.group == "zero_bubble_table4" and r.supported]
     assert min(zb) >= -0.03 and max(zb) <= 0.15
-    # BLOOM: issue target (>= -3%) not reached; pinned at today's -16.5%
+    # BLOOM: issue target (>= -3%) NOT met; pinned at today's -16.5%
     assert s.min_memory_error == pytest.approx(-0.165, abs=0.02)
     assert s.max_memory_error <= 0.15
 
@@ -57,7 +58,7 @@ def test_memory_error(result):
 def test_speed_ranking_within_sweeps(result):
     _, s = result
     rho = dict(s.spearman)
-    assert rho["bloom_sweep_0228"] >= 0.7
+    assert rho["bloom_sweep_0228"] >= 0.7  # issue target met, but only just (0.70)
     assert rho["zero_bubble_table4:1.5B"] >= 0.8
     assert rho["zero_bubble_table4:14.6B"] >= 0.7
 
@@ -100,3 +101,63 @@ def test_renderings(result):
     assert sum(line.startswith("| ") for line in md.splitlines()) == len(rows) + 1  # + header
     assert "| megatron2021-table1-1.7B |" in md and "Spearman" in md
     assert validation_table(rows, s).row_count == len(rows)
+
+
+# --- both files: old (2020-23, unfused attention) and modern (flash, FSDP, torchtitan) ----------
+
+
+@pytest.fixture(scope="module")
+def both():
+    return validate_file()
+
+
+def test_default_validation_reads_both_files_and_summarises_each(both):
+    rows, s = both
+    assert {r.dataset for r in rows} == {"old", "modern"}
+    groups = dict(s.groups)
+    assert (groups["old"].cases, groups["old"].evaluated) == (41, 35)
+    # modern: 10 skipped, each with its reason: 7 FP8, 1 CP=16, 2 torch.compile
+    assert (groups["modern"].cases, groups["modern"].evaluated) == (34, 24)
+    assert sorted(set(groups["modern"].skip_reasons)) == [
+        "FP8 not modelled", "context parallelism (cp=16) not modelled",
+        "torch.compile (fused element-wise kernels) not modelled"]
+    assert (s.cases, s.evaluated) == (75, 59)
+    text = "\n".join(summary_lines(s))
+    assert "old:" in text and "modern:" in text and "all cases:" in text
+
+
+def test_modern_step_time_error(both):
+    # Issue targets (mean <= 10%, max <= 25%) are NOT met on the modern set: the model is still
+    # optimistic on every FSDP run (A100 -7..-23%, H100 -18..-40%), and the Llama 3 405B rows
+    # (micro-batch, recompute and interleaving unpublished) are pessimistic (+30%, +37%).
+    # Pinned at today's values so an improvement shows up as an easy tightening.
+    _, s = both
+    modern = dict(s.groups)["modern"]
+    assert modern.mean_abs_time_error == pytest.approx(0.218, abs=0.02)
+    assert modern.max_abs_time_error == pytest.approx(0.405, abs=0.03)
+    assert s.mean_abs_time_error == pytest.approx(0.125, abs=0.015)
+
+
+def test_modern_memory(both):
+    # Issue target met where memory was published (torchtitan H100, 8 and 128 GPUs): never
+    # under-estimated, +7.8%. The only predicted OOM left on a run that ran is the Llama 3 405B
+    # row whose micro-batch and recompute are unpublished (assumed 1 and none).
+    _, s = both
+    modern = dict(s.groups)["modern"]
+    assert modern.memory_cases == 2
+    assert -0.03 <= modern.min_memory_error and modern.max_memory_error <= 0.15
+    assert modern.oom_mismatches == ("llama3-405b-paper-8192gpu-tp8-cp1-pp16-dp64-seq8192",)
+
+
+def test_modern_setups():
+    cases = {c["name"]: c for c in load_cases(MODERN_FILE)}
+    mpt = case_setup(cases["llmfoundry-mpt7b-a100_80gb-8gpu-seq2048"])
+    assert mpt.parallel.zero == 3 and mpt.options.flash_attention and mpt.options.overlap_dp
+    assert not mpt.model.dropout and mpt.model.tie_embeddings
+    assert mpt.cluster.hardware.matmul_efficiency == pytest.approx(0.859)
+    titan = case_setup(cases["torchtitan-llama3-8b-a100-64gpu-fsdp2-lbs1-ac_selective-op"])
+    assert titan.half_recompute and not titan.options.fused_cross_entropy
+    h100 = case_setup(cases["llmfoundry-mpt7b-h100_80gb-8gpu-seq2048"])
+    assert h100.cluster.hardware.attention_efficiency == pytest.approx(0.35)
+    assert h100.cluster.hardware.memory_bandwidth_gbps == 3350
+    assert case_setup(cases["nemo2407-llama2-7b-h100-8gpu-tp1-pp1-cp1-vp1-fp8"]).unsupported
