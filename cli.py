@@ -35,7 +35,7 @@ from planner.profile_report import profile_table
 from planner.search import (Pins, Request, analytical_comparison, check_profile_matches, explain,
                             search, validate_pins)
 from planner.split import METHODS
-from planner.validate import DEFAULT_FILE, validate_file, validation_markdown, validation_table
+from planner.validate import DEFAULT_FILES, validate_file, validation_markdown, validation_table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor x pipeline x data parallel training of large models.\n\n"
@@ -386,7 +386,7 @@ def validate(
     """
     with user_errors():
         with progress_bar("validating") as _:
-            rows, summary = validate_file(file or DEFAULT_FILE)
+            rows, summary = validate_file(file or DEFAULT_FILES)
         if markdown:
             sys.stdout.write(validation_markdown(rows, summary))
         else:
