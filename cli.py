@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from contextlib import contextmanager
 from pathlib import Path
@@ -45,7 +46,9 @@ app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_
 def _console(stderr: bool = False) -> Console:
     """Full width on a terminal; wide (no truncated table cells) when piped or captured."""
     console = Console(stderr=stderr)
-    return console if console.is_terminal else Console(stderr=stderr, width=200)
+    if console.is_terminal:
+        return console
+    return Console(stderr=stderr, width=int(os.environ.get("COLUMNS", "200")))
 
 
 out = _console()

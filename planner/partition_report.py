@@ -73,19 +73,20 @@ def _split_table(title: str, plan: Plan, capacity: float) -> Table:
 
 def print_comparison(console: Console, cmp: SplitComparison) -> None:
     cap = cmp.capacity_bytes
-    console.print(_split_table(f"optimal split ({cmp.method})", cmp.optimal, cap))
+    console.print(_split_table(f"min-bottleneck split ({cmp.method})", cmp.optimal, cap))
     summary = Table(title="the same configuration, three splits", title_justify="left")
     for col in ("split", "step s", "tokens/s", "bubble", "peak memory GiB", "fits"):
         summary.add_column(col, justify="right")
-    for name, plan in (("optimal", cmp.optimal), ("even (Megatron default)", cmp.even),
+    for name, plan in (("min-bottleneck", cmp.optimal), ("even (Megatron default)", cmp.even),
                        ("equal parameters", cmp.equal_params)):
         m = plan.metrics
         summary.add_row(name, f"{m.step_time_s:.3f}", f"{m.tokens_per_s:,.0f}",
                         f"{m.bubble_fraction:.1%}", f"{m.peak_memory_bytes / GIB:.1f}",
                         "yes" if m.peak_memory_bytes <= cap else "no")
     console.print(summary)
-    console.print(f"predicted throughput gain of the optimal split over the even split: "
-                  f"{cmp.gain:+.1%}")
+    console.print(f"predicted throughput gain of the min-bottleneck split over the even split: "
+                  f"{cmp.gain:+.1%} (step times simulated op by op; splits with the same "
+                  "bottleneck can differ a little by where the slowest stage sits)")
 
 
 def comparison_dict(cmp: SplitComparison) -> dict:

@@ -79,6 +79,7 @@ def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
         console.print(f"[dim]{note}[/dim]")
     for note in result.plans[0].notes:
         console.print(f"[dim]assumes {note}[/dim]")
+    console.print("[dim]how close such predictions come to real runs: `plan validate`[/dim]")
 
 
 CSV_COLUMNS = ("tp", "pp", "dp", "micro_batch", "num_microbatches", "global_batch", "schedule",

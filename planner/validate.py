@@ -600,7 +600,8 @@ def validation_table(rows, summary: ValidationSummary):
 
 def validation_markdown(rows, summary: ValidationSummary) -> str:
     """The same table as GitHub markdown, summary first, for the README."""
-    out = ["- " + line for line in summary_lines(summary)] + [""]
+    out = [("  - " + line.strip()) if line.startswith("  ") else ("- " + line)
+           for line in summary_lines(summary)] + [""]
     out.append("| " + " | ".join(_HEADERS) + " |")
     out.append("|" + "|".join("---" for _ in _HEADERS) + "|")
     for r in rows:

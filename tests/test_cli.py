@@ -219,7 +219,7 @@ def test_partition_command_shows_the_gain_and_agrees_with_dp():
         [s["layers"] for s in b["optimal"]["stages"]]
     assert a["optimal"]["metrics"]["step_time_s"] <= a["even"]["metrics"]["step_time_s"]
     table = run("partition", "--model", "llama3-8b", "--pp", "4")
-    assert "gain of the optimal split over the even split" in table.output
+    assert "gain of the min-bottleneck split over the even split" in table.output
 
 
 def test_partition_refuses_more_stages_than_layers():
