@@ -34,7 +34,7 @@ from planner.files import refuse_overwrite
 from planner.profile import load_profile, profile_model, save_profile
 from planner.profile_report import profile_table
 from planner.search import (Pins, Request, analytical_comparison, check_profile_matches, explain,
-                            search, validate_pins)
+                            search, tp_rule, validate_pins)
 from planner.split import METHODS
 from planner.validate import DEFAULT_FILES, validate_file, validation_markdown, validation_table
 
@@ -365,6 +365,9 @@ def partition(
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero)
         req = Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp, pins=pins)
         validate_pins(req)
+        rule = tp_rule(spec, cluster, tp)
+        if rule is not None:
+            raise PlanInputError(f"--tp {tp}: {rule}")
         par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=m,
                        schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                        zero=zero, sequence_parallel=tp > 1)

@@ -133,7 +133,8 @@ def validate_pins(req: Request) -> None:
         raise PlanInputError(f"--max-bubble is a fraction in (0, 1], got {req.max_bubble}")
 
 
-def _tp_reason(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
+def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
+    """Why tensor parallelism of this degree cannot run here (None when it can)."""
     if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
         return "TP across nodes"
     for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
@@ -152,7 +153,7 @@ def enumerate_configs(req: Request, rejected: Counter):
     for tp in tps:
         if gpus % tp:
             continue
-        reason = _tp_reason(model, cluster, tp)
+        reason = tp_rule(model, cluster, tp)
         if reason:
             rejected[reason] += 1
             continue
@@ -409,7 +410,7 @@ def explain(req: Request) -> Explanation:
         return Explanation(None, None, capacity,
                            f"tp {tp} x pp {pp} x dp {dp} != {gpus} GPUs: pin two of them or all "
                            "three consistently")
-    rule = _tp_reason(req.model, req.cluster, tp)
+    rule = tp_rule(req.model, req.cluster, tp)
     m = _microbatches(req, mb * dp)
     if m is None:
         rule = rule or f"global batch {req.batch} is not a multiple of micro-batch x dp = {mb * dp}"

@@ -12,12 +12,12 @@ render the result.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.cost import RunOptions
 from planner.errors import PlanInputError
+from planner.files import read_json
 from planner.evaluate import evaluate
 from planner.hardware import GIB, Cluster, Hardware, load_hardware
 from planner.model import ModelSpec, _gpt
@@ -124,13 +124,7 @@ class ValidationSummary:
 
 
 def load_cases(path: str | Path = DEFAULT_FILE) -> list[dict]:
-    path = Path(path)
-    try:
-        data = json.loads(path.read_text())
-    except FileNotFoundError:
-        raise PlanInputError(f"validation file {path} not found")
-    except json.JSONDecodeError as e:
-        raise PlanInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno})")
+    data = read_json(path, "validation file")
     if not isinstance(data, list):
         raise PlanInputError(f"{path}: expected a JSON list of published runs")
     return data
@@ -456,7 +450,17 @@ def _memory_gib(measured: dict) -> float | None:
 
 def validate_cases(cases: list[dict], simulated: bool = True,
                    dataset: str = "") -> tuple[ValidationRow, ...]:
-    return tuple(validate_case(c, simulated, dataset) for c in cases)
+    rows = []
+    for n, case in enumerate(cases):
+        try:
+            rows.append(validate_case(case, simulated, dataset))
+        except (KeyError, TypeError, ValueError) as e:
+            if isinstance(e, PlanInputError):
+                raise
+            name = case.get("name", f"case {n}") if isinstance(case, dict) else f"case {n}"
+            raise PlanInputError(f"{name}: not a published-run record ({type(e).__name__}: {e}); "
+                                 "see profiles/validation/published_runs.json for the format")
+    return tuple(rows)
 
 
 def _ranks(values: list[float]) -> list[float]:

@@ -260,3 +260,16 @@ def test_issue_command_for_gpt3_is_within_25_percent_with_default_stack(publishe
     plan = json.loads(result.output)["plans"][0]
     assert plan["metrics"]["step_time_s"] == pytest.approx(case["measured"]["step_time_s"],
                                                            rel=0.25)
+
+
+def test_validate_refuses_a_malformed_file_in_one_line(tmp_path):
+    bad = tmp_path / "runs.json"
+    bad.write_text('[{"name": "x"}]')
+    result = run("validate", str(bad))
+    assert result.exit_code == 2 and "not a published-run record" in result.output
+    assert "Traceback" not in result.output
+
+
+def test_partition_refuses_a_tp_that_does_not_divide_the_heads():
+    result = run("partition", "--model", "llama3-8b", "--pp", "2", "--tp", "3")
+    assert result.exit_code == 2 and "not divisible" in result.output
