@@ -145,7 +145,7 @@ def check_layout(layout: RankLayout) -> list[str]:
         g = crossing[0]
         nodes = sorted({r // gpn for r in g})
         hint = (f"tp={layout.tp} must divide gpus per node ({gpn})" if gpn % layout.tp
-                else f"use order tp-dp-pp or tp-pp-dp so TP ranks are consecutive")
+                else "use order tp-dp-pp or tp-pp-dp so TP ranks are consecutive")
         if layout.tp > gpn:
             hint = f"tp={layout.tp} exceeds gpus per node ({gpn}); lower tp to at most {gpn}"
         problems.append(

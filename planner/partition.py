@@ -32,7 +32,7 @@ import os
 import sys
 import time
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
@@ -256,7 +256,7 @@ def evaluate(
     check_memory: bool = False,
 ) -> Partition:
     """Build a :class:`Partition` from chunk ends and mode indices."""
-    K, p = prep.K, prep.p
+    p = prep.p
     names = prep.problem.modes
     chunks = []
     rank_t = [0.0] * p
@@ -508,7 +508,7 @@ class _Model:
         import pulp
 
         self.prep = prep
-        L, K, p, R = prep.L, prep.K, prep.p, prep.R
+        K, p, R = prep.K, prep.p, prep.R
         lo, hi = self.lo, self.hi = _windows(prep, ub)
         if any(lo[k] > hi[k] for k in range(K)):
             raise PartitionError("internal: empty window")  # ub came from a feasible split

@@ -1,10 +1,9 @@
-"""The search: every parallel configuration of a model on a cluster, screened, refined, ranked.
+"""The search: every configuration of the space screened, the best refined, all ranked.
 
-Screening enumerates (tp, pp, dp, micro-batch, M, schedule, virtual stages, recompute, ZeRO, SP)
-and predicts each with the closed-form evaluation (even split); every rejection is counted by
-reason. The best candidates are then refined (stage partition, schedule simulation) and ranked by
-step time, ties broken by lower memory, then by the configuration itself, so the same inputs always
-give the same ranking.
+Screening predicts each configuration of planner/space.py with the closed-form evaluation (even
+split); every rejection is counted by reason. The best candidates are then refined (stage
+partition, schedule simulation) and ranked by step time, ties broken by lower memory, then by the
+configuration itself, so the same inputs always give the same ranking.
 """
 
 from __future__ import annotations
@@ -12,58 +11,21 @@ from __future__ import annotations
 import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
-from itertools import product
 
 from planner import calibration
-from planner.cost import RunOptions
 from planner.errors import NoFeasiblePlan, PlanInputError
 from planner.evaluate import (CostTable, Stages, evaluate, even_split, layer_costs, predict,
                               split_stages)
-from planner.export import LAUNCHERS, launcher_allows
-from planner.partition import PartitionError
-from planner.split import METHODS, allowed_modes, best_split
 from planner.hardware import Cluster
 from planner.model import ModelSpec
+from planner.partition import PartitionError
 from planner.plan import RECOMPUTE_MODES, SCHEDULES, Parallel, Plan
+from planner.space import (Pins, Request, enumerate_configs, launcher_rule, microbatches,
+                           schedule_rule, tp_rule, validate_pins)
+from planner.split import allowed_modes, best_split
 
-DEFAULT_TOKENS_PER_BATCH = 4 * 1024 * 1024  # ~4M tokens: Llama-2/3 and GPT-3 scale batches
-MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
-VIRTUAL_STAGES = (2, 3, 4, 6, 8)
-
-
-@dataclass(frozen=True)
-class Pins:
-    """Dimensions the user fixed; None means search it."""
-
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    micro_batch: int | None = None
-    schedule: str | None = None
-    virtual_stages: int | None = None
-    recompute: str | None = None
-    zero: int | None = None
-    sequence_parallel: bool | None = None
-
-
-@dataclass(frozen=True)
-class Request:
-    model: ModelSpec
-    cluster: Cluster
-    global_batch: int | None = None
-    batch_range: tuple[int, int] | None = None  # let the search choose the batch in [min, max]
-    max_bubble: float | None = None
-    pins: Pins = Pins()
-    options: RunOptions = RunOptions()
-    top: int = 10
-    refine: int = 20
-    launcher: str | None = None  # only configurations this launcher runs
-    partition_method: str = "dp"  # exact DP (same optimum as the ILP, tests prove it) or "ilp"
-    profile: object = None  # a measured Profile (planner/profile.py) replacing analytical times
-
-    @property
-    def batch(self) -> int:
-        return self.global_batch or default_global_batch(self.model.seq_length)
+__all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_configs",
+           "validate_pins", "tp_rule"]
 
 
 @dataclass(frozen=True)
@@ -73,166 +35,6 @@ class SearchResult:
     screened: int
     elapsed_s: float
     notes: tuple[str, ...] = field(default=())
-
-
-def default_global_batch(seq_len: int) -> int:
-    return max(1, DEFAULT_TOKENS_PER_BATCH // seq_len)
-
-
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
-def validate_pins(req: Request) -> None:
-    """Pins that contradict each other or the GPU count: one line, before any search."""
-    pins, gpus = req.pins, req.cluster.gpus
-    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
-        value = getattr(pins, name)
-        if value is not None and value < 1:
-            raise PlanInputError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    fixed = [v for v in (pins.tp, pins.pp, pins.dp) if v is not None]
-    prod = 1
-    for v in fixed:
-        prod *= v
-    if len(fixed) == 3 and prod != gpus:
-        raise PlanInputError(f"--tp {pins.tp} x --pp {pins.pp} x --dp {pins.dp} = {prod}, but "
-                             f"there are {gpus} GPUs; the three must multiply to the GPU count")
-    if fixed and gpus % prod:
-        raise PlanInputError(f"the pinned degrees multiply to {prod}, which does not divide "
-                             f"{gpus} GPUs")
-    if pins.schedule is not None and pins.schedule not in SCHEDULES:
-        raise PlanInputError(f"--schedule must be one of {', '.join(SCHEDULES)}, "
-                             f"got {pins.schedule!r}")
-    if pins.recompute is not None and pins.recompute not in RECOMPUTE_MODES:
-        raise PlanInputError(f"--recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
-                             f"got {pins.recompute!r}")
-    if pins.zero is not None and pins.zero not in (0, 1, 2, 3):
-        raise PlanInputError(f"--zero must be 0, 1, 2 or 3, got {pins.zero}")
-    if pins.sequence_parallel and pins.tp == 1:
-        raise PlanInputError("--sequence-parallel needs --tp > 1 (it shards what TP replicates)")
-    if pins.virtual_stages and pins.virtual_stages > 1 and pins.schedule not in (
-            None, "interleaved"):
-        raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved")
-    if req.global_batch is not None and req.global_batch < 1:
-        raise PlanInputError(f"--global-batch must be positive, got {req.global_batch}")
-    if req.batch_range is not None:
-        low, high = req.batch_range
-        if req.global_batch is not None:
-            raise PlanInputError("give --global-batch or --global-batch-range, not both")
-        if not 1 <= low <= high:
-            raise PlanInputError(f"--global-batch-range needs 1 <= MIN <= MAX, got {low},{high}")
-    if req.partition_method not in METHODS:
-        raise PlanInputError(f"--partition must be one of {', '.join(METHODS)}, "
-                             f"got {req.partition_method!r}")
-    if req.refine < 1:
-        raise PlanInputError(f"--refine must be at least 1, got {req.refine}")
-    if req.launcher is not None and req.launcher not in LAUNCHERS:
-        raise PlanInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
-                             f"got {req.launcher!r}")
-    if req.max_bubble is not None and not 0 < req.max_bubble <= 1:
-        raise PlanInputError(f"--max-bubble is a fraction in (0, 1], got {req.max_bubble}")
-
-
-def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
-    """Why tensor parallelism of this degree cannot run here (None when it can)."""
-    if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
-        return "TP across nodes"
-    for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
-                    ("FFN", model.ffn_hidden_size), ("vocabulary", model.vocab_size)):
-        if n % tp:
-            return f"{what} not divisible by TP"
-    return None
-
-
-def enumerate_configs(req: Request, rejected: Counter):
-    """Yield every Parallel the pins allow; count each rejection by its reason."""
-    model, cluster, pins, batch = req.model, req.cluster, req.pins, req.batch
-    gpus = cluster.gpus
-    blocks = max(model.num_layers, 1)
-    tps = [pins.tp] if pins.tp else divisors(gpus)
-    for tp in tps:
-        if gpus % tp:
-            continue
-        reason = tp_rule(model, cluster, tp)
-        if reason:
-            rejected[reason] += 1
-            continue
-        pps = [pins.pp] if pins.pp else divisors(gpus // tp)
-        for pp in pps:
-            if (gpus // tp) % pp:
-                continue
-            dp = gpus // (tp * pp)
-            if pins.dp and dp != pins.dp:
-                continue
-            if pp > len(model.layers):
-                rejected["more stages than layers"] += 1
-                continue
-            for mb in ([pins.micro_batch] if pins.micro_batch else MICRO_BATCHES):
-                m = _microbatches(req, mb * dp)
-                if m is None:
-                    rejected["batch not divisible"] += 1
-                    continue
-                yield from _knobs(req, tp, pp, dp, mb, m, blocks, rejected)
-
-
-def _microbatches(req: Request, per_microbatch_step: int) -> int | None:
-    """M for an exact batch, or the most microbatches that keep the batch inside the range
-    (more microbatches shrink the pipeline bubble); None when no M fits."""
-    if req.batch_range is None:
-        batch = req.batch
-        return batch // per_microbatch_step if batch % per_microbatch_step == 0 else None
-    low, high = req.batch_range
-    m = high // per_microbatch_step
-    return m if m >= 1 and m * per_microbatch_step >= low else None
-
-
-def _knobs(req: Request, tp, pp, dp, mb, m, blocks, rejected: Counter):
-    pins = req.pins
-    schedules = [pins.schedule] if pins.schedule else (
-        ["1f1b"] if pp == 1 else list(SCHEDULES))
-    recomputes = [pins.recompute] if pins.recompute else [
-        r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
-    zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
-    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else (
-        [True, False] if tp > 1 else [False])
-    for schedule in schedules:
-        vs = [1]
-        if schedule == "interleaved":
-            vs = [pins.virtual_stages] if pins.virtual_stages else list(VIRTUAL_STAGES)
-            if pp == 1:
-                rejected["schedule rule"] += 1
-                continue
-            if m % pp:
-                rejected["schedule rule"] += len(vs)
-                continue
-        elif pins.virtual_stages and pins.virtual_stages > 1:
-            continue
-        for v in vs:
-            if pp * v > len(req.model.layers) or (v > 1 and blocks % (pp * v)):
-                rejected["schedule rule"] += 1
-                continue
-            for recompute, zero, sp in product(recomputes, zeros, sps):
-                if sp and tp == 1:
-                    rejected["sequence parallel needs TP"] += 1
-                    continue
-                par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=m,
-                               schedule=schedule, virtual_stages=v, recompute=recompute,
-                               zero=zero, sequence_parallel=sp)
-                if req.launcher and _launcher_refuses(req, par):
-                    rejected[f"{req.launcher} cannot run it"] += 1
-                    continue
-                yield par
-
-
-def _launcher_refuses(req: Request, par: Parallel) -> str | None:
-    m = req.model
-    return launcher_allows(
-        req.launcher, tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch,
-        num_microbatches=par.num_microbatches, schedule=par.schedule,
-        virtual_stages=par.virtual_stages, recompute=par.recompute, zero=par.zero,
-        sequence_parallel=par.sequence_parallel, num_heads=m.num_attention_heads,
-        num_kv_heads=m.num_kv_heads, ffn=m.ffn_hidden_size, vocab=m.vocab_size,
-        num_blocks=m.num_layers)
 
 
 def capacity_bytes(cluster: Cluster) -> float:
@@ -411,7 +213,7 @@ def explain(req: Request) -> Explanation:
                            f"tp {tp} x pp {pp} x dp {dp} != {gpus} GPUs: pin two of them or all "
                            "three consistently")
     rule = tp_rule(req.model, req.cluster, tp)
-    m = _microbatches(req, mb * dp)
+    m = microbatches(req, mb * dp)
     if m is None:
         rule = rule or f"global batch {req.batch} is not a multiple of micro-batch x dp = {mb * dp}"
         m = 1
@@ -422,9 +224,9 @@ def explain(req: Request) -> Explanation:
                    sequence_parallel=tp > 1 if pins.sequence_parallel is None
                    else pins.sequence_parallel)
     if rule is None:
-        rule = _schedule_rule(req, par)
+        rule = schedule_rule(req.model, par)
     if rule is None and req.launcher:
-        rule = _launcher_refuses(req, par)
+        rule = launcher_rule(req, par)
     if rule is not None and rule.startswith("TP across"):
         rule = (f"TP {tp} crosses nodes: it must divide the {req.cluster.gpus_per_node} GPUs "
                 "of a node")
@@ -435,22 +237,6 @@ def explain(req: Request) -> Explanation:
         plan = evaluate(req.model, req.cluster, par, req.options, profile=req.profile,
                         simulated=True)
     return Explanation(par, plan, capacity, None)
-
-
-def _schedule_rule(req: Request, par: Parallel) -> str | None:
-    layers = len(req.model.layers)
-    if par.num_chunks > layers:
-        return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
-    if par.schedule == "interleaved":
-        if par.pp == 1:
-            return "interleaved needs pp > 1"
-        if par.num_microbatches % par.pp:
-            return (f"interleaved needs the microbatch count ({par.num_microbatches}) divisible "
-                    f"by pp ({par.pp})")
-    if par.virtual_stages > 1 and req.model.num_layers % par.num_chunks:
-        return (f"{req.model.num_layers} blocks do not split evenly into {par.num_chunks} "
-                "virtual stages")
-    return None
 
 
 def _no_plan_message(req: Request, rejected: Counter, screened: int) -> str:

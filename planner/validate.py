@@ -19,7 +19,7 @@ from planner.cost import RunOptions
 from planner.errors import PlanInputError
 from planner.files import read_json
 from planner.evaluate import evaluate
-from planner.hardware import GIB, Cluster, Hardware, load_hardware
+from planner.hardware import GIB, Cluster, load_hardware
 from planner.model import ModelSpec, _gpt
 from planner.plan import Parallel
 

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from planner import kernels as K
-from gradcheck import RNG, close, numgrad, rand
+from gradcheck import close, numgrad, rand
 
 
 def test_linear_forward_and_grads():

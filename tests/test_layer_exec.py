@@ -1,6 +1,5 @@
 """Whole-layer executors: their backward passes are the gradients of their forward (float64)."""
 
-import numpy as np
 import pytest
 
 from planner.errors import PlanInputError

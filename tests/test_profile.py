@@ -7,7 +7,7 @@ import pytest
 
 from planner.errors import PlanInputError
 from planner.model import ModelSpec
-from planner.profile import (CUPY_MISSING, SCHEMA, Profile, load_profile, profile_model,
+from planner.profile import (CUPY_MISSING, SCHEMA, load_profile, profile_model,
                              save_profile)
 
 TINY = ModelSpec(name="tiny", num_layers=3, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
