@@ -135,11 +135,15 @@ def even_split(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
 
 def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
     """Microbatches whose activations each chunk holds at peak (DESIGN.md §3; the simulator
-    gives exact counts): GPipe M; 1F1B and ZB-H1 min(p - i, M) on rank i; interleaved: rank i
-    holds its warm-up of (p - i - 1)·2 + (v - 1)·p forwards + 1, spread over its v chunks
-    (Narayanan et al. 2021 §2.2, Megatron's interleaved schedule)."""
+    gives exact counts): GPipe M; 1F1B min(p - i, M) on rank i; ZB-H1 min(p, M) on every rank,
+    since a deferred W keeps what it needs until it runs (Qi et al. 2023: the peak, on rank 0,
+    equals 1F1B's); interleaved: rank i holds its warm-up of (p - i - 1)·2 + (v - 1)·p forwards
+    + 1, spread over its v chunks (Narayanan et al. 2021 §2.2, Megatron's interleaved schedule).
+    tests/test_evaluate.py checks every rank against the simulator."""
     if schedule == "gpipe":
         return [m] * (p * v)
+    if schedule == "zb-h1":
+        return [min(p, m)] * p
     if schedule == "interleaved" and v > 1:
         out = []
         for k in range(p * v):
