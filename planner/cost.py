@@ -22,8 +22,6 @@ from planner.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sha
                             working_bytes)
 from planner.model import Layer
 
-# Default flash-attention efficiency (a profile's ``attention_efficiency`` overrides it per GPU).
-FLASH_ATTENTION_EFFICIENCY = calibration.ATTENTION_EFFICIENCY
 # A flash backward recomputes QK^T and does four matmuls where the forward does two: 2.5x forward.
 FLASH_BACKWARD_RATIO = 2.5
 
@@ -64,13 +62,11 @@ class LayerCost:
     bwd_input_s: float
     bwd_weight_s: float
     recompute_s: float  # extra forward work the recompute mode adds to the backward
-    tp_comm_s: float  # of the times above, exposed TP collectives (informational)
     model_flops: float  # forward + backward, no recompute (MFU numerator)
     hardware_flops: float  # plus the recomputed forward (HFU numerator)
     params: float  # parameters stored on this GPU
     act_bytes: float  # kept per in-flight microbatch
     work_bytes: float  # transient while this layer runs its backward
-    send_bytes: float  # activation (and, back, gradient) bytes to the next stage
 
     @property
     def bwd_s(self) -> float:
@@ -164,7 +160,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     gemm_rate = peak * (hw.matmul_efficiency or calibration.MATMUL_EFFICIENCY)
     mem_rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency
                                                   or calibration.MEMORY_EFFICIENCY)
-    attn_rate = peak * (hw.attention_efficiency or FLASH_ATTENTION_EFFICIENCY) if flash \
+    attn_rate = peak * (hw.attention_efficiency or calibration.ATTENTION_EFFICIENCY) if flash \
         else gemm_rate
     bwd_attn_ratio = FLASH_BACKWARD_RATIO if flash else 2.0
 
@@ -207,21 +203,18 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         one = comm.all_reduce_s(ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, intra)
     fwd_s += w.collectives * one
     bwd_input_s += w.collectives_bwd * one
-    tp_comm_s = (w.collectives + w.collectives_bwd) * one
     if recompute == "full" and layer.kind == "block":
         recompute_s += w.collectives * one
-        tp_comm_s += w.collectives * one
 
     return LayerCost(
         fwd_s=fwd_s, bwd_input_s=bwd_input_s, bwd_weight_s=bwd_weight_s, recompute_s=recompute_s,
-        tp_comm_s=tp_comm_s, model_flops=model_flops,
+        model_flops=model_flops,
         hardware_flops=model_flops + recompute_flops,
         params=params,
         act_bytes=activation_bytes(layer, shape, recompute, flash),
         work_bytes=working_bytes(layer, shape, recompute, flash) + (
             0.0 if opts.fused_cross_entropy or layer.kind != "head"
             else 2 * LOGIT_BYTES * shape.tokens * layer.vocab_size / shape.tp),
-        send_bytes=ACT_BYTES * shape.tokens * layer.hidden_size / (shape.tp if shape.sp else 1),
     )
 
 
