@@ -153,14 +153,8 @@ def solve(
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
     with user_errors():
-        spec = load_model(model)
-        if seq_len is not None:
-            if seq_len < 1:
-                raise PlanInputError(f"--seq-len must be positive, got {seq_len}")
-            spec = spec.with_seq_length(seq_len)
+        spec = load_model(model).with_seq_length(seq_len)
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
-        if top < 1:
-            raise PlanInputError(f"--top must be at least 1, got {top}")
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel)
@@ -173,7 +167,7 @@ def solve(
         req = Request(model=spec, cluster=cluster, global_batch=global_batch,
                       batch_range=parse_range(batch_range), max_bubble=max_bubble,
                       profile=measured, pins=pins, top=top, refine=refine,
-                      launcher=launcher,
+                      launcher=launcher, partition_method=partition_solver,
                       options=RunOptions(flash_attention=flash, overlap_dp=overlap))
         if explain_it:
             print_explanation(out, explain(req))
@@ -351,9 +345,7 @@ def partition(
       plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
     """
     with user_errors():
-        spec = load_model(model)
-        if seq_len is not None:
-            spec = spec.with_seq_length(seq_len)
+        spec = load_model(model).with_seq_length(seq_len)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
         m = microbatches or 4 * pp

@@ -366,7 +366,7 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
 
 
 def _notes(opts: RunOptions) -> tuple[str, ...]:
-    return (f"attention: {'flash (scores not stored)' if opts.flash_attention else 'unfused'}",
-            f"DP overlap: {'on' if opts.overlap_dp else 'off'}; TP overlap: "
-            f"{'on' if opts.overlap_tp else 'off'}",
-            f"gradients: {'fp32' if opts.grad_bytes == 4 else '16-bit'}")
+    return (f"assumes {'flash attention (scores not stored)' if opts.flash_attention else 'unfused attention'}",
+            f"assumes DP overlap {'on' if opts.overlap_dp else 'off'}, TP overlap "
+            f"{'on' if opts.overlap_tp else 'off'}, {'fp32' if opts.grad_bytes == 4 else '16-bit'}"
+            " gradients")

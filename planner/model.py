@@ -101,7 +101,12 @@ class ModelSpec:
     def blocks(self) -> tuple[Layer, ...]:
         return tuple(layer for layer in self.layers if layer.kind == "block")
 
-    def with_seq_length(self, seq_length: int) -> ModelSpec:
+    def with_seq_length(self, seq_length: int | None) -> ModelSpec:
+        """The same model trained at another sequence length (None keeps its own)."""
+        if seq_length is None:
+            return self
+        if seq_length < 1:
+            raise PlanInputError(f"--seq-len must be positive, got {seq_length}")
         return replace(self, seq_length=seq_length)
 
 

@@ -78,7 +78,7 @@ def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
     for note in result.notes:
         console.print(f"[dim]{note}[/dim]")
     for note in result.plans[0].notes:
-        console.print(f"[dim]assumes {note}[/dim]")
+        console.print(f"[dim]{note}[/dim]")
     console.print("[dim]how close such predictions come to real runs: `plan validate`[/dim]")
 
 

@@ -88,9 +88,11 @@ class _Costs:
             split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
         except PartitionError:
             return "memory (no stage split fits)"
-        return evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
+        plan = evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
                         recompute_per_chunk=list(split.recompute), tables=known,
                         profile=r.profile, simulated=True, sim_cache=self.simulations)
+        how = split.partition.method if split.partition else "even (interleaved chunks)"
+        return replace(plan, notes=plan.notes + (f"stage split: {how}",))
 
 
 def search(req: Request, progress=None) -> SearchResult:

@@ -110,6 +110,8 @@ def validate_pins(req: Request) -> None:
     if req.partition_method not in METHODS:
         raise PlanInputError(f"--partition must be one of {', '.join(METHODS)}, "
                              f"got {req.partition_method!r}")
+    if req.top < 1:
+        raise PlanInputError(f"--top must be at least 1, got {req.top}")
     if req.refine < 1:
         raise PlanInputError(f"--refine must be at least 1, got {req.refine}")
     if req.launcher is not None and req.launcher not in LAUNCHERS:

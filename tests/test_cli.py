@@ -273,3 +273,13 @@ def test_validate_refuses_a_malformed_file_in_one_line(tmp_path):
 def test_partition_refuses_a_tp_that_does_not_divide_the_heads():
     result = run("partition", "--model", "llama3-8b", "--pp", "2", "--tp", "3")
     assert result.exit_code == 2 and "not divisible" in result.output
+
+
+def test_partition_solver_choice_reaches_the_plan_and_agrees():
+    dp = json.loads(run("solve", "--gpus", "8", "--nodes", "1", "--pp", "2", "--json",
+                        "--top", "3").output)["plans"]
+    ilp = json.loads(run("solve", "--gpus", "8", "--nodes", "1", "--pp", "2", "--json",
+                         "--top", "3", "--partition", "ilp").output)["plans"]
+    assert all("stage split: dp" in p["notes"] for p in dp)
+    assert all(any(n.startswith("stage split: ilp") for n in p["notes"]) for p in ilp)
+    assert [p["stages"] for p in dp] == [p["stages"] for p in ilp]
