@@ -164,6 +164,7 @@ class Prediction:
     chunk_memory_bytes: np.ndarray
     model_flops: float  # the whole step, all GPUs
     hardware_flops: float
+    transfer_s: np.ndarray  # per chunk: its output to the next chunk (0 for the last)
 
     @property
     def peak_memory_bytes(self) -> float:
@@ -211,7 +212,8 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
     return Prediction(step_s=float(pipeline_s + dp_exposed + optimizer_s), bubble=float(bubble),
                       rank_memory_bytes=rank_mem, chunk_memory_bytes=chunk_mem,
                       model_flops=float(stages.model_flops.sum()) * replicas,
-                      hardware_flops=float(stages.hardware_flops.sum()) * replicas)
+                      hardware_flops=float(stages.hardware_flops.sum()) * replicas,
+                      transfer_s=p2p)
 
 
 def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction) -> Metrics:
@@ -243,7 +245,8 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
         Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),
               recompute=stages.recompute[k], time_s=float(stages.time_s[k]),
               memory_bytes=float(pred.chunk_memory_bytes[k]), fwd_s=float(stages.fwd_s[k]),
-              bwd_s=float(stages.bwd_s[k]), wgrad_s=float(stages.bwd_weight_s[k]))
+              bwd_s=float(stages.bwd_s[k]), wgrad_s=float(stages.bwd_weight_s[k]),
+              send_s=float(pred.transfer_s[k]))
         for k in range(par.num_chunks))
     return Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
                 metrics=metrics_of(model, cluster, par, pred),

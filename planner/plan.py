@@ -48,8 +48,9 @@ class Parallel:
 class Stage:
     """One model chunk: layers [first, last) of the model's layer list, on pipeline rank ``rank``.
 
-    Times are per microbatch: forward, full backward (recompute included) and, of the backward,
-    the weight-gradient part that zero-bubble schedules defer."""
+    Times are per microbatch: forward, full backward (recompute included), of the backward the
+    weight-gradient part that zero-bubble schedules defer, and the transfer of the chunk's output
+    to the next chunk."""
 
     stage: int
     rank: int
@@ -61,6 +62,7 @@ class Stage:
     fwd_s: float = 0.0
     bwd_s: float = 0.0
     wgrad_s: float = 0.0
+    send_s: float = 0.0
 
     @property
     def num_layers(self) -> int:
@@ -106,7 +108,8 @@ class Plan:
             "stages": [{"stage": s.stage, "rank": s.rank, "layers": [s.first, s.last],
                         "recompute": s.recompute, "time_s": _round(s.time_s),
                         "fwd_s": _round(s.fwd_s), "bwd_s": _round(s.bwd_s),
-                        "wgrad_s": _round(s.wgrad_s), "memory_bytes": int(s.memory_bytes)}
+                        "wgrad_s": _round(s.wgrad_s), "send_s": _round(s.send_s),
+                        "memory_bytes": int(s.memory_bytes)}
                        for s in self.stages],
             "metrics": {"step_time_s": _round(self.metrics.step_time_s),
                         "tokens_per_s": _round(self.metrics.tokens_per_s),

@@ -23,12 +23,12 @@ class SimulationJob:
     fwd_s: tuple[float, ...]
     bwd_s: tuple[float, ...]
     wgrad_s: tuple[float, ...]
-    comm_s: float
+    comm_s: float | tuple[float, ...]  # one for every boundary, or per boundary
 
 
 def simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                    plan_file) -> SimulationJob:
-    """From a plan.json (its schedule and measured stage times) or from the flags."""
+    """From a plan.json (its schedule, stage and transfer times) or from the flags."""
     if plan_file is not None:
         return _from_plan(Path(plan_file))
     if pp is None or microbatches is None:
@@ -67,7 +67,7 @@ def _from_plan(path: Path) -> SimulationJob:
             schedule=par["schedule"], p=par["pp"], m=par["num_microbatches"],
             v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
             bwd_s=tuple(s["bwd_s"] for s in stages), wgrad_s=tuple(s["wgrad_s"] for s in stages),
-            comm_s=0.0)
+            comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]))
     except (KeyError, TypeError, IndexError) as e:
         raise PlanInputError(f"{path}: not a plan3d plan JSON ({type(e).__name__}: {e}); "
                              "write one with plan solve --export json --out DIR")

@@ -134,6 +134,9 @@ def test_solve_export_then_simulate_the_plan(tmp_path):
                                                "job.sbatch"}
     sim = run("simulate", "--plan", str(out / "plan.json"), "--json")
     assert sim.exit_code == 0, sim.output
+    # the saved stage and transfer times replay the plan's pipeline; the step adds DP and optimizer
+    step = json.loads((out / "plan.json").read_text())["metrics"]["step_time_s"]
+    assert 0.9 * step <= json.loads(sim.output)["makespan_s"] <= step
     again = run("solve", "--gpus", "16", "--nodes", "2", "--export", "json", "--out", str(out))
     assert again.exit_code == 2 and "--force" in again.output
 
