@@ -19,18 +19,42 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
+def blocks_per_stage(plan: Plan) -> str:
+    """Transformer blocks per chunk, compactly: "8x4" when even, "7|9x2|6" when only the edge
+    stages differ (Megatron's first/last-stage flags), "5-9" otherwise."""
+    layers = plan.model.layers
+    counts = [sum(1 for layer in layers[s.first:s.last] if layer.kind == "block")
+              for s in plan.stages]
+    if len(set(counts)) == 1:
+        return f"{counts[0]}x{len(counts)}"
+    middle = counts[1:-1]
+    if len(counts) > 2 and len(set(middle)) == 1:
+        return f"{counts[0]}|{middle[0]}x{len(middle)}|{counts[-1]}"
+    if len(counts) == 2:
+        return f"{counts[0]}|{counts[1]}"
+    return f"{min(counts)}-{max(counts)}"
+
+
+def recompute_label(plan: Plan) -> str:
+    """The recompute mode, or the modes the stages mix (the partitioner picks one per stage)."""
+    modes = [m for m in ("none", "selective", "full") if any(s.recompute == m for s in plan.stages)]
+    return "/".join(modes)
+
+
 def plans_table(plans: list[Plan] | tuple[Plan, ...], title: str) -> Table:
     table = Table(title=title, title_justify="left")
-    for col in ("#", "tp", "pp", "dp", "mb", "M", "batch", "schedule", "v", "recomp", "ZeRO",
-                "SP"):
-        table.add_column(col, justify="right" if col not in ("schedule", "recomp") else "left")
+    for col in ("#", "tp", "pp", "dp", "mb", "M", "batch", "schedule", "v", "blocks", "recomp",
+                "ZeRO", "SP"):
+        table.add_column(col, justify="left" if col in ("schedule", "recomp", "blocks")
+                         else "right")
     for col in ("step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem/GPU GiB", "bubble"):
         table.add_column(col, justify="right")
     for i, plan in enumerate(plans, 1):
         p, m = plan.parallel, plan.metrics
         table.add_row(
             str(i), str(p.tp), str(p.pp), str(p.dp), str(p.micro_batch), str(p.num_microbatches),
-            str(p.global_batch), p.schedule, str(p.virtual_stages), p.recompute, str(p.zero),
+            str(p.global_batch), p.schedule, str(p.virtual_stages), blocks_per_stage(plan),
+            recompute_label(plan), str(p.zero),
             "on" if p.sequence_parallel else "off", f"{m.step_time_s:.3f}", _si(m.tokens_per_s),
             f"{m.tflops_per_gpu:.1f}", f"{m.mfu:.1%}", f"{m.peak_memory_bytes / GIB:.1f}",
             f"{m.bubble_fraction:.1%}")
