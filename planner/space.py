@@ -15,7 +15,7 @@ from itertools import product
 
 from planner.cost import RunOptions
 from planner.errors import PlanInputError
-from planner.export import LAUNCHERS, launcher_allows
+from planner.export import LAUNCHERS, Facts, launcher_allows
 from planner.hardware import Cluster
 from planner.model import ModelSpec
 from planner.plan import RECOMPUTE_MODES, SCHEDULES, Parallel
@@ -201,14 +201,7 @@ def _knobs(req: Request, shape: Parallel, rejected: Counter):
 
 def launcher_rule(req: Request, par: Parallel) -> str | None:
     """The first rule of ``req.launcher`` this configuration breaks (None when it runs)."""
-    m = req.model
-    return launcher_allows(
-        req.launcher, tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch,
-        num_microbatches=par.num_microbatches, schedule=par.schedule,
-        virtual_stages=par.virtual_stages, recompute=par.recompute, zero=par.zero,
-        sequence_parallel=par.sequence_parallel, num_heads=m.num_attention_heads,
-        num_kv_heads=m.num_kv_heads, ffn=m.ffn_hidden_size, vocab=m.vocab_size,
-        num_blocks=m.num_layers)
+    return launcher_allows(req.launcher, Facts.of(par, req.model))
 
 
 def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from planner.errors import PlanInputError
-from planner.export import (EXPORTERS, ExportError, export_plan, launcher_allows,
+from planner.export import (EXPORTERS, ExportError, Facts, export_plan, launcher_allows,
                             parse_megatron_args, render_all)
 from planner.export import megatron
 from planner.hardware import Cluster, Hardware
@@ -134,15 +134,16 @@ def test_launcher_allows_refusals(launcher, change, phrase):
     values = dict(tp=2, pp=4, dp=2, micro_batch=1, num_microbatches=16, schedule="1f1b",
                   virtual_stages=1, recompute="full", zero=1, sequence_parallel=True,
                   num_heads=32, num_kv_heads=8, ffn=14336, vocab=128256, num_blocks=32)
-    assert launcher_allows(launcher, **values) is None
+    assert launcher_allows(launcher, Facts(**values)) is None
     values.update(change)
-    reason = launcher_allows(launcher, **values)
+    reason = launcher_allows(launcher, Facts(**values))
     assert reason is not None and phrase in reason
 
 
 def test_deepspeed_allows_zero3_without_pipeline():
-    assert launcher_allows("deepspeed", tp=1, pp=1, dp=16, micro_batch=2, num_microbatches=4,
-                           schedule="1f1b", zero=3) is None
+    assert launcher_allows("deepspeed", Facts(tp=1, pp=1, dp=16, micro_batch=2,
+                                              num_microbatches=4, schedule="1f1b",
+                                              zero=3)) is None
 
 
 @pytest.mark.parametrize("target,change,phrase", [

@@ -2,7 +2,7 @@
 torchrun + Slurm.
 
 Each exporter module has ``render(plan) -> {filename: text}``, ``check(plan) -> [violation]`` and
-``parallel_rules(**plain values) -> [violation]``. :func:`export_plan` checks every target first
+``parallel_rules(Facts) -> [violation]``. :func:`export_plan` checks every target first
 and writes nothing when any rule is broken; files are written atomically (temporary file in the
 same directory, then ``os.replace``) and never over an existing file unless ``force``.
 :func:`launcher_allows` is the cheap per-candidate test the search uses for ``--launcher``.
@@ -16,7 +16,7 @@ from types import ModuleType
 from planner.errors import PlanInputError
 from planner.files import refuse_overwrite, write_text
 from planner.export import deepspeed, megatron, plan_json, torchrun, torchtitan
-from planner.export.common import ExportError
+from planner.export.common import ExportError, Facts
 from planner.export.megatron import parse_megatron_args
 from planner.plan import Plan
 
@@ -29,7 +29,7 @@ EXPORTERS: dict[str, ModuleType] = {
 }
 LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
-__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "export_plan", "launcher_allows",
+__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "launcher_allows",
            "parse_megatron_args", "render_all"]
 
 
@@ -41,18 +41,9 @@ def _exporter(target: str) -> ModuleType:
                              f"{', '.join(EXPORTERS)}") from None
 
 
-def launcher_allows(launcher: str, *, tp: int, pp: int, dp: int, micro_batch: int,
-                    num_microbatches: int, schedule: str, virtual_stages: int = 1,
-                    recompute: str = "none", zero: int = 1, sequence_parallel: bool = False,
-                    num_heads: int | None = None, num_kv_heads: int | None = None,
-                    ffn: int | None = None, vocab: int | None = None,
-                    num_blocks: int | None = None) -> str | None:
+def launcher_allows(launcher: str, facts: Facts) -> str | None:
     """None when ``launcher`` can run this configuration, else the first rule it breaks."""
-    problems = _exporter(launcher).parallel_rules(
-        tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=num_microbatches,
-        schedule=schedule, virtual_stages=virtual_stages, recompute=recompute, zero=zero,
-        sequence_parallel=sequence_parallel, num_heads=num_heads, num_kv_heads=num_kv_heads,
-        ffn=ffn, vocab=vocab, num_blocks=num_blocks)
+    problems = _exporter(launcher).parallel_rules(facts)
     return problems[0] if problems else None
 
 

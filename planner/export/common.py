@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 from planner import __version__
 from planner.errors import PlanInputError
-from planner.plan import Plan
+from planner.model import ModelSpec
+from planner.plan import Parallel, Plan
 
 RECOMPUTE_STRENGTH = {"none": 0, "selective": 1, "full": 2}
 
@@ -92,6 +94,37 @@ def structure_problems(plan: Plan) -> list[str]:
             problems.append(f"the stages cover layers [0, {expect}) but the model has "
                             f"{len(plan.model.layers)} layers")
     return problems
+
+
+@dataclass(frozen=True)
+class Facts:
+    """The plain values a launcher's rules look at: a plan's parallel settings and model shape
+    (the shape may be unknown: None skips the divisibility rules)."""
+
+    tp: int
+    pp: int
+    dp: int
+    micro_batch: int
+    num_microbatches: int
+    schedule: str
+    virtual_stages: int = 1
+    recompute: str = "none"
+    zero: int = 1
+    sequence_parallel: bool = False
+    num_heads: int | None = None
+    num_kv_heads: int | None = None
+    ffn: int | None = None
+    vocab: int | None = None
+    num_blocks: int | None = None
+
+    @classmethod
+    def of(cls, par: Parallel, model: ModelSpec) -> Facts:
+        return cls(tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch,
+                   num_microbatches=par.num_microbatches, schedule=par.schedule,
+                   virtual_stages=par.virtual_stages, recompute=par.recompute, zero=par.zero,
+                   sequence_parallel=par.sequence_parallel, num_heads=model.num_attention_heads,
+                   num_kv_heads=model.num_kv_heads, ffn=model.ffn_hidden_size,
+                   vocab=model.vocab_size, num_blocks=model.num_layers)
 
 
 def tp_divisibility(tp: int, num_heads: int | None, num_kv_heads: int | None, ffn: int | None,

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 
-from planner.export.common import (header, schedule_basics, strongest_recompute,
+from planner.export.common import (Facts, header, schedule_basics, strongest_recompute,
                                    structure_problems, tp_divisibility)
 from planner.plan import Plan
 
@@ -29,21 +29,17 @@ GRADIENT_CLIPPING = 1.0
 STEPS_PER_PRINT = 10
 
 
-def parallel_rules(*, tp: int, pp: int, dp: int, micro_batch: int, num_microbatches: int,
-                   schedule: str, virtual_stages: int = 1, recompute: str = "none", zero: int = 1,
-                   sequence_parallel: bool = False, num_heads: int | None = None,
-                   num_kv_heads: int | None = None, ffn: int | None = None,
-                   vocab: int | None = None, num_blocks: int | None = None) -> list[str]:
+def parallel_rules(f: Facts) -> list[str]:
     """DeepSpeed's rules over plain values (TP itself comes from a Megatron-style mpu)."""
-    out = tp_divisibility(tp, num_heads, num_kv_heads, ffn, None, NAME)
-    out += schedule_basics(pp, schedule, virtual_stages, sequence_parallel, tp, NAME)
-    if pp > 1 and zero >= 2:
+    out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, None, NAME)
+    out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
+    if f.pp > 1 and f.zero >= 2:
         out.append(f"{NAME}: the pipeline engine supports ZeRO stage <= 1 (ZeRO-2/3 are "
-                   f"incompatible with pipeline parallelism); got zero={zero} with pp={pp}")
-    if pp > 1 and schedule in ("interleaved", "zb-h1"):
+                   f"incompatible with pipeline parallelism); got zero={f.zero} with pp={f.pp}")
+    if f.pp > 1 and f.schedule in ("interleaved", "zb-h1"):
         out.append(f"{NAME}: the pipeline engine runs its 1F1B TrainSchedule only; "
-                   f"{schedule} is not available")
-    if recompute == "selective":
+                   f"{f.schedule} is not available")
+    if f.recompute == "selective":
         out.append(f"{NAME}: PipelineModule checkpoints whole layers; selective recompute is "
                    "not available (use full or none)")
     return out
@@ -51,13 +47,7 @@ def parallel_rules(*, tp: int, pp: int, dp: int, micro_batch: int, num_microbatc
 
 def check(plan: Plan) -> list[str]:
     par, m = plan.parallel, plan.model
-    return structure_problems(plan) + parallel_rules(
-        tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch,
-        num_microbatches=par.num_microbatches, schedule=par.schedule,
-        virtual_stages=par.virtual_stages, recompute=strongest_recompute(plan), zero=par.zero,
-        sequence_parallel=par.sequence_parallel, num_heads=m.num_attention_heads,
-        num_kv_heads=m.num_kv_heads, ffn=m.ffn_hidden_size, vocab=m.vocab_size,
-        num_blocks=m.num_layers)
+    return structure_problems(plan) + parallel_rules(Facts.of(par, m))
 
 
 def config(plan: Plan) -> dict:

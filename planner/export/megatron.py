@@ -22,7 +22,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from planner.export.common import (block_counts, header, is_standard_gpt, schedule_basics,
+from planner.export.common import (Facts, block_counts, header, is_standard_gpt, schedule_basics,
                                    strongest_recompute, structure_problems, tp_divisibility)
 from planner.plan import Plan
 
@@ -31,28 +31,25 @@ FILENAME = "megatron_args.sh"
 NAME = "Megatron-LM"
 
 
-def parallel_rules(*, tp: int, pp: int, dp: int, micro_batch: int, num_microbatches: int,
-                   schedule: str, virtual_stages: int = 1, recompute: str = "none", zero: int = 1,
-                   sequence_parallel: bool = False, num_heads: int | None = None,
-                   num_kv_heads: int | None = None, ffn: int | None = None,
-                   vocab: int | None = None, num_blocks: int | None = None) -> list[str]:
+def parallel_rules(f: Facts) -> list[str]:
     """Megatron-LM's rules over plain values; vocab is padded by Megatron, so it is not checked."""
-    out = tp_divisibility(tp, num_heads, num_kv_heads, ffn, None, NAME)
-    out += schedule_basics(pp, schedule, virtual_stages, sequence_parallel, tp, NAME)
-    if pp > 1 and schedule == "gpipe":
+    out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, None, NAME)
+    out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
+    if f.pp > 1 and f.schedule == "gpipe":
         out.append(f"{NAME} has no GPipe schedule (it runs 1F1B or interleaved 1F1B); "
                    "choose --schedule 1f1b")
-    if pp > 1 and schedule == "zb-h1":
+    if f.pp > 1 and f.schedule == "zb-h1":
         out.append(f"{NAME}: zero-bubble ZB-H1 is not in stock Megatron-LM; choose 1f1b or "
                    "interleaved")
-    if schedule == "interleaved" and pp > 1 and num_microbatches % pp:
-        out.append(f"{NAME}: the interleaved schedule needs microbatches ({num_microbatches}) "
-                   f"divisible by pp ({pp})")
-    if zero >= 2:
-        out.append(f"{NAME}: ZeRO-{zero} is not available (the distributed optimizer is ZeRO-1; "
+    if f.schedule == "interleaved" and f.pp > 1 and f.num_microbatches % f.pp:
+        out.append(f"{NAME}: the interleaved schedule needs microbatches ({f.num_microbatches}) "
+                   f"divisible by pp ({f.pp})")
+    if f.zero >= 2:
+        out.append(f"{NAME}: ZeRO-{f.zero} is not available (the distributed optimizer is ZeRO-1; "
                    "torch FSDP2 refuses pipeline parallelism); use zero <= 1")
-    if num_blocks is not None and virtual_stages > 1 and pp * virtual_stages > num_blocks + 2:
-        out.append(f"{NAME}: {pp * virtual_stages} model chunks for {num_blocks} blocks")
+    chunks = f.pp * f.virtual_stages
+    if f.num_blocks is not None and f.virtual_stages > 1 and chunks > f.num_blocks + 2:
+        out.append(f"{NAME}: {chunks} model chunks for {f.num_blocks} blocks")
     return out
 
 
@@ -63,12 +60,7 @@ def check(plan: Plan) -> list[str]:
     if not is_standard_gpt(plan):
         out.append(f"{NAME} builds embedding + transformer blocks + head only; this model has "
                    "other layer kinds")
-    out += parallel_rules(tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch,
-                          num_microbatches=par.num_microbatches, schedule=par.schedule,
-                          virtual_stages=par.virtual_stages, recompute=par.recompute,
-                          zero=par.zero, sequence_parallel=par.sequence_parallel,
-                          num_heads=m.num_attention_heads, num_kv_heads=m.num_kv_heads,
-                          ffn=m.ffn_hidden_size, vocab=m.vocab_size, num_blocks=m.num_layers)
+    out += parallel_rules(Facts.of(par, m))
     return out
 
 

@@ -5,7 +5,7 @@ JSON has no comments, so this file carries no header; its ``schema`` field names
 
 from __future__ import annotations
 
-from planner.export.common import plan_json, structure_problems
+from planner.export.common import Facts, plan_json, structure_problems
 from planner.plan import Plan
 
 TARGET = "plan3d plan JSON (schema plan3d/plan/v1)"
@@ -15,7 +15,7 @@ def check(plan: Plan) -> list[str]:
     return structure_problems(plan)
 
 
-def parallel_rules(**_values) -> list[str]:
+def parallel_rules(_facts: Facts) -> list[str]:
     return []
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 
-from planner.export.common import header, structure_problems
+from planner.export.common import Facts, header, structure_problems
 from planner.plan import Plan
 
 TARGET = "torchrun (PyTorch 2.1+) with c10d rendezvous"
@@ -28,7 +28,7 @@ def check(plan: Plan) -> list[str]:
     return structure_problems(plan)
 
 
-def parallel_rules(**_values) -> list[str]:
+def parallel_rules(_facts: Facts) -> list[str]:
     """torchrun runs any degrees; the GPU count is checked against the cluster in ``check``."""
     return []
 

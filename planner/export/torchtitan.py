@@ -19,7 +19,7 @@ in torch.distributed.pipelining; the closest is "InterleavedZeroBubble".
 
 from __future__ import annotations
 
-from planner.export.common import (header, is_standard_gpt, schedule_basics,
+from planner.export.common import (Facts, header, is_standard_gpt, schedule_basics,
                                    strongest_recompute, structure_problems, tp_divisibility)
 from planner.plan import Plan
 
@@ -31,31 +31,21 @@ FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
            "llama3-405b": ("llama3", "405B")}
 
 
-def parallel_rules(*, tp: int, pp: int, dp: int, micro_batch: int, num_microbatches: int,
-                   schedule: str, virtual_stages: int = 1, recompute: str = "none", zero: int = 1,
-                   sequence_parallel: bool = False, num_heads: int | None = None,
-                   num_kv_heads: int | None = None, ffn: int | None = None,
-                   vocab: int | None = None, num_blocks: int | None = None) -> list[str]:
+def parallel_rules(f: Facts) -> list[str]:
     """torchtitan's rules; it pads nothing, so the vocabulary must split evenly over TP too."""
-    out = tp_divisibility(tp, num_heads, num_kv_heads, ffn, vocab, NAME)
-    out += schedule_basics(pp, schedule, virtual_stages, sequence_parallel, tp, NAME)
-    if pp > 1 and schedule not in SCHEDULES:
-        out.append(f"{NAME}: no pipeline schedule for '{schedule}'")
-    if pp > 1 and num_blocks is not None and pp * virtual_stages > num_blocks + 1:
-        out.append(f"{NAME}: {pp * virtual_stages} stages need that many split points among "
-                   f"{num_blocks} blocks")
+    out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, f.vocab, NAME)
+    out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
+    if f.pp > 1 and f.schedule not in SCHEDULES:
+        out.append(f"{NAME}: no pipeline schedule for '{f.schedule}'")
+    if f.pp > 1 and f.num_blocks is not None and f.pp * f.virtual_stages > f.num_blocks + 1:
+        out.append(f"{NAME}: {f.pp * f.virtual_stages} stages need that many split points among "
+                   f"{f.num_blocks} blocks")
     return out
 
 
 def check(plan: Plan) -> list[str]:
     par, m = plan.parallel, plan.model
-    out = structure_problems(plan) + parallel_rules(
-        tp=par.tp, pp=par.pp, dp=par.dp, micro_batch=par.micro_batch,
-        num_microbatches=par.num_microbatches, schedule=par.schedule,
-        virtual_stages=par.virtual_stages, recompute=par.recompute, zero=par.zero,
-        sequence_parallel=par.sequence_parallel, num_heads=m.num_attention_heads,
-        num_kv_heads=m.num_kv_heads, ffn=m.ffn_hidden_size, vocab=m.vocab_size,
-        num_blocks=m.num_layers)
+    out = structure_problems(plan) + parallel_rules(Facts.of(par, m))
     if not is_standard_gpt(plan):
         out.append(f"{NAME}: split points name tok_embeddings / layers.i / norm + output; this "
                    "model has other layer kinds")
