@@ -247,6 +247,9 @@ def profile(
                                      seq_len=seq_len, budget_s=budget_s,
                                      progress=_three(progress))
         out.print(profile_table(measured))
+        if device == "gpu":
+            err.print("[dim]note: the GPU path is tested with a stand-in CuPy module but has not "
+                      "yet been checked on real hardware; sanity-check the TFLOP/s column[/dim]")
         if out_file is not None:
             save_profile(measured, out_file, force=force)
             err.print(f"wrote {out_file}", highlight=False)
