@@ -127,9 +127,9 @@ def solve(
                                                 "deepspeed | torchtitan."),
     refine: int = typer.Option(20, "--refine", help="Partition and simulate the best K "
                                                     "screened plans."),
-    partition_solver: str = typer.Option("dp", "--partition",
-                                         help="Stage split solver: dp (exact, fast) or ilp "
-                                              "(PuLP; same optimum, slower)."),
+    partition_solver: str = typer.Option("ilp", "--partition",
+                                         help="Stage split solver: ilp (PuLP: HiGHS or CBC) or "
+                                              "dp (the exact DP it is tested against)."),
     export: Optional[str] = typer.Option(None, "--export",
                                          help="Write the best plan for: json, megatron, "
                                               "deepspeed, torchtitan, torchrun (comma list)."),

@@ -1,4 +1,5 @@
-"""Planning time of `plan solve` on the issue's reference cases: a table of medians.
+"""Planning time of `plan solve` on the issue's reference cases (ILP partition and op-by-op
+simulation of the best 20 included): a table of medians.
 
 Run: python benchmarks/bench_solve.py [--repeats N]
 """

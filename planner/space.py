@@ -53,7 +53,7 @@ class Request:
     top: int = 10
     refine: int = 20
     launcher: str | None = None  # only configurations this launcher runs
-    partition_method: str = "dp"  # exact DP (same optimum as the ILP, tests prove it) or "ilp"
+    partition_method: str = "ilp"  # the ILP, or "dp": the exact DP it is tested against
     profile: object = None  # a measured Profile (planner/profile.py) replacing analytical times
 
     @property

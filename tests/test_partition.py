@@ -71,6 +71,68 @@ def instances(draw, max_layers=12, max_p=4, max_v=1):
     return prob, K, p
 
 
+@st.composite
+def uniform_instances(draw, max_blocks=10, max_p=4, max_v=1):
+    """Embedding, N identical blocks, head: the shape the block-count MILP solves."""
+    n = draw(st.integers(1, max_blocks))
+    p = draw(st.integers(1, max_p))
+    v = draw(st.integers(1, max_v))
+    K = p * v
+    R = draw(st.integers(1, 3))
+    ints = lambda lo, hi: float(draw(st.integers(lo, hi)))  # noqa: E731
+
+    def layer():
+        t = [ints(1, 9)]
+        for _ in range(R - 1):
+            t.append(t[-1] + ints(0, 3))
+        a0 = ints(0, 6)
+        return t, [np.floor(a0 / (1 + r)) for r in range(R)], ints(0, 5)
+
+    first, block, last = layer(), layer(), layer()
+    rows = [first] + [block] * n + [last]
+    time_s = np.array([r[0] for r in rows])
+    act = np.array([r[1] for r in rows])
+    state = np.array([r[2] for r in rows])
+    inflight = np.array([min(K - k, draw(st.integers(1, 4))) for k in range(K)], float)
+    total = state.sum() + inflight.max() * act[:, 0].sum()
+    cap = float(draw(st.integers(0, int(total) + 2)))
+    boundary = float(draw(st.sampled_from([0, 0, 1])))
+    prob = PartitionProblem(time_s, state, act, inflight, cap, ("none", "selective", "full")[:R],
+                            boundary)
+    return prob, K, p
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(uniform_instances())
+def test_block_count_milp_matches_dp_on_uniform_models(case):
+    """Uniform models take the block-count formulation: same optimum, split and modes as the DP,
+    solved by the MILP itself (no fallback), and infeasible exactly when the DP says so."""
+    prob, K, p = case
+    if K > prob.num_layers:
+        return
+    dp = _outcome(lambda: partition_dp(prob, K, p))
+    for warm in (False, True):
+        ilp = _outcome(lambda: partition(prob, K, p, warm_start=warm))
+        _same(ilp, dp)
+        if not isinstance(dp, PartitionError):
+            assert ilp.method.startswith("ilp") and ilp.optimal, ilp.note
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(uniform_instances(max_blocks=6, max_p=2, max_v=3))
+def test_block_count_milp_with_virtual_stages_matches_brute_force(case):
+    prob, K, p = case
+    if K > prob.num_layers:
+        return
+    bf = brute_force(prob, K, p)
+    ilp = _outcome(lambda: partition(prob, K, p))
+    if bf is None:
+        assert isinstance(ilp, PartitionError)
+    else:
+        assert not isinstance(ilp, PartitionError), ilp
+        assert abs(ilp.bottleneck_s - bf[0][0]) <= TIE_RTOL * max(1.0, bf[0][0])
+
+
 def _outcome(fn):
     try:
         return fn()
