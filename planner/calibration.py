@@ -41,3 +41,19 @@ INTER_NODE_LATENCY_S = 10e-6
 # caching allocator commonly adds 5-10% (PyTorch CUDA memory docs, "memory fragmentation").
 RESERVED_BYTES = 2 * 1024**3
 FRAGMENTATION = 0.05
+
+# SMs an NCCL collective occupies while it runs: one CTA per channel, each holding a whole SM that
+# no compute kernel shares. "NCCL uses the minimal number of SMs to achieve the performance of the
+# platform ... on DGX with 8 NICs and a top speed of 190 GB/s, it would use 16 SMs"; "NCCL CTAs
+# won't share an SM with compute kernels" (S. Jeaugey, NCCL maintainer, NVIDIA/nccl issue #689,
+# 2023). A compute kernel running beside an overlapped collective therefore has 16 fewer SMs:
+# 16/108 = 14.8% of an A100, 16/132 = 12.1% of an H100 (SM counts in the hardware profiles).
+NCCL_SMS = 16
+
+# Compute slowdown under overlapped communication for a profile that does not give its SM count:
+# Lee et al. 2025 ("Characterizing Compute-Communication Overlap in GPU-Accelerated Distributed
+# Deep Learning", arXiv 2507.03114, abstract) measure GPT and LLaMA training on 4x A100, H100,
+# MI250 and MI210: compute overlapped with communication is on average 18.9% slower (max 40%)
+# than alone, i.e. it runs at 1/1.189 = 84% of its speed: it loses 0.16 of the GPU. The SM-share
+# figure above (0.12-0.15 on A100/H100) agrees with this mean.
+OVERLAP_INTERFERENCE = 0.16

@@ -63,3 +63,19 @@ reduce_scatter_s = all_gather_s
 
 def p2p_s(nbytes: float, link: Link) -> float:
     return nbytes / link.bytes_per_s + link.latency_s
+
+
+def overlap_interference(hw: Hardware) -> float:
+    """Fraction of the GPU's compute lost while an overlapped collective runs beside it.
+
+    An NCCL collective holds ``calibration.NCCL_SMS`` SMs for as long as it runs, one CTA per
+    channel that no compute kernel shares (NVIDIA/nccl #689), so compute running concurrently has
+    that share of the SMs fewer: work it would have done during the collective is done afterwards.
+    A profile without its SM count gets the mean measured slowdown
+    (``calibration.OVERLAP_INTERFERENCE``, Lee et al. 2025). Wave quantization of persistent
+    Hopper GEMMs can make it much worse (PyTorch issue #143988: matmuls 2x slower beside NCCL on
+    H100); that depends on the kernels cuBLAS picks and is not modelled.
+    """
+    if hw.sm_count:
+        return min(1.0, calibration.NCCL_SMS / hw.sm_count)
+    return calibration.OVERLAP_INTERFERENCE

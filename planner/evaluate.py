@@ -333,7 +333,9 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
     step; ZeRO-2 reduce-scatters after every microbatch (DeepSpeed keeps only the shard);
     ZeRO-3 also gathers the weights for every forward and backward (Rajbhandari et al. 2020).
     With overlap the reduce hides behind the last microbatch's backward and the gather behind the
-    first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather)."""
+    first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather). Hidden is not
+    free: while a collective runs beside compute it holds SMs the compute cannot use, so the step
+    pays that share of the hidden time (comm.overlap_interference) on top of the exposed part."""
     p = par.pp
     if par.dp == 1:
         return np.zeros(p)
@@ -364,8 +366,19 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
     # forwards, backward gathers and gradient reduce-scatters (one link) behind the backwards.
     windows = m if par.zero >= 2 else 1
     bwd, fwd = stages.by_rank(stages.bwd_s, p), stages.by_rank(stages.fwd_s, p)
-    return np.maximum(0.0, reduce_s + bwd_gather_s - windows * bwd) + \
-        np.maximum(0.0, gather_s - (m if par.zero >= 3 else 1) * fwd)
+    interference = comm.overlap_interference(cluster.hardware)
+    return _overlapped_cost_s(reduce_s + bwd_gather_s, windows * bwd, interference) + \
+        _overlapped_cost_s(gather_s, (m if par.zero >= 3 else 1) * fwd, interference)
+
+
+def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,
+                       interference: float) -> np.ndarray:
+    """What overlapping ``comm_s`` with a compute window of ``window_s`` adds to the step: the part
+    that does not fit is exposed, and while the part that fits runs the compute is slowed by
+    ``interference`` (the share of SMs the collective holds). The window's own growth under that
+    slowdown (which would hide a little more) is second order and left out."""
+    exposed = np.maximum(0.0, comm_s - window_s)
+    return exposed + interference * (comm_s - exposed)
 
 
 def _notes(opts: RunOptions) -> tuple[str, ...]:

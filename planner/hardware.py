@@ -39,6 +39,9 @@ class Hardware:
     attention_efficiency: float | None = None  # flash-attention kernels, fraction of peak
     memory_efficiency: float | None = None
     network_efficiency: float | None = None
+    # Streaming multiprocessors: what an overlapped NCCL collective takes a share of
+    # (calibration.NCCL_SMS; comm.overlap_interference).
+    sm_count: int | None = None
 
     @property
     def peak_flops(self) -> float:
@@ -80,8 +83,9 @@ def hardware_from_dict(data: dict, origin: str) -> Hardware:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise PlanInputError(f"{origin}: '{key}' must be a positive number, got {value!r}")
-    if not isinstance(values.get("gpus_per_node", 8), int):
-        raise PlanInputError(f"{origin}: 'gpus_per_node' must be a whole number")
+    for key in ("gpus_per_node", "sm_count"):
+        if not isinstance(values.get(key) or 1, int):
+            raise PlanInputError(f"{origin}: '{key}' must be a whole number")
     return Hardware(**values)
 
 

@@ -128,14 +128,15 @@ def test_default_validation_reads_both_files_and_summarises_each(both):
 
 def test_modern_step_time_error(both):
     # Issue targets (mean <= 10%, max <= 25%) are NOT met on the modern set: the model is still
-    # optimistic on every FSDP run (A100 -7..-23%, H100 -18..-40%), and the Llama 3 405B rows
-    # (micro-batch, recompute and interleaving unpublished) are pessimistic (+30%, +37%).
+    # optimistic on every FSDP run (A100 -5..-21%, H100 -17..-40%) even though overlapped
+    # collectives now cost the SMs they hold (1-5 points), and the Llama 3 405B rows
+    # (micro-batch, recompute and interleaving unpublished) are pessimistic (+36%, +43%).
     # Pinned at today's values so an improvement shows up as an easy tightening.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.218, abs=0.02)
-    assert modern.max_abs_time_error == pytest.approx(0.405, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.125, abs=0.015)
+    assert modern.mean_abs_time_error == pytest.approx(0.207, abs=0.02)
+    assert modern.max_abs_time_error == pytest.approx(0.428, abs=0.03)
+    assert s.mean_abs_time_error == pytest.approx(0.120, abs=0.015)
 
 
 def test_modern_memory(both):
