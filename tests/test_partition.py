@@ -273,9 +273,9 @@ def test_deterministic_and_lp_file(tmp_path):
 
 
 def test_time_limit_falls_back_to_dp(monkeypatch):
-    import planner.partition as mod
+    import planner.partition_milp as mod
 
-    monkeypatch.setattr(mod, "_solve", lambda *a, **k: ("none", None))
+    monkeypatch.setattr(mod, "solve", lambda *a, **k: ("none", None))
     prob = _vocab_model()
     res = partition(prob, 4, 4)
     assert res.method == "dp" and "DP fallback" in res.note
@@ -283,12 +283,12 @@ def test_time_limit_falls_back_to_dp(monkeypatch):
 
 
 def test_solver_crash_is_not_shown(monkeypatch):
-    import planner.partition as mod
+    import planner.partition_milp as mod
 
     def boom(*a, **k):
         raise RuntimeError("solver trace")
 
-    monkeypatch.setattr(mod, "_solve", boom)
+    monkeypatch.setattr(mod, "solve", boom)
     res = partition(_vocab_model(), 4, 4)
     assert "failed (RuntimeError)" in res.note and "trace" not in res.note
 
