@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -42,22 +43,33 @@ def recompute_label(plan: Plan) -> str:
 
 
 def plans_table(plans: list[Plan] | tuple[Plan, ...], title: str) -> Table:
-    table = Table(title=title, title_justify="left")
-    for col in ("#", "tp", "pp", "dp", "mb", "M", "batch", "schedule", "v", "blocks", "recomp",
-                "ZeRO", "SP"):
+    """The ranked plans, compact enough for a 100-column terminal: degrees as tp·pp·dp,
+    micro-batch × microbatches, interleaving in the schedule (v4), the global batch in the
+    title when every plan shares it; TFLOP/s per GPU is in the JSON (MFU says the same)."""
+    batches = {p.parallel.global_batch for p in plans}
+    if len(batches) == 1:
+        title += f", global batch {batches.pop()}"
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 1), collapse_padding=True)
+    columns = ["#", "tp·pp·dp", "mb×M", "schedule", "blocks", "recomp", "ZeRO", "SP", "step s",
+               "tokens/s", "MFU", "mem GiB", "bubble"]
+    if len({p.parallel.global_batch for p in plans}) > 1:
+        columns.insert(3, "batch")
+    for col in columns:
         table.add_column(col, justify="left" if col in ("schedule", "recomp", "blocks")
                          else "right")
-    for col in ("step s", "tokens/s", "TFLOP/s/GPU", "MFU", "mem/GPU GiB", "bubble"):
-        table.add_column(col, justify="right")
     for i, plan in enumerate(plans, 1):
         p, m = plan.parallel, plan.metrics
-        table.add_row(
-            str(i), str(p.tp), str(p.pp), str(p.dp), str(p.micro_batch), str(p.num_microbatches),
-            str(p.global_batch), p.schedule, str(p.virtual_stages), blocks_per_stage(plan),
-            recompute_label(plan), str(p.zero),
-            "on" if p.sequence_parallel else "off", f"{m.step_time_s:.3f}", _si(m.tokens_per_s),
-            f"{m.tflops_per_gpu:.1f}", f"{m.mfu:.1%}", f"{m.peak_memory_bytes / GIB:.1f}",
-            f"{m.bubble_fraction:.1%}")
+        cells = {
+            "#": str(i), "tp·pp·dp": f"{p.tp}·{p.pp}·{p.dp}",
+            "mb×M": f"{p.micro_batch}×{p.num_microbatches}", "batch": str(p.global_batch),
+            "schedule": p.schedule + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else ""),
+            "blocks": blocks_per_stage(plan), "recomp": recompute_label(plan),
+            "ZeRO": str(p.zero), "SP": "on" if p.sequence_parallel else "off",
+            "step s": f"{m.step_time_s:.3f}", "tokens/s": _si(m.tokens_per_s),
+            "MFU": f"{m.mfu:.1%}", "mem GiB": f"{m.peak_memory_bytes / GIB:.1f}",
+            "bubble": f"{m.bubble_fraction:.1%}"}
+        table.add_row(*(cells[c] for c in columns))
     return table
 
 
