@@ -107,7 +107,7 @@ def hardware_table(gpus: dict[str, Hardware]) -> Table:
 
 def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
     title = (f"{model.name} ({_si(model.params)} params, seq {model.seq_length}) on "
-             f"{cluster.gpus} x {cluster.hardware.name} ({cluster.nodes} nodes)")
+             f"{cluster.gpus} x {cluster.hardware.name} ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''})")
     console.print(plans_table(result.plans, title))
     console.print(f"{result.screened} configurations screened in {result.elapsed_s:.2f} s; "
                   + rejected_line(result.rejected))
