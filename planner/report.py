@@ -106,8 +106,9 @@ def hardware_table(gpus: dict[str, Hardware]) -> Table:
 
 
 def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
+    nodes = f"{cluster.nodes} node" + ("s" if cluster.nodes > 1 else "")
     title = (f"{model.name} ({_si(model.params)} params, seq {model.seq_length}) on "
-             f"{cluster.gpus} x {cluster.hardware.name} ({cluster.nodes} node{'s' if cluster.nodes > 1 else ''})")
+             f"{cluster.gpus} x {cluster.hardware.name} ({nodes})")
     console.print(plans_table(result.plans, title))
     console.print(f"{result.screened} configurations screened in {result.elapsed_s:.2f} s; "
                   + rejected_line(result.rejected))
