@@ -32,7 +32,7 @@ class RunOptions:
 
     flash_attention: bool = True  # Megatron-Core and torchtitan default; 2020-22 runs stored scores
     overlap_dp: bool = True  # DP reduce-scatter/all-gather overlapped with backward (Megatron-Core)
-    overlap_tp: bool = False  # TP comm overlapped with GEMMs (Megatron --tp-comm-overlap, off by default)
+    overlap_tp: bool = False  # TP comm hidden in GEMMs (Megatron --tp-comm-overlap; off by default)
     grad_bytes: int = 4  # fp32 main gradients (Megatron); DeepSpeed keeps 16-bit (2)
     # DeepSpeed's pipeline engine with BF16_Optimizer accumulates into an fp32 buffer but keeps the
     # 16-bit .grad tensors too (PipelineEngine._exec_backward_pass: update_hp_grads(

@@ -382,7 +382,9 @@ def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,
 
 
 def _notes(opts: RunOptions) -> tuple[str, ...]:
-    return (f"assumes {'flash attention (scores not stored)' if opts.flash_attention else 'unfused attention'}",
+    attention = "flash attention (scores not stored)" if opts.flash_attention else \
+        "unfused attention"
+    return (f"assumes {attention}",
             f"assumes DP overlap {'on' if opts.overlap_dp else 'off'}, TP overlap "
             f"{'on' if opts.overlap_tp else 'off'}, {'fp32' if opts.grad_bytes == 4 else '16-bit'}"
             " gradients")

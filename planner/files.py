@@ -43,7 +43,8 @@ def read_json(path: str | Path, what: str, missing_hint: str = ""):
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
-        raise PlanInputError(f"{what} {path} not found{'; ' + missing_hint if missing_hint else ''}")
+        hint = f"; {missing_hint}" if missing_hint else ""
+        raise PlanInputError(f"{what} {path} not found{hint}")
     except json.JSONDecodeError as e:
         raise PlanInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file")
     except (OSError, UnicodeDecodeError) as e:
