@@ -18,8 +18,7 @@ from planner.export import export_plan
 from planner.gantt import render_gantt, to_svg
 from planner.layout import LayoutError, build_layout, require_node_local_tp
 from planner.layout_report import render_layout
-from planner.simulation_job import (run_simulation, simulation_job, simulation_summary,
-                                    write_text)
+from planner.simulation_job import run_simulation, simulation_job, simulation_summary
 from planner.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware import bundled_hardware, load_hardware, make_cluster
 from planner.model import PRESETS, load_model
@@ -30,11 +29,11 @@ from planner.partition_report import comparison_dict, compare_splits, print_comp
 from planner.plan import Parallel
 from planner.schedule import ScheduleError
 from planner.calibrate import calibrate
-from planner.files import refuse_overwrite
+from planner.files import refuse_overwrite, write_text
 from planner.profile import load_profile, profile_model, save_profile
 from planner.profile_report import profile_table
-from planner.search import (Pins, Request, analytical_comparison, check_profile_matches, explain,
-                            search, tp_rule, validate_pins)
+from planner.search import analytical_comparison, check_profile_matches, explain, search
+from planner.space import Pins, Request, tp_rule, validate_pins
 from planner.split import METHODS
 from planner.validate import DEFAULT_FILES, validate_file, validation_markdown, validation_table
 

@@ -6,12 +6,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from planner.errors import PlanInputError
-from planner.files import read_json, write_text
+from planner.files import read_json
 from planner.schedule import ScheduleError
 from planner.simulate import SimResult, closed_form_bubble, simulate
 
-__all__ = ["SimulationJob", "simulation_job", "run_simulation", "simulation_summary",
-           "write_text"]
+__all__ = ["SimulationJob", "simulation_job", "run_simulation", "simulation_summary"]
 
 
 @dataclass(frozen=True)

@@ -7,27 +7,28 @@ from planner.memory import Shape, activation_bytes, model_state_bytes
 from planner.model import PRESETS, _gpt
 
 
+def table1(published_runs):
+    """(case, GPT spec, global batch, l, h, s, V) of each Megatron-LM 2021 Table 1 run."""
+    for case in published_runs:
+        if case["group"] == "megatron2021_table1":
+            m = case["model"]
+            spec = _gpt(case["name"], m["layers"], m["hidden"], m["heads"], m["vocab"],
+                        m["seq_len"])
+            yield (case, spec, case["config"]["global_batch"], m["layers"], m["hidden"],
+                   m["seq_len"], m["vocab"])
+
+
 def test_flops_per_iteration_match_megatron_eq3(published_runs):
     """Narayanan et al. 2021 eq. 3 with the recompute forward removed (72 instead of 96):
     F = 72 B s l h^2 (1 + s/(6h) + V/(12 l h))."""
-    for case in published_runs:
-        if case["group"] != "megatron2021_table1":
-            continue
-        m, B = case["model"], case["config"]["global_batch"]
-        spec = _gpt(case["name"], m["layers"], m["hidden"], m["heads"], m["vocab"], m["seq_len"])
-        l, h, s, V = m["layers"], m["hidden"], m["seq_len"], m["vocab"]
+    for _, spec, B, l, h, s, V in table1(published_runs):
         megatron = 72 * B * s * l * h * h * (1 + s / (6 * h) + V / (12 * l * h))
         assert model_flops_per_iteration(spec, B, s) == pytest.approx(megatron, rel=0.01)
 
 
 def test_published_tflops_imply_the_published_step_time(published_runs):
     """The validation file derives step time from eq. 3 (with recompute, 96): check ours agrees."""
-    for case in published_runs:
-        if case["group"] != "megatron2021_table1":
-            continue
-        m, B = case["model"], case["config"]["global_batch"]
-        spec = _gpt(case["name"], m["layers"], m["hidden"], m["heads"], m["vocab"], m["seq_len"])
-        l, h, s, V = m["layers"], m["hidden"], m["seq_len"], m["vocab"]
+    for case, spec, B, l, h, s, V in table1(published_runs):
         flops = model_flops_per_iteration(spec, B, s) * 96 / 72 * (
             1 + s / (6 * h) + V / (16 * l * h)) / (1 + s / (6 * h) + V / (12 * l * h))
         step = flops / (case["cluster"]["gpus"] * case["measured"]["tflops_per_gpu"] * 1e12)
