@@ -194,7 +194,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
                            act_bytes=act, timeline=False)
             if sim_cache is not None:  # configurations differing only in ZeRO share a schedule
                 sim_cache[args] = sim
-        pipeline_s, bubble = sim.makespan_s, max(0.0, sim.bubble_fraction)
+        pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
         held = np.array(sim.peak_activation_bytes)
     else:
         pipeline_s = _pipeline_closed_form(par, rank_time)

@@ -212,7 +212,7 @@ def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> 
                 held -= act[k]
         peak_n.append(best_n)
         peak_b.append(best_b)
-    idle = [makespan - b for b in busy]
+    idle = [max(0.0, makespan - b) for b in busy]  # float sums can leave -1e-16
     total_busy = sum(busy)
     return SimResult(
         p=p, m=m, v=v, schedule=name, timeline=tuple(timeline), makespan_s=makespan,
