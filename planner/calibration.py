@@ -35,12 +35,22 @@ NETWORK_EFFICIENCY = 0.8
 INTRA_NODE_LATENCY_S = 5e-6
 INTER_NODE_LATENCY_S = 10e-6
 
-# Memory the framework needs beyond tensors the model formulas count: CUDA context, NCCL buffers,
-# cuBLAS workspaces and allocator fragmentation. PyTorch's CUDA context alone is 0.5-1 GiB; NCCL
-# allocates buffers per communicator (several hundred MiB with 3D groups); fragmentation in the
-# caching allocator commonly adds 5-10% (PyTorch CUDA memory docs, "memory fragmentation").
+# Memory the framework needs beyond the tensors the model formulas count. Outside PyTorch's
+# allocator: the CUDA context (1.2-1.6 GiB on A100, measured with nvidia-smi by BigScience,
+# bigscience train/tr11-176B-ml/chronicles-prequel.md), NCCL's per-communicator buffers and cuBLAS
+# workspaces: 2 GiB.
 RESERVED_BYTES = 2 * 1024**3
+
+# Share of the caching allocator's reserved memory that holds no tensor (fragmentation,
+# 1 - allocated/reserved). Tensors of steady sizes reuse their freed blocks and waste little: 5%
+# (PyTorch CUDA semantics notes, "optimizing memory usage"). Activation recomputation frees and
+# rebuilds a layer's activations once per microbatch between long-lived checkpoints, the irregular
+# pattern that splits cached blocks: 15% of reserved memory on average, up to 33%, over eight LLMs
+# trained with recomputation, ZeRO and offloading on A100-80GB (Guo et al. 2024, "GMLake",
+# ASPLOS, abstract). BLOOM's topology sweep (nvidia-smi, full recompute) checks it: with 5% it
+# was under-estimated by 16%.
 FRAGMENTATION = 0.05
+RECOMPUTE_FRAGMENTATION = 0.15
 
 # SMs an NCCL collective occupies while it runs: one CTA per channel, each holding a whole SM that
 # no compute kernel shares. "NCCL uses the minimal number of SMs to achieve the performance of the

@@ -52,6 +52,20 @@ class RunOptions:
     # nll_loss and writes a new fp32 gradient (aten _log_softmax_backward_data(grad_output,
     # output) -> grad_input): two more fp32 logit-sized buffers while the head runs its backward.
     fused_cross_entropy: bool = True
+    # PyTorch FSDP (torchtitan's FSDP2, llm-foundry) keeps each parameter's ZeRO-3 shard in fp32,
+    # the optimizer's master copy, and casts to 16-bit only while gathering it (FSDP
+    # MixedPrecision docs: "the sharded parameters stay in full precision"): no 16-bit shard
+    # beside it. DeepSpeed ZeRO-3 keeps both.
+    fp32_shards: bool = False
+
+    @property
+    def held_grad_bytes(self) -> int:
+        """Gradient bytes each parameter holds: the main gradient and any kept 16-bit copy."""
+        return self.grad_bytes + (2 if self.lowp_grad_copy else 0)
+
+    def held_weight_bytes(self, zero: int) -> int:
+        """16-bit weight bytes each parameter holds besides the fp32 master in the optimizer."""
+        return 0 if self.fp32_shards and zero >= 3 else 2
 
 
 @dataclass(frozen=True)
@@ -110,8 +124,9 @@ def _work(layer: Layer, shape: Shape, flash: bool) -> _Work:
     t, s, T, h = shape.tp, shape.seq_len, shape.tokens, layer.hidden_size
     rep = 1 / t if shape.sp else 1.0
     if layer.kind == "embedding":
-        # gather rows, add positions, dropout: read + write T·h, once each.
-        return _Work(mem_bytes=3 * ACT_BYTES * T * h * rep, collectives=1, collectives_bwd=0)
+        # gather rows, add positions, dropout: read + write T·h, once each; a norm once more.
+        passes = 4 if layer.embedding_norm else 3
+        return _Work(mem_bytes=passes * ACT_BYTES * T * h * rep, collectives=1, collectives_bwd=0)
     if layer.kind == "linear":
         return _Work(gemm_flops=2.0 * T * h * layer.out_features / t,
                      gemm_bytes=_gemm_bytes((T, h, layer.out_features / t)),

@@ -19,7 +19,7 @@ from planner import calibration, comm
 from planner.cost import LayerCost, RunOptions, layer_cost
 from planner.hardware import Cluster
 from planner.layout import dp_group_crosses_nodes, stage_hop_crosses_nodes
-from planner.memory import ACT_BYTES, Shape, model_state_bytes, sharded_params
+from planner.memory import ACT_BYTES, Shape, fragmentation, model_state_bytes, sharded_params
 from planner.model import ModelSpec
 from planner.plan import Metrics, Parallel, Plan, Stage
 from planner.simulate import simulate
@@ -201,7 +201,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
 
-    states = model_state_bytes(stages.params, par.dp, par.zero, _grad_bytes(opts))
+    states = state_bytes(stages.params, par, opts)
     chunk_mem = states + inflight * stages.act_bytes
     rank_mem = _rank_memory(model, par, stages, inflight, states, opts, held)
     dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
@@ -268,15 +268,18 @@ def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
     return (m - 1) * slowest + fill
 
 
-def _grad_bytes(opts: RunOptions) -> int:
-    return opts.grad_bytes + (ACT_BYTES if opts.lowp_grad_copy else 0)
+def state_bytes(params, par: Parallel, opts: RunOptions):
+    """Model-state bytes of ``params`` parameters (scalar or array) under this configuration's
+    ZeRO stage and the framework's gradient and weight copies."""
+    return model_state_bytes(params, par.dp, par.zero, opts.held_grad_bytes,
+                             opts.held_weight_bytes(par.zero))
 
 
 def _rank_memory(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.ndarray,
                  states: np.ndarray, opts: RunOptions, held_activations=None) -> np.ndarray:
     """Peak bytes per pipeline rank, conservative: states + held activations (the closed-form
-    in-flight counts, or the simulated peak when given) + the largest transient + the
-    framework's reserve and fragmentation (planner/calibration.py)."""
+    in-flight counts, or the simulated peak when given) + the largest transient, plus the
+    allocator's fragmentation (more on ranks that recompute) and the framework's reserve."""
     p = par.pp
     if held_activations is None:
         held = stages.by_rank(states + inflight * stages.act_bytes, p)
@@ -290,7 +293,7 @@ def _rank_memory(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.n
         held = held + stages.by_rank(inflight * out_bytes * not_last, p)
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
         tied = model.vocab_size * model.hidden_size / par.tp
-        held = held - model_state_bytes(tied, par.dp, par.zero, _grad_bytes(opts))
+        held = held - state_bytes(tied, par, opts)
     transient = stages.rank_max(stages.work_bytes, p)
     if par.zero >= 3:
         # ZeRO-3 / FSDP gathers one wrapped unit (a layer) at a time and prefetches the next: at
@@ -299,7 +302,9 @@ def _rank_memory(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.n
         # counts twice, 16-bit.
         largest = max(sharded_params(layer, par.tp) for layer in model.layers)
         transient = transient + 2 * largest * ACT_BYTES
-    return (held + transient) * (1 + calibration.FRAGMENTATION) + calibration.RESERVED_BYTES
+    recomputes = stages.by_rank(np.array([m != "none" for m in stages.recompute]), p) > 0
+    frag = np.where(recomputes, fragmentation(True), fragmentation(False))
+    return (held + transient) / (1 - frag) + calibration.RESERVED_BYTES
 
 
 def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner import calibration
 from planner.model import Layer
 
 ACT_BYTES = 2  # 16-bit activations
@@ -45,8 +46,12 @@ def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) ->
     sbh = s * b * h
     rep = 1 / t if shape.sp else 1.0  # tensors TP replicates, unless SP shards them
     if layer.kind == "embedding":
-        # dropout mask on the embedding output (Korthikanti §4.3); nothing without dropout
-        return sbh * rep if layer.dropout else 0.0
+        # dropout mask on the embedding output (Korthikanti §4.3); nothing without dropout. An
+        # embedding norm keeps its 16-bit input: recompute never covers the embedding (Megatron
+        # checkpoints transformer layers only; DeepSpeed's GPTModelPipe likewise, pipe/module.py
+        # ``_is_checkpointable``).
+        mask = sbh if layer.dropout else 0.0
+        return (mask + (ACT_BYTES * sbh if layer.embedding_norm else 0.0)) * rep
     if layer.kind == "linear":
         return ACT_BYTES * sbh * rep  # the input of the matmul
     if layer.kind == "head":
@@ -63,15 +68,22 @@ def _block_kept(layer: Layer, shape: Shape) -> float:
     s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
     sb = s * b
     kv = layer.num_kv_heads * layer.head_dim
-    # Replicated across TP (sharded by SP): two norm inputs (4), QKV input (2), MLP input (2),
-    # two dropout masks (1 + 1, only with dropout): 10·sbh (8·sbh without dropout).
-    replicated = (10 if layer.dropout else 8) * sb * h
-    # Sharded by TP: Q and K (2h + 2kv), V (2kv), attention-output projection input (2h),
-    # MLP: gelu keeps its input and the second matmul's input (2f + 2f); SwiGLU keeps gate, up
-    # and their product (2f + 2f + 2f).
+    # Replicated across TP (sharded by SP): two norm inputs (4), QKV input (2), attention's
+    # residual dropout mask (1, only with dropout) and the MLP's share (_mlp_kept).
+    # Sharded by TP: Q and K (2h + 2kv), V (2kv), attention-output projection input (2h).
+    replicated = (7 if layer.dropout else 6) * sb * h
+    sharded = sb * (2 * h + 2 * kv + 2 * kv + 2 * h)
+    return replicated * (1 / t if shape.sp else 1.0) + sharded / t + _mlp_kept(layer, shape)
+
+
+def _mlp_kept(layer: Layer, shape: Shape) -> float:
+    """The MLP's part of Korthikanti's tensors: its input (2·sbh) and residual dropout mask
+    (sbh, only with dropout), replicated across TP unless SP; gelu keeps its input and the second
+    matmul's input (2f + 2f), SwiGLU gate, up and their product (2f + 2f + 2f), sharded by TP."""
+    sb, h, t = shape.seq_len * shape.micro_batch, layer.hidden_size, shape.tp
+    replicated = (3 if layer.dropout else 2) * sb * h
     mlp = (6 if layer.mlp == "swiglu" else 4) * layer.ffn_hidden_size
-    sharded = sb * (2 * h + 2 * kv + 2 * kv + 2 * h + mlp)
-    return replicated * (1 / t if shape.sp else 1.0) + sharded / t
+    return replicated * (1 / t if shape.sp else 1.0) + sb * mlp / t
 
 
 def _scores_bytes(layer: Layer, shape: Shape) -> float:
@@ -83,8 +95,11 @@ def _scores_bytes(layer: Layer, shape: Shape) -> float:
 
 def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> float:
     """Transient bytes while this layer runs its backward: with recompute, its rebuilt activations;
-    always, the gradient buffers of its widest tensors (the MLP hidden for a block, the logits for
-    the head). They live for one layer at a time, so a stage adds only its largest."""
+    always, the gradients of its widest tensors. For a block that is the larger of two moments:
+    the MLP's backward (two hidden-size and two MLP-width gradients) and, without flash, the
+    attention's, after the MLP has freed what it saved: the gradients of the s×s probabilities
+    and scores, 16-bit, as the dropout and softmax backward write them. They live for one layer
+    at a time, so a stage adds only its largest."""
     s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
     rep = 1 / t if shape.sp else 1.0
     if layer.kind == "head":
@@ -93,8 +108,12 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
         return 2 * ACT_BYTES * s * b * h * rep
     rebuilt = activation_bytes(layer, shape, "none", flash) if recompute != "none" else 0.0
     width = (2 if layer.mlp == "swiglu" else 1) * layer.ffn_hidden_size
-    grads = ACT_BYTES * s * b * (2 * h * rep + 2 * width / t)
-    return rebuilt + grads
+    mlp_moment = ACT_BYTES * s * b * (2 * h * rep + 2 * width / t)
+    attention_moment = 0.0
+    if not flash:
+        scores = layer.num_attention_heads * s * s * b / t
+        attention_moment = 2 * ACT_BYTES * scores - _mlp_kept(layer, shape)
+    return rebuilt + max(mlp_moment, attention_moment)
 
 
 def sharded_params(layer: Layer, tp: int) -> float:
@@ -103,7 +122,7 @@ def sharded_params(layer: Layer, tp: int) -> float:
     replicated; vocab-parallel embedding and output head)."""
     h = layer.hidden_size
     if layer.kind == "embedding":
-        return layer.vocab_size * h / tp + layer.position_embeddings * h
+        return layer.vocab_size * h / tp + (layer.params - layer.vocab_size * h)
     if layer.kind == "head":
         return layer.params - layer.vocab_size * h + layer.vocab_size * h / tp
     if layer.kind == "linear":
@@ -113,11 +132,13 @@ def sharded_params(layer: Layer, tp: int) -> float:
     return (layer.params - norms - replicated_bias) / tp + norms + replicated_bias
 
 
-def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: int = 4) -> float:
-    """Weights (2) + gradients (``grad_bytes``: 4 for Megatron's fp32 main grads, 2 for 16-bit)
-    + Adam state (12: fp32 master weights, m and v); ZeRO-1 / the distributed optimizer shards the
-    12 over dp, ZeRO-2 also the gradients, ZeRO-3 also the weights (Rajbhandari et al. 2020, §5)."""
-    weights, grads, optim = 2.0, float(grad_bytes), 12.0
+def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: int = 4,
+                      weight_bytes: int = 2) -> float:
+    """16-bit weights (``weight_bytes``: 2, or 0 where the fp32 master is the only copy) +
+    gradients (``grad_bytes``: 4 for Megatron's fp32 main grads, 2 for 16-bit) + Adam state (12:
+    fp32 master weights, m and v); ZeRO-1 / the distributed optimizer shards the 12 over dp,
+    ZeRO-2 also the gradients, ZeRO-3 also the weights (Rajbhandari et al. 2020, §5)."""
+    weights, grads, optim = float(weight_bytes), float(grad_bytes), 12.0
     if zero >= 1:
         optim /= dp
     if zero >= 2:
@@ -125,3 +146,9 @@ def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: int = 4) ->
     if zero >= 3:
         weights /= dp
     return params * (weights + grads + optim)
+
+
+def fragmentation(recompute: bool) -> float:
+    """Share of the allocator's reserved memory that holds no tensor: higher when activations are
+    recomputed (planner/calibration.py)."""
+    return calibration.RECOMPUTE_FRAGMENTATION if recompute else calibration.FRAGMENTATION

@@ -38,6 +38,9 @@ class Layer:
     # (GPT-2/3, Megatron-LM, BLOOM). Llama and MPT train without it (p = 0), so no masks are
     # kept and no dropout kernels run.
     dropout: bool = True
+    # A norm on the embedding output (BLOOM's word_embeddings_layernorm; Le Scao et al. 2022,
+    # §3.2.3): its weights and, since frameworks never recompute the embedding, its saved input.
+    embedding_norm: bool = False
 
     @property
     def head_dim(self) -> int:
@@ -49,7 +52,8 @@ class Layer:
         h = self.hidden_size
         norm = (2 if self.norm == "layernorm" else 1) * h
         if self.kind == "embedding":
-            return self.vocab_size * h + self.position_embeddings * h
+            return (self.vocab_size + self.position_embeddings) * h + (
+                norm if self.embedding_norm else 0)
         if self.kind == "head":
             return norm + self.vocab_size * h
         if self.kind == "linear":
@@ -87,6 +91,7 @@ class ModelSpec:
     tie_embeddings: bool = False
     position_embeddings: int = 0
     dropout: bool = True  # see Layer.dropout
+    embedding_norm: bool = False  # see Layer.embedding_norm
     layers: tuple[Layer, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -116,7 +121,8 @@ def _standard_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     block = Layer(kind="block", num_attention_heads=spec.num_attention_heads,
                   num_kv_heads=spec.num_kv_heads, ffn_hidden_size=spec.ffn_hidden_size,
                   mlp=spec.mlp, **common)
-    embedding = Layer(kind="embedding", position_embeddings=spec.position_embeddings, **common)
+    embedding = Layer(kind="embedding", position_embeddings=spec.position_embeddings,
+                      embedding_norm=spec.embedding_norm, **common)
     head = Layer(kind="head", tied=spec.tie_embeddings, **common)
     return (embedding, *([block] * spec.num_layers), head)
 
@@ -154,10 +160,12 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
         _gpt("gpt3-175b", 96, 12288, 96),  # Brown et al. 2020, Table 2.1
-        # BLOOM: ALiBi (no position table), 250,880-token vocabulary, tied (Le Scao et al. 2022).
+        # BLOOM: ALiBi (no position table), 250,880-token vocabulary, tied, a LayerNorm after the
+        # embedding (Le Scao et al. 2022, §3.2.3): 176,247,271,424 parameters.
         ModelSpec(name="bloom-176b", num_layers=70, hidden_size=14336, num_attention_heads=112,
                   num_kv_heads=112, ffn_hidden_size=4 * 14336, vocab_size=250880, seq_length=2048,
-                  mlp="gelu", norm="layernorm", bias=True, tie_embeddings=True),
+                  mlp="gelu", norm="layernorm", bias=True, tie_embeddings=True,
+                  embedding_norm=True),
         _gpt("mt-nlg-530b", 105, 20480, 128),  # Smith et al. 2022, §3
         # Megatron-LM 2021 GPT family (Narayanan et al. 2021, Table 1).
         _gpt("megatron-1.7b", 24, 2304, 24),
@@ -274,6 +282,7 @@ def _from_ours(data: dict, origin: str) -> ModelSpec:
         # unless the file says otherwise dropout is on: the conservative choice (its masks cost
         # memory)
         dropout=bool(data.get("dropout", True)),
+        embedding_norm=bool(data.get("embedding_norm", False)),
     )
     if "layers" not in data:
         return _checked(ModelSpec(**base), origin)

@@ -15,9 +15,9 @@ import numpy as np
 from planner import calibration
 from planner.cost import RunOptions
 from planner.evaluate import (CostTable, even_split, inflight_closed_form, layer_costs,
-                              stage_transfer_s)
+                              stage_transfer_s, state_bytes)
 from planner.hardware import Cluster
-from planner.memory import model_state_bytes
+from planner.memory import fragmentation
 from planner.model import ModelSpec
 from planner.partition import (Partition, PartitionProblem, equal_param_split, fixed_split,
                                partition)
@@ -44,9 +44,11 @@ def allowed_modes(par: Parallel, opts: RunOptions, exact: bool = False) -> tuple
     return tuple(m for m in modes if not (m == "selective" and opts.flash_attention))
 
 
-def usable_bytes(cluster: Cluster) -> float:
-    return (cluster.hardware.memory_bytes - calibration.RESERVED_BYTES) / (
-        1 + calibration.FRAGMENTATION)
+def usable_bytes(cluster: Cluster, recompute: bool) -> float:
+    """Bytes of tensors a GPU can hold: its memory less the framework's reserve and the
+    allocator's fragmentation."""
+    return (cluster.hardware.memory_bytes - calibration.RESERVED_BYTES) * (
+        1 - fragmentation(recompute))
 
 
 def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
@@ -55,14 +57,14 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: R
     costs = {m: tables[m].costs for m in modes}
     time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
     act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
-    states = np.array([model_state_bytes(c.params, par.dp, par.zero, opts.grad_bytes)
-                       for c in costs[modes[0]]])
+    states = state_bytes(np.array([c.params for c in costs[modes[0]]], dtype=float), par, opts)
     transient = max(max(c.work_bytes for c in costs[m]) for m in modes)
     return PartitionProblem(
         time_s=time_s, state_bytes=states, act_bytes=act,
         inflight=np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
                                                par.virtual_stages), dtype=float),
-        capacity_bytes=max(usable_bytes(cluster) - transient, 0.0), modes=modes,
+        capacity_bytes=max(usable_bytes(cluster, modes != ("none",)) - transient, 0.0),
+        modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)))
 
 

@@ -1,9 +1,11 @@
+from dataclasses import replace
+
 import pytest
 
 from planner import comm
 from planner.cost import RunOptions, block_forward_flops, layer_cost, model_flops_per_iteration
 from planner.hardware import load_hardware
-from planner.memory import Shape, activation_bytes, model_state_bytes
+from planner.memory import Shape, activation_bytes, model_state_bytes, working_bytes
 from planner.model import PRESETS, _gpt
 
 
@@ -73,6 +75,41 @@ def test_model_states_follow_zero_paper():
     assert model_state_bytes(p, 64, 1, 2) / 1e9 == pytest.approx(31.4, rel=0.01)
     assert model_state_bytes(p, 64, 2, 2) / 1e9 == pytest.approx(16.6, rel=0.01)
     assert model_state_bytes(p, 64, 3, 2) / 1e9 == pytest.approx(1.9, rel=0.02)
+
+
+def test_fsdp_keeps_no_16_bit_shard():
+    """PyTorch FSDP's ZeRO-3 shard is the fp32 master itself: 4 + 4 + 8 = 16 bytes per parameter
+    over dp with fp32 gradients, where DeepSpeed ZeRO-3 adds a 16-bit shard (18)."""
+    fsdp = RunOptions(fp32_shards=True)
+    assert fsdp.held_weight_bytes(3) == 0 and fsdp.held_weight_bytes(2) == 2
+    assert RunOptions().held_weight_bytes(3) == 2
+    assert model_state_bytes(1, dp=8, zero=3, weight_bytes=fsdp.held_weight_bytes(3)) == 16 / 8
+    assert model_state_bytes(1, dp=8, zero=3) == 18 / 8
+
+
+def test_embedding_norm_keeps_its_input():
+    """The embedding is never recomputed: a norm after it keeps its 16-bit input (2·sbh) beside
+    the dropout mask (sbh)."""
+    shape = Shape(tp=1, sp=False, micro_batch=B, seq_len=S)
+    emb = PRESETS["bloom-176b"].layers[0]
+    assert activation_bytes(emb, shape, "full", flash=False) == pytest.approx(3 * S * B * emb.hidden_size)
+    plain = replace(GPT3, kind="embedding")
+    assert activation_bytes(plain, shape, "full", flash=False) == pytest.approx(S * B * H)
+
+
+def test_unfused_attention_backward_holds_two_score_gradients():
+    """Without flash, the dropout and softmax backward each write a 16-bit s×s gradient; the MLP
+    has freed its saved tensors by then. With many heads that moment outweighs the MLP's."""
+    shape = Shape(tp=8, sp=False, micro_batch=1, seq_len=S)
+    a, t = GPT3.num_attention_heads, 8
+    rebuilt = activation_bytes(GPT3, shape, "none", flash=False)
+    mlp_kept = 3 * S * H + 8 * S * 4 * H / t  # input + dropout mask, gelu + fc2 inputs
+    attention = 2 * 2 * a * S * S / t - mlp_kept
+    mlp = 2 * S * (2 * H + 2 * 4 * H / t)
+    assert working_bytes(GPT3, shape, "full", flash=False) == pytest.approx(
+        rebuilt + max(attention, mlp))
+    assert working_bytes(GPT3, shape, "full", flash=True) == pytest.approx(
+        activation_bytes(GPT3, shape, "none", flash=True) + mlp)
 
 
 def test_ring_collectives():

@@ -21,3 +21,35 @@ def test_closed_form_inflight_never_below_the_simulated_peak(name, p, m, v):
     assert all(c >= s for c, s in zip(per_rank, peak))
     if name != "interleaved":
         assert tuple(per_rank) == peak
+
+
+def test_ranks_that_recompute_reserve_more_for_fragmentation(monkeypatch):
+    """The allocator's fragmentation is a share of reserved memory, higher under recompute
+    (planner/calibration.py), and the partitioner's capacity is the exact inverse of it."""
+    from dataclasses import replace
+
+    from planner import calibration
+    from planner.cost import RunOptions
+    from planner.evaluate import evaluate
+    from planner.hardware import load_hardware, make_cluster
+    from planner.model import PRESETS
+    from planner.plan import Parallel
+    from planner.split import usable_bytes
+
+    cluster = make_cluster(load_hardware("a100-80gb"), 8, 1)
+    free = cluster.hardware.memory_bytes - calibration.RESERVED_BYTES
+    assert usable_bytes(cluster, True) == pytest.approx(free * 0.85)
+    assert usable_bytes(cluster, False) == pytest.approx(free * 0.95)
+    model = PRESETS["megatron-1.7b"]
+    none = Parallel(tp=1, pp=1, dp=8, micro_batch=1, num_microbatches=4, schedule="1f1b",
+                    virtual_stages=1, recompute="none", zero=1, sequence_parallel=False)
+    full = replace(none, recompute="full")
+
+    def tensors(par):  # bytes above the reserve, as if fragmentation were 5% everywhere
+        return evaluate(model, cluster, par, RunOptions()).rank_memory_bytes[0] \
+            - calibration.RESERVED_BYTES
+
+    with_recompute_share = tensors(full), tensors(none)
+    monkeypatch.setattr(calibration, "RECOMPUTE_FRAGMENTATION", calibration.FRAGMENTATION)
+    assert with_recompute_share[0] == pytest.approx(tensors(full) * 0.95 / 0.85)
+    assert with_recompute_share[1] == pytest.approx(tensors(none))

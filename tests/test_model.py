@@ -19,6 +19,12 @@ def test_preset_parameter_counts_match_published(name, published):
     assert PRESETS[name].params == pytest.approx(published, rel=0.01)
 
 
+def test_bloom_counts_its_embedding_norm():
+    """BLOOM's published 176,247,271,424 parameters (HF bigscience/bloom) include the LayerNorm
+    after the word embedding: exact only with it."""
+    assert PRESETS["bloom-176b"].params == 176_247_271_424
+
+
 def test_megatron_2021_family_matches_table1(published_runs):
     for case in published_runs:
         if case["group"] != "megatron2021_table1":
