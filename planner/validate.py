@@ -59,6 +59,8 @@ class CaseSetup:
     unsupported: str = ""
     # torchtitan's selective AC: evaluated as the mean of no and full recompute (_recompute_mode)
     half_recompute: bool = False
+    # unpublished recompute: none, unless none would not fit where the run did (validate_case)
+    recompute_guessed: bool = False
 
 
 @dataclass(frozen=True)
@@ -216,7 +218,7 @@ def case_setup(case: dict) -> CaseSetup:
                        sequence_parallel=False)
     elif group.startswith("bloom"):
         # BLOOM (Megatron-DeepSpeed 2022, tr11 slurm script): ALiBi (no position table),
-        # 250,880 vocabulary tied, unfused attention, BF16_Optimizer = ZeRO-1 with an fp32
+        # 250,880 vocabulary tied, --embed-layernorm, unfused attention, BF16_Optimizer = ZeRO-1 with an fp32
         # gradient accumulation buffer beside the kept bf16 grads, DeepSpeed's 1F1B TrainSchedule
         # keeping stage outputs until their backward, all-reduce after the backward (not
         # overlapped), full recompute keeping only layer inputs; its pipeline sends the whole
@@ -225,7 +227,7 @@ def case_setup(case: dict) -> CaseSetup:
                           num_attention_heads=m["heads"], num_kv_heads=m["heads"],
                           ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"],
                           seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=True,
-                          tie_embeddings=True)
+                          tie_embeddings=True, embedding_norm=True)
         opts = RunOptions(flash_attention=False, overlap_dp=False, grad_bytes=4,
                           lowp_grad_copy=True, keep_stage_outputs=True, scatter_gather=False)
         mb = int(cf["micro_batch"])
@@ -359,13 +361,15 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str]) -> CaseSetup:
     # flash-attn's fused CrossEntropyLoss (loss_fn 'fused_crossentropy', ComposerMPTCausalLM) and
     # Megatron-Core to its vocab-parallel cross-entropy, both computing the gradient in place.
     fused_ce = not group.startswith("torchtitan")
+    # llm-foundry and torchtitan shard with PyTorch FSDP: fp32 shards, no 16-bit copy.
+    fsdp = group.startswith(("llmfoundry", "torchtitan"))
     opts = RunOptions(flash_attention=bool(cf.get("flash_attention", True)), overlap_dp=True,
-                      grad_bytes=4, fused_cross_entropy=fused_ce)
+                      grad_bytes=4, fused_cross_entropy=fused_ce, fp32_shards=fsdp)
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
                    schedule=schedule, virtual_stages=v, recompute=recompute, zero=zero,
                    sequence_parallel=bool(cf.get("sequence_parallel")) and tp > 1)
     return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
-                     half_recompute=half)
+                     half_recompute=half, recompute_guessed=cf.get("recompute") is None)
 
 
 # --- evaluating ----------------------------------------------------------------------------------
@@ -425,6 +429,12 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "") -> Vali
                              note="; ".join(("skipped: " + setup.unsupported,) + setup.notes),
                              **common)
     step, mfu, hfu, peak_bytes = _predicted(setup, simulated)
+    if setup.recompute_guessed and peak_bytes > setup.cluster.hardware.memory_bytes:
+        # the run fitted, so it recomputed: the guess moves to full recompute
+        notes = tuple(n for n in setup.notes if not n.startswith("recompute unpublished"))
+        setup = replace(setup, parallel=replace(setup.parallel, recompute="full"),
+                        notes=notes + ("recompute unpublished: full (none would not fit)",))
+        step, mfu, hfu, peak_bytes = _predicted(setup, simulated)
     peak = setup.cluster.hardware.peak_tflops
     predicted_mem = peak_bytes / MEMORY_UNIT_BYTES
     config = _configuration(setup.parallel)

@@ -50,8 +50,13 @@ def test_memory_error(result):
     # zero-bubble Table 4: never under-estimated by more than 3% (issue target), over <= 15%
     zb = [r.memory_error for r in rows if r.group == "zero_bubble_table4" and r.supported]
     assert min(zb) >= -0.03 and max(zb) <= 0.15
-    # BLOOM: issue target (>= -3%) NOT met; pinned at today's -16.5%
-    assert s.min_memory_error == pytest.approx(-0.165, abs=0.02)
+    # BLOOM (nvidia-smi, full recompute): never under-estimated by more than 3% (issue target),
+    # but with little margin: -1.9 .. -2.9% (the allocator's fragmentation under recompute is a
+    # published average, planner/calibration.py)
+    bloom = [r.memory_error for r in rows if r.group.startswith("bloom") and r.supported
+             and r.memory_error is not None]
+    assert len(bloom) == 5 and min(bloom) >= -0.03 and max(bloom) <= 0.0
+    assert s.min_memory_error == pytest.approx(-0.029, abs=0.005)
     assert s.max_memory_error <= 0.15
 
 
@@ -141,13 +146,15 @@ def test_modern_step_time_error(both):
 
 def test_modern_memory(both):
     # Issue target met where memory was published (torchtitan H100, 8 and 128 GPUs): never
-    # under-estimated, +7.8%. The only predicted OOM left on a run that ran is the Llama 3 405B
-    # row whose micro-batch and recompute are unpublished (assumed 1 and none).
-    _, s = both
+    # under-estimated, +9..+11%. No run that ran is predicted out of memory: where recompute is
+    # unpublished and none would not fit (Llama 3 405B, 8,192 GPUs), the guess is full recompute.
+    rows, s = both
     modern = dict(s.groups)["modern"]
     assert modern.memory_cases == 2
     assert -0.03 <= modern.min_memory_error and modern.max_memory_error <= 0.15
-    assert modern.oom_mismatches == ("llama3-405b-paper-8192gpu-tp8-cp1-pp16-dp64-seq8192",)
+    assert modern.oom_mismatches == ()
+    llama = {r.case: r for r in rows}["llama3-405b-paper-8192gpu-tp8-cp1-pp16-dp64-seq8192"]
+    assert " full " in llama.configuration and "none would not fit" in llama.note
 
 
 def test_modern_setups():
