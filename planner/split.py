@@ -52,7 +52,8 @@ def usable_bytes(cluster: Cluster, recompute: bool) -> float:
 
 
 def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
-                      tables: dict[str, CostTable]) -> PartitionProblem:
+                      tables: dict[str, CostTable],
+                      recompute_fragmentation: bool = False) -> PartitionProblem:
     modes = tuple(tables)
     costs = {m: tables[m].costs for m in modes}
     time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
@@ -63,7 +64,7 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: R
         time_s=time_s, state_bytes=states, act_bytes=act,
         inflight=np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
                                                par.virtual_stages), dtype=float),
-        capacity_bytes=max(usable_bytes(cluster, modes != ("none",)) - transient, 0.0),
+        capacity_bytes=max(usable_bytes(cluster, recompute_fragmentation) - transient, 0.0),
         modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)))
 
@@ -83,29 +84,42 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
     if par.virtual_stages > 1:
         bounds = tuple(even_split(model, par.num_chunks))
         return Split(bounds, (par.recompute,) * par.num_chunks, None)
-    problem = partition_problem(model, cluster, par, opts, tables)
     if method == "ilp":
-        result = partition(problem, par.num_chunks, par.pp, lp_path=lp_path)
-    else:
-        result = partition_dp(problem, par.num_chunks, par.pp)
-    return _as_split(result)
+        return _solved(lambda problem: partition(problem, par.num_chunks, par.pp,
+                                                 lp_path=lp_path),
+                       model, cluster, par, opts, tables)
+    return _solved(lambda problem: partition_dp(problem, par.num_chunks, par.pp),
+                   model, cluster, par, opts, tables)
 
 
 def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
                 tables: dict[str, CostTable]) -> Split:
     """The common hand-made split: equal parameter counts per stage, each stage with its
     fastest recompute mode that fits."""
-    problem = partition_problem(model, cluster, par, opts, tables)
     params = [c.params for c in next(iter(tables.values())).costs]
-    return _as_split(equal_param_split(problem, par.num_chunks, par.pp, params, None))
+    return _solved(lambda problem: equal_param_split(problem, par.num_chunks, par.pp, params,
+                                                     None),
+                   model, cluster, par, opts, tables)
 
 
 def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
                    tables: dict[str, CostTable]) -> Split:
     """Megatron's default even split, each stage with its fastest recompute mode that fits."""
-    problem = partition_problem(model, cluster, par, opts, tables)
     ends = [b for _, b in even_split(model, par.num_chunks)]
-    return _as_split(fixed_split(problem, ends, par.pp, None))
+    return _solved(lambda problem: fixed_split(problem, ends, par.pp, None),
+                   model, cluster, par, opts, tables)
+
+
+def _solved(solve, model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+            tables: dict[str, CostTable]) -> Split:
+    """Split with the allocator's light fragmentation; when the answer recomputes anywhere,
+    split again with the larger share recompute costs (planner/calibration.py), so no stage
+    is promised memory its rank does not have."""
+    result = solve(partition_problem(model, cluster, par, opts, tables))
+    if any(c.recompute != "none" for c in result.chunks):
+        result = solve(partition_problem(model, cluster, par, opts, tables,
+                                         recompute_fragmentation=True))
+    return _as_split(result)
 
 
 def _as_split(result: Partition) -> Split:
