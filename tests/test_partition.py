@@ -309,3 +309,24 @@ def test_ilp_solves_a_real_memory_bound_instance_itself():
     ilp, dp = partition(prob, 4, 4), partition_dp(prob, 4, 4)
     assert ilp.method.startswith("ilp") and ilp.note == ""
     assert (ilp.boundaries, ilp.recompute) == (dp.boundaries, dp.recompute)
+
+
+@pytest.mark.parametrize("name, pp, micro_batch, seq", [
+    ("llama3-8b", 2, 1, 2048), ("llama3-8b", 4, 8, 8192), ("llama2-13b", 4, 2, 8192)])
+def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name, pp,
+                                                                             micro_batch, seq):
+    """The partitioner first assumes the allocator's light fragmentation. Each case here finds
+    a split that way only by recomputing, and that split is 0.5-8 GiB over the GPU once the
+    recompute share is counted: the second pass must refuse it rather than promise it."""
+    from planner.cost import RunOptions
+    from planner.hardware import load_hardware, make_cluster
+    from planner.model import load_model
+    from planner.plan import Parallel
+    from planner.split import best_split, cost_tables
+
+    spec, hw = load_model(name).with_seq_length(seq), load_hardware("a100-80gb")
+    par = Parallel(tp=1, pp=pp, dp=1, micro_batch=micro_batch, num_microbatches=4 * pp,
+                   recompute="full")
+    tables = cost_tables(spec, par, hw, RunOptions())
+    with pytest.raises(PartitionError, match="no split fits"):
+        best_split(spec, make_cluster(hw, pp, 1), par, RunOptions(), tables, "dp")
