@@ -53,19 +53,19 @@ class RunOptions:
     # output) -> grad_input): two more fp32 logit-sized buffers while the head runs its backward.
     fused_cross_entropy: bool = True
     # PyTorch FSDP (torchtitan's FSDP2, llm-foundry) keeps each parameter's ZeRO-3 shard in fp32,
-    # the optimizer's master copy, and casts to 16-bit only while gathering it (FSDP
-    # MixedPrecision docs: "the sharded parameters stay in full precision"): no 16-bit shard
-    # beside it. DeepSpeed ZeRO-3 keeps both.
+    # the optimizer's master copy, and casts to 16-bit only for the all-gather: no 16-bit shard
+    # beside it (FSDP2 MixedPrecisionPolicy docstring: the high-precision sharded parameters are
+    # kept anyway, so the optimizer's copy costs no extra memory). DeepSpeed ZeRO-3 keeps both.
     fp32_shards: bool = False
 
     @property
     def held_grad_bytes(self) -> int:
         """Gradient bytes each parameter holds: the main gradient and any kept 16-bit copy."""
-        return self.grad_bytes + (2 if self.lowp_grad_copy else 0)
+        return self.grad_bytes + (ACT_BYTES if self.lowp_grad_copy else 0)
 
     def held_weight_bytes(self, zero: int) -> int:
         """16-bit weight bytes each parameter holds besides the fp32 master in the optimizer."""
-        return 0 if self.fp32_shards and zero >= 3 else 2
+        return 0 if self.fp32_shards and zero >= 3 else ACT_BYTES
 
 
 @dataclass(frozen=True)

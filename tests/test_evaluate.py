@@ -1,9 +1,17 @@
 """Closed forms the screen relies on, checked against the op-by-op simulator."""
 
+from dataclasses import replace
+
 import pytest
 
-from planner.evaluate import inflight_closed_form
+from planner import calibration
+from planner.cost import RunOptions
+from planner.evaluate import evaluate, inflight_closed_form
+from planner.hardware import load_hardware, make_cluster
+from planner.model import PRESETS
+from planner.plan import Parallel
 from planner.simulate import simulate
+from planner.split import usable_bytes
 
 CASES = [(name, p, m, v) for name in ("gpipe", "1f1b", "zb-h1", "interleaved")
          for p in (1, 2, 4, 8) for m in (1, 4, 8, 16, 32)
@@ -26,16 +34,6 @@ def test_closed_form_inflight_never_below_the_simulated_peak(name, p, m, v):
 def test_ranks_that_recompute_reserve_more_for_fragmentation(monkeypatch):
     """The allocator's fragmentation is a share of reserved memory, higher under recompute
     (planner/calibration.py), and the partitioner's capacity is the exact inverse of it."""
-    from dataclasses import replace
-
-    from planner import calibration
-    from planner.cost import RunOptions
-    from planner.evaluate import evaluate
-    from planner.hardware import load_hardware, make_cluster
-    from planner.model import PRESETS
-    from planner.plan import Parallel
-    from planner.split import usable_bytes
-
     cluster = make_cluster(load_hardware("a100-80gb"), 8, 1)
     free = cluster.hardware.memory_bytes - calibration.RESERVED_BYTES
     assert usable_bytes(cluster, True) == pytest.approx(free * 0.85)
