@@ -170,7 +170,9 @@ def test_ilp_matches_dp_v1(case):
 @given(instances(max_layers=8))
 def test_cbc_matches_dp_v1(case):
     prob, K, p = case
-    _same(_outcome(lambda: partition(prob, K, p, solver="cbc", warm_start=False)), _outcome(lambda: partition_dp(prob, K, p)))
+    ilp = _outcome(lambda: partition(prob, K, p, solver="cbc", warm_start=False,
+                                     time_limit_s=SLOW_CI))
+    _same(ilp, _outcome(lambda: partition_dp(prob, K, p)))
 
 
 @settings(max_examples=80, deadline=None)
@@ -191,8 +193,8 @@ def test_dp_matches_brute_force(case):
 def test_virtual_stages_match_exhaustive(case):
     prob, K, p = case
     bf = brute_force(prob, K, p) if K <= prob.num_layers else None
-    ilp = _outcome(lambda: partition(prob, K, p, warm_start=False))
-    assert isinstance(ilp, PartitionError) or ilp == partition(prob, K, p)
+    ilp = _outcome(lambda: partition(prob, K, p, warm_start=False, time_limit_s=SLOW_CI))
+    assert isinstance(ilp, PartitionError) or ilp == partition(prob, K, p, time_limit_s=SLOW_CI)
     if bf is None:
         assert isinstance(ilp, PartitionError)
         return
