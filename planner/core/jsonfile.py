@@ -15,10 +15,11 @@ import os
 import stat
 from pathlib import Path
 
+from planner.core.limits import MAX_FILE_BYTES, MAX_JSON_DEPTH
 from planner.errors import PlanInputError
 
-MAX_BYTES = 16 * 1024 * 1024  # 16 MiB: the largest bundled input (a runs file) is ~100 KiB
-MAX_DEPTH = 32  # the deepest bundled input (a runs file's provenance) nests 4 levels
+MAX_BYTES = MAX_FILE_BYTES
+MAX_DEPTH = MAX_JSON_DEPTH
 
 
 def _reject_constant(name: str):

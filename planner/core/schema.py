@@ -78,10 +78,18 @@ def _shown(value) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else f"{x:g}"
+
+
 def _range_text(f: Field) -> str:
-    low = "" if f.low is None else (f"> {f.low:g}" if f.low_open else f">= {f.low:g}")
-    high = "" if f.high is None or f.high == MAX_INT else f"<= {f.high:g}"
-    return " and ".join(x for x in (low, high) if x)
+    positive = (f.kind == "int" and f.low == 1) or (f.low == 0 and f.low_open)
+    if positive:
+        low = "positive"
+    else:
+        low = "" if f.low is None else (f"> {_num(f.low)}" if f.low_open else f">= {_num(f.low)}")
+    high = "" if f.high is None or f.high == MAX_INT else f"at most {_num(f.high)}"
+    return ", ".join(x for x in (low, high) if x)
 
 
 def check_value(value, f: Field, where: str):

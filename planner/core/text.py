@@ -13,9 +13,9 @@ import re
 
 from rich.markup import escape as _rich_escape
 
+from planner.core.limits import MAX_NAME
 from planner.errors import PlanInputError
 
-MAX_NAME = 128  # longer than any model or GPU name in use; shorter than a terminal line
 # CSI and OSC sequences (colour, cursor movement, window title), removed whole so that no
 # parameter bytes are left behind
 _ANSI = re.compile(r"\x1b(?:\[[0-?]*[ -/]*[@-~]|\][^\x07\x1b]*(?:\x07|\x1b\\)?|[@-Z\\-_])")

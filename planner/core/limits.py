@@ -1,0 +1,25 @@
+"""Every cap on the size of the work plan3d accepts, in one place, each with its reason.
+
+Inputs beyond these are no real training run but a typo or an attack; each would make a command
+run for minutes or hours. Past a cap the command stops at once with one line naming the cap (exit
+2). benchmarks/bench_worst_case.py times each dimension at its cap.
+"""
+
+from __future__ import annotations
+
+# The largest clusters trained on hold ~10^5 GPUs; 2^18 = 262,144 leaves room. The rank layout of
+# a plan lists every rank, so its cost grows with this.
+MAX_GPUS = 2**18
+# Llama 3 405B has 126 blocks, Megatron's 1T model 128; 1,024 layers bounds the partitioner.
+MAX_LAYERS = 1024
+# pp x virtual stages: every chunk holds at least one layer.
+MAX_CHUNKS = MAX_LAYERS
+# Microbatches per step. Not lower: issue #17 makes the simulator's cost independent of M beyond
+# its steady state, and 10^6 is the floor the project agreed on.
+MAX_MICROBATCHES = 10**6
+# Input files: the largest bundled one (a runs file) is ~100 KiB.
+MAX_FILE_BYTES = 16 * 2**20
+# JSON nesting: the deepest bundled input nests 4 levels.
+MAX_JSON_DEPTH = 32
+# Names (model, GPU, run): longer than any in use, shorter than a terminal line twice over.
+MAX_NAME = 256
