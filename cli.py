@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -14,11 +15,11 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from planner.cost.layer import RunOptions
-from planner.launchers import export_plan
+from planner.launchers import export_plan, parse_targets
 from planner.report.gantt import render_gantt, to_svg
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
 from planner.report.layout import render_layout
-from planner.pipeline.job import run_simulation, simulation_job, simulation_summary
+from planner.pipeline.job import check_sizes, run_simulation, simulation_job, simulation_summary
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware.profiles import bundled_hardware, load_hardware, make_cluster
 from planner.model.spec import PRESETS, load_model
@@ -31,6 +32,8 @@ from planner.pipeline.schedule import ScheduleError
 from planner.profile.machine import calibrate
 from planner.core.files import refuse_overwrite, write_text
 from planner.profile.profiler import load_profile, profile_model, save_profile
+from planner.report.output import (INPUT_ERROR, NOTHING_FITS, error_document, error_markup,
+                                   json_text)
 from planner.report.profile import profile_table
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
 from planner.search.space import Pins, Request, tp_rule, validate_pins
@@ -55,21 +58,30 @@ err = _console(stderr=True)
 
 
 def print_json(doc) -> None:
-    """Plain JSON on stdout (no colour, stable bytes) for pipes and scripts."""
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    """Plain JSON on stdout (no colour, stable bytes, never NaN) for pipes and scripts."""
+    sys.stdout.write(json_text(doc))
 
 
 @contextmanager
-def user_errors():
-    """Bad input: one line and exit 2; nothing feasible: the reasons and exit 1."""
+def user_errors(as_json: bool = False):
+    """Bad input (a file, a flag, an output that cannot be written): one line and exit 2;
+    nothing feasible: the reasons and exit 1. With --json the same as a JSON document on stdout."""
     try:
         yield
     except PlanInputError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2)
+        _fail("error", "input", str(e), INPUT_ERROR, as_json)
     except NoFeasiblePlan as e:
-        err.print(f"[bold red]no feasible plan:[/bold red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
+        _fail("no feasible plan", "infeasible", str(e), NOTHING_FITS, as_json, e.rejected)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        _fail("error", "output", f"{where}{e.strerror or e}", INPUT_ERROR, as_json)
+
+
+def _fail(label: str, kind: str, message: str, code: int, as_json: bool, rejected=None):
+    err.print(error_markup(label, message), highlight=False, soft_wrap=True)
+    if as_json:
+        print_json(error_document(kind, message, code, rejected))
+    raise typer.Exit(code)
 
 
 @contextmanager
@@ -151,13 +163,15 @@ def solve(
       plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/\n
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
-    with user_errors():
+    with user_errors(as_json):
+        if gpu is not None and hardware is not None:
+            raise PlanInputError("give --gpu NAME or --hardware FILE, not both")
+        targets = parse_targets(export)
         spec = load_model(model).with_seq_length(seq_len)
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel)
-        targets = [t.strip() for t in export.split(",") if t.strip()] if export else []
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
         measured = load_profile(profile_file) if profile_file is not None else None
@@ -225,6 +239,8 @@ def profile(
     with user_errors():
         if device not in ("cpu", "gpu"):
             raise PlanInputError(f"--device must be cpu or gpu, got {device!r}")
+        if not (math.isfinite(budget_s) and budget_s > 0):
+            raise PlanInputError(f"--budget-s must be a positive number of seconds, got {budget_s}")
         if calibrate_it:
             with progress_bar("calibrating") as progress:
                 hw = calibrate(device, progress=_three(progress))
@@ -282,7 +298,7 @@ def simulate(
       plan simulate --pp 4 --microbatches 8 --schedule interleaved --virtual-stages 2\n
       plan simulate --plan out/plan.json --svg schedule.svg
     """
-    with user_errors():
+    with user_errors(as_json):
         job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                              plan_file)
         result = run_simulation(job)
@@ -336,6 +352,7 @@ def partition(
     solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the splits as JSON."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the --lp file."),
 ):
     """Split the layers into pipeline stages balanced by compute under memory.
 
@@ -346,11 +363,18 @@ def partition(
       plan partition --model llama3-8b --pp 4\n
       plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
     """
-    with user_errors():
+    with user_errors(as_json):
+        for name, value in (("--pp", pp), ("--tp", tp), ("--dp", dp),
+                            ("--microbatches", microbatches)):
+            if value is not None and value < 1:
+                raise PlanInputError(f"{name} must be positive, got {value}")
+        m = microbatches or 4 * pp
+        check_sizes(pp, m, virtual_stages)
+        if lp is not None:
+            refuse_overwrite([lp], force)
         spec = load_model(model).with_seq_length(seq_len)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
-        m = microbatches or 4 * pp
         gpus = tp * pp * dp
         hw = load_hardware(gpu, hardware)
         cluster = make_cluster(hw, gpus, max(1, gpus // hw.gpus_per_node)

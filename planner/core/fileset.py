@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 MANIFEST = "plan3d-manifest.json"
 LOCK = ".plan3d.lock"
@@ -58,11 +58,13 @@ def _sha256(data: bytes) -> str:
 @contextmanager
 def _locked(out_dir: Path, exclusive: bool):
     try:
-        fd = os.open(out_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        if exclusive:
+            fd = os.open(out_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+        else:  # a reader never creates the lock: no lock file, no writer has been here
+            fd = os.open(out_dir / LOCK, os.O_RDONLY)
     except OSError as e:
-        if exclusive or e.errno not in (errno.EACCES, errno.EROFS, errno.EPERM):
+        if exclusive:
             raise output_error(e, out_dir / LOCK) from None
-        # a reader of a read-only directory: nobody can be writing there either
         yield
         return
     try:
@@ -175,6 +177,7 @@ def _swap(out_dir: Path, names: list[str], temps: dict[str, Path], stale_names: 
     manifest_path = out_dir / MANIFEST
     manifest_backup = out_dir / f".{MANIFEST}{_BACKUP}"
     had_manifest = False
+    current = manifest_path  # what an error message names
     try:
         if manifest_path.exists():
             os.replace(manifest_path, manifest_backup)
@@ -186,7 +189,7 @@ def _swap(out_dir: Path, names: list[str], temps: dict[str, Path], stale_names: 
                 os.replace(target, backup)
                 moved.append((target, backup))
         for name in names:
-            target = out_dir / name
+            target = current = out_dir / name
             backup = None
             if target.is_dir() and not target.is_symlink():
                 raise IsADirectoryError(errno.EISDIR, "a directory is in the way", str(target))
@@ -196,6 +199,7 @@ def _swap(out_dir: Path, names: list[str], temps: dict[str, Path], stale_names: 
             moved.append((target, backup))
             os.replace(temps[name], target)
             del temps[name]
+        current = manifest_path
         text = json.dumps(manifest, indent=2, sort_keys=True) + "\n"
         tmp, _ = _write_temp(out_dir, OutFile(MANIFEST, text))
         os.replace(tmp, manifest_path)
@@ -216,7 +220,7 @@ def _swap(out_dir: Path, names: list[str], temps: dict[str, Path], stale_names: 
             except OSError:
                 pass
         if isinstance(e, OSError):
-            raise output_error(e) from None
+            raise output_error(e, current) from None
         raise
     for _, backup in moved:
         if backup is not None:

@@ -16,7 +16,7 @@ import stat
 from pathlib import Path
 
 from planner.core.limits import MAX_FILE_BYTES, MAX_JSON_DEPTH
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 MAX_BYTES = MAX_FILE_BYTES
 MAX_DEPTH = MAX_JSON_DEPTH

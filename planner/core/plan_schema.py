@@ -6,9 +6,9 @@ plan schema adds) are not read, so they are not checked either."""
 from __future__ import annotations
 
 from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
-from planner.core.plan import RECOMPUTE_MODES, SCHEDULES
+from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES
 from planner.core.schema import Bool, Free, Int, Num, OneOf, Text, check_list, check_object
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 MAX_SECONDS = 1e9
 

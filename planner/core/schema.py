@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from planner.core.text import MAX_NAME, name_problem, visible
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 MAX_TEXT = 4096  # free text (notes, sources); names are capped at MAX_NAME
 MAX_INT = 2**53  # every integer we read stays exact as a float

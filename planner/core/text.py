@@ -14,7 +14,7 @@ import re
 from rich.markup import escape as _rich_escape
 
 from planner.core.limits import MAX_NAME
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 # CSI and OSC sequences (colour, cursor movement, window title), removed whole so that no
 # parameter bytes are left behind

@@ -5,7 +5,7 @@ model, cluster, parallel configuration and measurements. The bundled files
 from __future__ import annotations
 
 from planner.core.schema import Bool, Free, Int, Name, Num, Text, check_list, check_object
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 from planner.model.schema import MAX_FFN, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_VOCAB
 
 MAX_CASES = 10_000
@@ -94,7 +94,10 @@ def check_runs_document(data, origin: str) -> None:
     check_list(data, origin, "published runs", MAX_CASES)
     for n, case in enumerate(data):
         where = f"{origin}: runs[{n}]"
-        values = check_object(case, CASE, where, "run")
+        try:
+            values = check_object(case, CASE, where, "run")
+        except PlanInputError as e:
+            raise PlanInputError(f"{e} (not a published-run record)") from None
         where = f"{origin}: run '{values['name']}'"
         for key, schema in (("model", MODEL), ("cluster", CLUSTER), ("config", CONFIG),
                             ("measured", MEASURED)):

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from planner.launchers.common import (Facts, header, is_standard_gpt, schedule_basics,
                                    strongest_recompute, structure_problems, tp_divisibility)
+from planner.launchers.quoting import comment, toml_list, toml_str
 from planner.predict.plan import Plan
 
 TARGET = "torchtitan v0.1+ TOML job config (torchrun -m torchtitan.train --job.config_file)"
@@ -62,10 +63,6 @@ def split_points(plan: Plan) -> list[str]:
     return points
 
 
-def _toml_list(items: list[str]) -> str:
-    return "[" + ", ".join(f'"{x}"' for x in items) + "]"
-
-
 def render(plan: Plan) -> dict[str, str]:
     par, m = plan.parallel, plan.model
     shard = par.zero >= 3 or par.tp > 1 or par.pp > 1
@@ -73,13 +70,13 @@ def render(plan: Plan) -> dict[str, str]:
     model_name, flavor = FLAVORS.get(m.name, ("llama3", "SET-ME"))
     recompute = strongest_recompute(plan)
     lines = [header(plan, TARGET)]
-    lines.append(f"# Model: {m.name}, {m.num_layers} blocks, hidden {m.hidden_size}, "
+    lines.append(f"# Model: {comment(m.name)}, {m.num_layers} blocks, hidden {m.hidden_size}, "
                  f"{m.num_attention_heads} heads ({m.num_kv_heads} KV), FFN {m.ffn_hidden_size}.\n")
     if par.tp > 1 and not par.sequence_parallel:
         lines.append("# Note: torchtitan's TP implies sequence parallelism (less activation "
                      "memory than this plan counted).\n")
-    lines += ["\n[model]\n", f'name = "{model_name}"\n',
-              f'flavor = "{flavor}"' + ("  # pick the flavor matching the model above"
+    lines += ["\n[model]\n", f"name = {toml_str(model_name)}\n",
+              f"flavor = {toml_str(flavor)}" + ("  # pick the flavor matching the model above"
                                         if flavor == "SET-ME" else "") + "\n",
               "\n[training]\n",
               f"local_batch_size = {local_batch}\n",
@@ -99,10 +96,10 @@ def render(plan: Plan) -> dict[str, str]:
     if par.pp > 1:
         sched = SCHEDULES.get(par.schedule, par.schedule)
         note = "  # closest to ZB-H1 available" if par.schedule == "zb-h1" else ""
-        lines += [f'pipeline_parallel_schedule = "{sched}"{note}\n',
+        lines += [f"pipeline_parallel_schedule = {toml_str(sched)}{note}\n",
                   f"pipeline_parallel_microbatch_size = {par.micro_batch}\n",
-                  f"pipeline_parallel_split_points = {_toml_list(split_points(plan))}\n"]
-    lines += ["\n[activation_checkpoint]\n", f'mode = "{recompute}"\n']
+                  f"pipeline_parallel_split_points = {toml_list(split_points(plan))}\n"]
+    lines += ["\n[activation_checkpoint]\n", f"mode = {toml_str(recompute)}\n"]
     if recompute == "selective":
         lines.append('selective_ac_option = "op"\n')
     return {"torchtitan.toml": "".join(lines)}

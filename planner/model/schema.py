@@ -13,7 +13,7 @@ from __future__ import annotations
 from planner.core.schema import (Bool, Free, Int, Name, Num, OneOf, Text, check_list,
                                  check_object)
 from planner.core.limits import MAX_LAYERS
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 MAX_HIDDEN = 2**20  # 1,048,576; the widest published model (Megatron 1T) has 25,600
 MAX_HEADS = 2**14

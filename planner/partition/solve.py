@@ -10,6 +10,7 @@ from dataclasses import replace
 import numpy as np
 import pulp
 
+from planner.core.fileset import OutputError, output_error
 from planner.partition.dp import _bottleneck_v1, canonical, infeasible_error, partition_dp
 from planner.partition import milp
 from planner.partition.problem import (TIE_RTOL, Partition, PartitionError, PartitionProblem, Prepared,
@@ -129,9 +130,12 @@ def partition(
         if heur is not None:
             model.warm_start(heur.boundaries, [prep.problem.modes.index(m) for m in heur.recompute])
         if lp_path is not None:
-            model.prob.writeLP(os.fspath(lp_path))
+            try:
+                model.prob.writeLP(os.fspath(lp_path))
+            except OSError as e:  # the user's --lp path: report it, do not fall back
+                raise output_error(e, lp_path) from None
         status, bound = milp.solve(model, name, deadline - time.monotonic())
-    except PartitionError:
+    except (PartitionError, OutputError):
         raise
     except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace
         return fallback(f"{name} solver failed ({type(exc).__name__})")
