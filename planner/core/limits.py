@@ -7,10 +7,11 @@ run for minutes or hours. Past a cap the command stops at once with one line nam
 
 from __future__ import annotations
 
-# GPUs in one job. Llama 3 405B trained on 16,384 H100s (Llama 3 paper, sec. 3.3); 2^16 = 65,536
-# is four times that. Every plan's JSON lists each rank's place (layout/ranks.py), ~0.4 s at the
-# cap, so --json --top 10 stays a few seconds (benchmarks/bench_worst_case.py).
-MAX_GPUS = 2**16
+# GPUs in one job. Llama 3 405B trained on 16,384 H100s (Llama 3 paper, sec. 3.3); 2^15 = 32,768
+# is twice that. Every plan's JSON lists each rank's place (layout/ranks.py): at 2^16 GPUs
+# `solve --json --top 10` took ~10 s of CPU, at 2^15 about half (benchmarks/bench_worst_case.py),
+# and a million GPUs with a batch that fits ran for more than 5 minutes.
+MAX_GPUS = 2**15
 # Llama 3 405B has 126 blocks, Megatron's 1T model 128; 1,024 layers bounds the partitioner.
 MAX_LAYERS = 1024
 # pp x virtual stages: every chunk holds at least one layer.

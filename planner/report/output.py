@@ -43,5 +43,8 @@ def finite(doc):
 
 
 def json_text(doc) -> str:
-    """Indented JSON text of ``doc``, non-finite numbers as null."""
-    return json.dumps(finite(doc), indent=2, allow_nan=False) + "\n"
+    """Indented JSON text of ``doc``, non-finite numbers as null (walked only when present)."""
+    try:
+        return json.dumps(doc, indent=2, allow_nan=False) + "\n"
+    except ValueError:
+        return json.dumps(finite(doc), indent=2, allow_nan=False) + "\n"
