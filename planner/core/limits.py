@@ -14,8 +14,10 @@ from __future__ import annotations
 MAX_GPUS = 2**15
 # Llama 3 405B has 126 blocks, Megatron's 1T model 128; 1,024 layers bounds the partitioner.
 MAX_LAYERS = 1024
-# pp x virtual stages: every chunk holds at least one layer.
-MAX_CHUNKS = MAX_LAYERS
+# Pipeline chunks, pp x virtual stages. The deepest published pipelines have a few dozen (Megatron
+# 1T: pp 64; the zero-bubble runs: one layer per chunk, 30-ish); the op-by-op simulator's work grows
+# with chunks x M, and 256 chunks x 256 microbatches simulate in ~1 s of CPU.
+MAX_CHUNKS = 256
 # Microbatches per step. Not lower: issue #17 makes the simulator's cost independent of M beyond
 # its steady state, and 10^6 is the floor the project agreed on.
 MAX_MICROBATCHES = 10**6

@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 from itertools import product
 
 from planner.core.divisors import divisors
-from planner.core.limits import MAX_MICROBATCHES
+from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.cost.layer import RunOptions
 from planner.core.errors import PlanInputError
 from planner.launchers import LAUNCHERS, Facts, launcher_allows
@@ -210,6 +210,8 @@ def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:
     layers = len(model.layers)
     if par.num_chunks > layers:
         return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
+    if par.num_chunks > MAX_CHUNKS:  # core/limits.py
+        return f"{par.num_chunks} pipeline chunks; at most {MAX_CHUNKS}"
     if par.schedule == "interleaved":
         if par.pp == 1:
             return "interleaved needs pp > 1"
