@@ -735,3 +735,25 @@ def test_ten_concurrent_writers_never_leave_a_mixed_set(tmp_path):
     assert _consistent(final)
     assert not [p for p in out.iterdir() if p.name.endswith((".tmp", ".plan3d-old"))]
     assert reads > 0
+
+
+# --- solver scratch files ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("solver", ["cbc", "highs"])
+def test_solver_files_are_removed_on_ctrl_c(monkeypatch, solver):
+    import pulp
+
+    from planner.partition import milp
+
+    seen = []
+
+    def interrupted(self, solver=None, **kwargs):
+        seen.append(solver.tmpDir)
+        Path(solver.tmpDir, "model-pulp.mps").write_text("a model")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pulp.LpProblem, "solve", interrupted)
+    model = type("Model", (), {"prob": pulp.LpProblem("p")})()
+    with pytest.raises(KeyboardInterrupt):
+        milp.solve(model, solver, 1.0)
+    assert seen and not os.path.exists(seen[0])

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
@@ -47,3 +49,14 @@ def read_json(path: str | Path, what: str, missing_hint: str = ""):
     """Parse a JSON input file, or one clear PlanInputError line saying what is wrong and what
     to do (regular files of at most 16 MiB, finite numbers, bounded nesting: core/jsonfile.py)."""
     return read_json_file(path, what, missing_hint)
+
+
+@contextmanager
+def scratch_dir(prefix: str = "plan3d-"):
+    """A private temporary directory, removed with everything in it when the block ends, also on
+    Ctrl-C (a solver's temporary model and solution files go there)."""
+    path = tempfile.mkdtemp(prefix=prefix)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

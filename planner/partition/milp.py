@@ -16,6 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
+from planner.core.files import scratch_dir
 from planner.partition.problem import PartitionError, Prepared, _lower_bound
 
 MAX_BINARIES = 20_000
@@ -296,7 +297,8 @@ def solve(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
     import pulp
 
     solver = _make_solver(name, time_limit_s)
-    with _quiet_stdout():  # HiGHS prints a banner before msg=False takes effect
+    with scratch_dir() as tmp, _quiet_stdout():  # HiGHS prints a banner before msg=False works
+        solver.tmpDir = tmp  # CBC's model/solution files: removed even on Ctrl-C
         model.prob.solve(solver)
     bound = None
     if name == "highs":
