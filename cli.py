@@ -31,6 +31,7 @@ from planner.core.parallel import Parallel
 from planner.pipeline.schedule import ScheduleError
 from planner.profile.machine import calibrate
 from planner.core.files import refuse_overwrite, write_text
+from planner.core.text import for_rich
 from planner.profile.profiler import load_profile, profile_model, save_profile
 from planner.report.output import (INPUT_ERROR, NOTHING_FITS, error_document, error_markup,
                                    json_text)
@@ -191,7 +192,7 @@ def solve(
             write_text(csv_file, plans_csv(result.plans), force=force)
         if targets:
             written = export_plan(result.plans[0], targets, out_dir, force=force)
-            err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+            err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
             doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
                    "search": {"screened": result.screened, "returned": len(result.plans)}}
@@ -199,7 +200,7 @@ def solve(
         else:
             print_search(out, result, spec, cluster)
             if measured is not None:
-                out.print(analytical_comparison(req, result.plans[0]), highlight=False)
+                out.print(for_rich(analytical_comparison(req, result.plans[0])), highlight=False)
 
 
 def parse_range(text: Optional[str]) -> Optional[tuple[int, int]]:
@@ -247,7 +248,7 @@ def profile(
             text = json.dumps(hw, indent=2) + "\n"
             if out_file is not None:
                 write_text(out_file, text, force=force)
-                err.print(f"wrote {out_file}", highlight=False)
+                err.print(f"wrote {for_rich(str(out_file))}", highlight=False)
             else:
                 sys.stdout.write(text)
             return
@@ -267,7 +268,7 @@ def profile(
                       "yet been checked on real hardware; sanity-check the TFLOP/s column[/dim]")
         if out_file is not None:
             save_profile(measured, out_file, force=force)
-            err.print(f"wrote {out_file}", highlight=False)
+            err.print(f"wrote {for_rich(str(out_file))}", highlight=False)
 
 
 def _three(progress):

@@ -757,3 +757,10 @@ def test_solver_files_are_removed_on_ctrl_c(monkeypatch, solver):
     with pytest.raises(KeyboardInterrupt):
         milp.solve(model, solver, 1.0)
     assert seen and not os.path.exists(seen[0])
+
+
+def test_markup_in_an_output_path_is_printed_as_text(tmp_path):
+    out = tmp_path / "[/bold]run"
+    result = invoke(solve("--export", "json", "--out", out))
+    assert result.exit_code == 0, (result.stderr, result.exception)
+    assert "[/bold]run" in result.stderr and (out / "plan.json").exists()
