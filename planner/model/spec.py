@@ -12,6 +12,7 @@ from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.model.huggingface import huggingface_fields
 
 LAYER_KINDS = ("embedding", "block", "head", "linear")
 MLP_KINDS = ("gelu", "swiglu")
@@ -225,7 +226,7 @@ def model_from_dict(data: dict, origin: str = "model") -> ModelSpec:
             f"{origin}: a mixture-of-experts model ({moe[0]}={data[moe[0]]}); plan3d plans dense "
             "models only and will not plan it as dense")
     if "model_type" in data or "architectures" in data:
-        return _from_huggingface(data, origin)
+        return _checked(ModelSpec(**huggingface_fields(data, origin)), origin)
     return _from_ours(data, origin)
 
 
@@ -315,57 +316,3 @@ def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
             _positive(where, out_features=fields.get("out_features"))
         layers.extend([Layer(**fields)] * repeat)
     return tuple(layers)
-
-
-def _from_huggingface(data: dict, origin: str) -> ModelSpec:
-    kind = str(data.get("model_type", "")).lower()
-    seq = data.get("max_position_embeddings") or data.get("n_positions") or 2048
-    name = str(data.get("_name_or_path") or data.get("name") or Path(origin).parent.name or kind)
-    if kind in ("llama", "mistral", "qwen2", "qwen3"):
-        heads = _require(data, origin, "num_attention_heads")
-        spec = ModelSpec(
-            name=name, num_layers=_require(data, origin, "num_hidden_layers"),
-            hidden_size=_require(data, origin, "hidden_size"), num_attention_heads=heads,
-            num_kv_heads=data.get("num_key_value_heads") or heads,
-            ffn_hidden_size=_require(data, origin, "intermediate_size"),
-            vocab_size=_require(data, origin, "vocab_size"), seq_length=min(seq, 8192),
-            mlp="swiglu", norm="rmsnorm", bias=False,
-            tie_embeddings=bool(data.get("tie_word_embeddings", False)),
-            dropout=bool(data.get("attention_dropout", 0.0)))
-    elif kind == "gpt2":
-        hidden = _require(data, origin, "n_embd", "hidden_size")
-        spec = ModelSpec(
-            name=name, num_layers=_require(data, origin, "n_layer", "num_hidden_layers"),
-            hidden_size=hidden, num_attention_heads=_require(data, origin, "n_head"),
-            num_kv_heads=_require(data, origin, "n_head"),
-            ffn_hidden_size=data.get("n_inner") or 4 * hidden,
-            vocab_size=_require(data, origin, "vocab_size"), seq_length=seq, mlp="gelu",
-            norm="layernorm", bias=True, tie_embeddings=True, position_embeddings=seq)
-    elif kind == "gpt_neox":
-        heads = _require(data, origin, "num_attention_heads")
-        spec = ModelSpec(
-            name=name, num_layers=_require(data, origin, "num_hidden_layers"),
-            hidden_size=_require(data, origin, "hidden_size"), num_attention_heads=heads,
-            num_kv_heads=heads, ffn_hidden_size=_require(data, origin, "intermediate_size"),
-            vocab_size=_require(data, origin, "vocab_size"), seq_length=seq, mlp="gelu",
-            norm="layernorm", bias=True,
-            tie_embeddings=bool(data.get("tie_word_embeddings", False)))
-    elif kind in ("falcon", "refinedweb", "refinedwebmodel"):
-        hidden = _require(data, origin, "hidden_size")
-        heads = _require(data, origin, "num_attention_heads", "n_head")
-        if data.get("new_decoder_architecture"):
-            kv = data.get("num_kv_heads") or data.get("n_head_kv") or heads
-        else:
-            kv = 1 if data.get("multi_query", True) else heads
-        spec = ModelSpec(
-            name=name, num_layers=_require(data, origin, "num_hidden_layers", "n_layer"),
-            hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv,
-            ffn_hidden_size=data.get("ffn_hidden_size") or 4 * hidden,
-            vocab_size=_require(data, origin, "vocab_size"), seq_length=seq, mlp="gelu",
-            norm="layernorm", bias=bool(data.get("bias", False)),
-            tie_embeddings=bool(data.get("tie_word_embeddings", True)))
-    else:
-        raise PlanInputError(
-            f"{origin}: model_type '{kind}' is not supported; supported HuggingFace families: "
-            "llama, mistral, qwen2, gpt2, gpt_neox, falcon (or write a plan3d model.json)")
-    return _checked(spec, origin)
