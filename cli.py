@@ -21,10 +21,12 @@ from planner.report.layout import render_layout
 from planner.pipeline.job import run_simulation, simulation_job, simulation_summary
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware.profiles import bundled_hardware, load_hardware, make_cluster
-from planner.model.spec import PRESETS, load_model
+from planner.model.spec import PRESETS, load_model, sequence_note
+from planner.model.template import model_template
 from planner.report.plans import (hardware_table, models_table, plans_csv, print_explanation,
                             print_search)
 from planner.partition.problem import PartitionError
+from planner.report.models import template_table
 from planner.report.partition import comparison_dict, compare_splits, print_comparison
 from planner.core.parallel import Parallel
 from planner.pipeline.schedule import ScheduleError
@@ -70,6 +72,16 @@ def user_errors():
     except NoFeasiblePlan as e:
         err.print(f"[bold red]no feasible plan:[/bold red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def planned_model(model: Optional[str], seq_len: Optional[int]):
+    """The model as planned at --seq-len; a note on stderr when that is not the context it
+    declares (an imported config's capped default, or an override)."""
+    spec = load_model(model).with_seq_length(seq_len)
+    note = sequence_note(spec, seq_len)
+    if note:
+        err.print(f"note: {note}", highlight=False, soft_wrap=True)
+    return spec
 
 
 @contextmanager
@@ -152,7 +164,7 @@ def solve(
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
     with user_errors():
-        spec = load_model(model).with_seq_length(seq_len)
+        spec = planned_model(model, seq_len)
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
@@ -347,7 +359,7 @@ def partition(
       plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
     """
     with user_errors():
-        spec = load_model(model).with_seq_length(seq_len)
+        spec = planned_model(model, seq_len)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
         m = microbatches or 4 * pp
@@ -393,10 +405,38 @@ def validate(
             out.print(validation_table(rows, summary))
 
 
-@app.command()
-def models():
-    """List the model presets with their parameter counts."""
-    out.print(models_table(PRESETS))
+models_app = typer.Typer(help="List the model presets, or show one as a model.json template.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context):
+    """List the model presets with their parameter counts.
+
+    Example: plan models show llama3-8b --json > model.json
+    """
+    if ctx.invoked_subcommand is None:
+        out.print(models_table(PRESETS))
+
+
+@models_app.command("show")
+def models_show(
+    name: str = typer.Argument(..., help="A preset (plan models), model.json or HF config.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the model.json itself."),
+):
+    """Show a model as a model.json template: every field, its value and meaning.
+
+    Examples:\n
+      plan models show llama3-8b\n
+      plan models show llama3-8b --json > my-model.json\n
+      plan models show path/to/config.json --json   (a HuggingFace config as a model.json)
+    """
+    with user_errors():
+        spec = load_model(name)
+        if as_json:
+            print_json(model_template(spec))
+        else:
+            out.print(template_table(spec))
 
 
 @app.command("hardware")

@@ -21,10 +21,10 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 
 # The sequence length planned when a config declares a longer context and --seq-len is not
-# given: Llama 3's pre-training length ("pre-train ... using ... a context length of 8K tokens",
-# Llama 3 herd paper §3.4.1), where long-context stages come later. A planning default chosen
-# for usefulness (a 131,072- or 1,024,000-token sequence needs context parallelism, which plan3d
-# does not plan), not a property of any model; sequence_note() says when it applies.
+# given. 8,192 is the sequence length Llama 3 was pre-trained on before its final long-context
+# stage (Llama 3 herd paper, §3.4.1 and §3.4.2); it is a planning default chosen for usefulness
+# (a 131,072- or 1,024,000-token sequence needs context parallelism, which plan3d does not plan),
+# not a property of any model, and spec.sequence_note() prints it whenever it applies.
 PLANNING_SEQ_CAP = 8192
 
 
@@ -85,10 +85,14 @@ def huggingface_fields(data: dict, origin: str) -> dict:
 
 
 def _name(data: dict, origin: str, kind: str) -> str:
-    """The config's own name, else its folder (a checkpoint's config.json), else the file."""
+    """The config's own name, else a checkpoint folder's name for its config.json, else the file's
+    (or the origin's) name."""
     path = Path(origin)
-    return str(data.get("_name_or_path") or data.get("name") or path.parent.name
-               or (path.stem if path.suffix == ".json" else path.name) or kind)
+    if path.name == "config.json" and path.parent.name:
+        fallback = path.parent.name
+    else:
+        fallback = path.stem if path.suffix == ".json" else path.name
+    return str(data.get("_name_or_path") or data.get("name") or fallback or kind)
 
 
 def _context(data: dict, fallback: int = 2048) -> tuple[int, int]:
@@ -184,7 +188,8 @@ def _falcon(data: dict, origin: str) -> dict:
         vocab_size=require(data, origin, "vocab_size"), seq_length=seq,
         max_position_embeddings=declared, mlp="gelu", norm="layernorm",
         bias=bool(data.get("bias", False)),
-        tie_embeddings=bool(data.get("tie_word_embeddings", True)), **_rope(data))
+        tie_embeddings=bool(data.get("tie_word_embeddings", True)),
+        **(dict(rope_theta=None) if data.get("alibi") else _rope(data)))
 
 
 _OTHERS = {"gpt2": _gpt2, "gpt_neox": _gpt_neox, "falcon": _falcon, "refinedweb": _falcon,

@@ -205,9 +205,9 @@ def sequence_note(spec: ModelSpec, seq_len_flag: int | None) -> str | None:
     if seq_len_flag is not None:
         return (f"{spec.name}: planning {seq}-token sequences (--seq-len); it declares {declared} "
                 "positions")
-    return (f"{spec.name} declares {declared} positions; planning {seq}-token sequences, the "
-            f"default for an imported config (at most {PLANNING_SEQ_CAP}); --seq-len {declared} "
-            "plans the full context")
+    return (f"{spec.name} declares {declared} positions; planning {seq}-token sequences "
+            f"(plan3d caps an imported config's default at {PLANNING_SEQ_CAP}); --seq-len "
+            f"{declared} plans the full context")
 
 
 def _standard_layers(spec: ModelSpec) -> tuple[Layer, ...]:
@@ -240,11 +240,12 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200, se
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
            seq: int) -> ModelSpec:
     # Llama family: SwiGLU, RMSNorm, no biases, RoPE, untied embeddings, no dropout (Touvron et
-    # al. 2023; Meta Llama 3 model card / config.json: attention_dropout 0.0).
+    # al. 2023; Meta Llama 3 model card / config.json: attention_dropout 0.0). RoPE base: 10,000
+    # for Llama 2 and 500,000 for Llama 3 (their config.json "rope_theta").
     return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                      num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq,
                      mlp="swiglu", norm="rmsnorm", bias=False, tie_embeddings=False,
-                     dropout=False)
+                     dropout=False, rope_theta=500000.0 if name.startswith("llama3") else 10000.0)
 
 
 PRESETS: dict[str, ModelSpec] = {
