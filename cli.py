@@ -27,7 +27,8 @@ from planner.report.plans import (hardware_table, models_table, plans_csv, print
                             print_search)
 from planner.partition.problem import PartitionError
 from planner.report.models import template_table
-from planner.report.partition import comparison_dict, compare_splits, print_comparison
+from planner.report.partition import (comparison_dict, compare_splits, place_nodes,
+                                      print_comparison)
 from planner.core.parallel import Parallel
 from planner.pipeline.schedule import ScheduleError
 from planner.profile.machine import calibrate
@@ -344,6 +345,8 @@ def partition(
     zero: int = typer.Option(1, "--zero", help="ZeRO stage."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU."),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes holding the tp x pp x dp "
+                                        "GPUs (default: the hardware's GPUs per node)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
     solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
@@ -365,8 +368,8 @@ def partition(
         m = microbatches or 4 * pp
         gpus = tp * pp * dp
         hw = load_hardware(gpu, hardware)
-        cluster = make_cluster(hw, gpus, max(1, gpus // hw.gpus_per_node)
-                               if gpus % hw.gpus_per_node == 0 else 1)
+        node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
+        cluster = make_cluster(hw, gpus, node_count)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero)
         req = Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp, pins=pins)
@@ -378,7 +381,8 @@ def partition(
                        schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                        zero=zero, sequence_parallel=tp > 1)
         try:
-            cmp = compare_splits(spec, cluster, par, RunOptions(), solver, lp_path=lp)
+            cmp = compare_splits(spec, cluster, par, RunOptions(), solver, lp_path=lp,
+                                 placement=placement)
         except (PartitionError, ScheduleError) as e:
             raise PlanInputError(str(e)) from None
         if as_json:
