@@ -24,6 +24,7 @@ MAX_SEQ = 2**24  # 16.7M tokens per sequence
 _LAYER_KINDS = ("embedding", "block", "head", "linear")
 _MLP_KINDS = ("gelu", "swiglu")
 _NORM_KINDS = ("layernorm", "rmsnorm")
+_QK_NORM_KINDS = ("", "head", "full")
 
 MODEL_JSON = {
     "name": Name(),
@@ -41,6 +42,15 @@ MODEL_JSON = {
     "position_embeddings": Int(0, MAX_SEQ),
     "dropout": Bool(),
     "embedding_norm": Bool(),
+    "head_dim": Int(0, MAX_HIDDEN),
+    "qkv_bias": Bool(),
+    "qk_norm": OneOf(*_QK_NORM_KINDS),
+    "block_norms": Int(0, 16),
+    "rope_theta": Num(0, 1e12, low_open=True, nullable=True),
+    "rope_scaling": Free(),  # HuggingFace's own object, carried to exports as it is
+    "max_position_embeddings": Int(0, MAX_SEQ),
+    "sliding_window": Int(0, MAX_SEQ),
+    "make_vocab_size_divisible_by": Int(1, 2**16),
     "layers": Free(),
 }
 
@@ -60,6 +70,11 @@ LAYER_ENTRY = {
     "out_features": Int(0, MAX_HIDDEN),
     "dropout": Bool(),
     "embedding_norm": Bool(),
+    "head_dim": Int(0, MAX_HIDDEN),
+    "qkv_bias": Bool(),
+    "qk_norm": OneOf(*_QK_NORM_KINDS),
+    "block_norms": Int(0, 16),
+    "make_vocab_size_divisible_by": Int(1, 2**16),
 }
 
 # The HuggingFace keys plan3d reads (model/spec.py _from_huggingface); null means "not set".
@@ -88,6 +103,12 @@ HF_CONFIG = {
     "multi_query": Bool(nullable=True),
     "new_decoder_architecture": Bool(nullable=True),
     "bias": Bool(nullable=True),
+    "alibi": Bool(nullable=True),
+    "head_dim": Int(1, MAX_HIDDEN, nullable=True),
+    "rope_theta": Num(0, 1e12, low_open=True, nullable=True),
+    "rotary_emb_base": Num(0, 1e12, low_open=True, nullable=True),
+    "rope_scaling": Free(),
+    "sliding_window": Int(0, 2**31, nullable=True),  # checked against the planned sequence
 }
 
 
