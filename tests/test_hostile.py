@@ -764,3 +764,15 @@ def test_markup_in_an_output_path_is_printed_as_text(tmp_path):
     result = invoke(solve("--export", "json", "--out", out))
     assert result.exit_code == 0, (result.stderr, result.exception)
     assert "[/bold]run" in result.stderr and (out / "plan.json").exists()
+
+
+def test_a_new_set_replaces_the_old_one_whole_and_only_with_force(tmp_path):
+    from planner.core.fileset import OutFile, read_set, write_set
+
+    out = tmp_path / "run"
+    write_set(out, [OutFile("plan.json", "1"), OutFile("megatron_args.sh", "old")])
+    with pytest.raises(Exception, match="--force"):
+        write_set(out, [OutFile("ds_config.json", "2")])
+    write_set(out, [OutFile("ds_config.json", "2")], force=True)
+    assert read_set(out) == {"ds_config.json": "2"}
+    assert not (out / "megatron_args.sh").exists()  # a stale file would be sourced by launch.sh

@@ -144,10 +144,16 @@ def write_set(out_dir: str | Path, files: list[OutFile], force: bool = False,
         raise ValueError(f"bad file names for a set: {names}")
     _prepare_dir(out_dir)
     with _locked(out_dir, exclusive=True):
+        old = _read_manifest(out_dir)
+        stale_names = [n for n in (old or {}).get("files", {}) if n not in names]
         if not force:
             for name in names:
                 if (out_dir / name).exists() or (out_dir / name).is_symlink():
                     raise PlanInputError(f"{out_dir / name} exists; pass --force to overwrite")
+            present = [n for n in stale_names if (out_dir / n).exists()]
+            if present:
+                raise PlanInputError(f"{out_dir} holds {present[0]} of an earlier export, which "
+                                     "this one replaces; pass --force to replace the set")
         for stale in out_dir.glob(f".*{_BACKUP}"):  # left by a writer that was killed
             _unlink(stale)
         temps: dict[str, Path] = {}
@@ -163,8 +169,6 @@ def write_set(out_dir: str | Path, files: list[OutFile], force: bool = False,
             for tmp in temps.values():
                 _unlink(tmp)
             raise
-        old = _read_manifest(out_dir)
-        stale_names = [n for n in (old or {}).get("files", {}) if n not in digests]
         manifest = {"schema": SCHEMA, "tag": tag, "files": digests}
         _swap(out_dir, names, temps, stale_names, manifest)
     return [out_dir / name for name in names]
