@@ -13,17 +13,16 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from planner.cost import RunOptions
 from planner.export import export_plan
 from planner.gantt import render_gantt, to_svg
 from planner.layout import LayoutError, build_layout, require_node_local_tp
 from planner.layout_report import render_layout
-from planner.simulation_job import run_simulation, simulation_job, simulation_summary
+from planner.simulation_job import on_stack, run_simulation, simulation_job, simulation_summary
 from planner.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware import bundled_hardware, load_hardware, make_cluster
 from planner.model import PRESETS, load_model
-from planner.report import (hardware_table, models_table, plans_csv, print_explanation,
-                            print_search)
+from planner.report import (explanation_dict, hardware_table, models_table, plans_csv,
+                            print_explanation, print_search, stacks_dict, stacks_table)
 from planner.partition import PartitionError
 from planner.partition_report import comparison_dict, compare_splits, print_comparison
 from planner.plan import Parallel
@@ -35,6 +34,7 @@ from planner.profile_report import profile_table
 from planner.search import analytical_comparison, check_profile_matches, explain, search
 from planner.space import Pins, Request, tp_rule, validate_pins
 from planner.split import METHODS
+from planner.stack import bundled_stacks, resolve_stack
 from planner.validate import DEFAULT_FILES, validate_file, validation_markdown, validation_table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
@@ -82,6 +82,21 @@ def progress_bar(label: str):
                   TimeElapsedColumn(), console=err, transient=True) as bar:
         task = bar.add_task(label, total=None)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+# The direct flags that override one field of the stack (None: keep the stack's value).
+STACK_FLAGS = {
+    "flash": typer.Option(None, "--flash/--no-flash",
+                          help="Flash attention (scores not stored) or unfused attention "
+                               "(default: the stack's)."),
+    "overlap": typer.Option(None, "--overlap/--no-overlap",
+                            help="Overlap DP grad reduce and param gather with compute "
+                                 "(default: the stack's)."),
+    "tp_overlap": typer.Option(None, "--tp-overlap/--no-tp-overlap",
+                               help="Hide TP communication in the GEMMs (default: the stack's)."),
+    "grad_dtype": typer.Option(None, "--grad-dtype",
+                               help="Gradient dtype: fp32, bf16 or fp16 (default: the stack's)."),
+}
 
 
 @app.command()
@@ -137,10 +152,13 @@ def solve(
     profile_file: Optional[Path] = typer.Option(None, "--profile",
                                                 help="Plan from measured layer times "
                                                      "(plan profile --out FILE)."),
-    flash: bool = typer.Option(True, "--flash/--no-flash",
-                               help="Flash attention (scores not stored) or unfused attention."),
-    overlap: bool = typer.Option(True, "--overlap/--no-overlap",
-                                 help="Overlap DP gradient sync with the backward pass."),
+    stack: Optional[str] = typer.Option(None, "--stack",
+                                        help="Software stack NAME (plan stacks) or FILE "
+                                             "(default: the launcher's, else megatron-core)."),
+    flash: Optional[bool] = STACK_FLAGS["flash"],
+    overlap: Optional[bool] = STACK_FLAGS["overlap"],
+    tp_overlap: Optional[bool] = STACK_FLAGS["tp_overlap"],
+    grad_dtype: Optional[str] = STACK_FLAGS["grad_dtype"],
 ):
     """Search TP x PP x DP, micro-batch, schedule, recompute and ZeRO; print the best plans.
 
@@ -167,9 +185,14 @@ def solve(
                       batch_range=parse_range(batch_range), max_bubble=max_bubble,
                       profile=measured, pins=pins, top=top, refine=refine,
                       launcher=launcher, partition_method=partition_solver,
-                      options=RunOptions(flash_attention=flash, overlap_dp=overlap))
+                      options=resolve_stack(stack, launcher, flash, overlap, tp_overlap,
+                                            grad_dtype))
         if explain_it:
-            print_explanation(out, explain(req))
+            explanation = explain(req)
+            if as_json:
+                print_json(explanation_dict(explanation))
+            else:
+                print_explanation(out, explanation)
             return
         with progress_bar("searching") as progress:
             result = search(req, progress)
@@ -274,6 +297,9 @@ def simulate(
     as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Also write the chart as SVG."),
     force: bool = typer.Option(False, "--force", help="Overwrite the SVG file."),
+    stack: Optional[str] = typer.Option(None, "--stack",
+                                        help="Check the schedule runs on this stack NAME or FILE "
+                                             "and add its per-action overhead."),
 ):
     """Run a pipeline schedule op by op and draw it.
 
@@ -285,6 +311,8 @@ def simulate(
     with user_errors():
         job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                              plan_file)
+        if stack is not None:
+            job = on_stack(job, resolve_stack(stack), from_plan=plan_file is not None)
         result = run_simulation(job)
         if svg is not None:
             write_text(svg, to_svg(result), force=force)
@@ -336,6 +364,11 @@ def partition(
     solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the splits as JSON."),
+    stack: Optional[str] = typer.Option(None, "--stack", help="Software stack NAME or FILE."),
+    flash: Optional[bool] = STACK_FLAGS["flash"],
+    overlap: Optional[bool] = STACK_FLAGS["overlap"],
+    tp_overlap: Optional[bool] = STACK_FLAGS["tp_overlap"],
+    grad_dtype: Optional[str] = STACK_FLAGS["grad_dtype"],
 ):
     """Split the layers into pipeline stages balanced by compute under memory.
 
@@ -348,6 +381,7 @@ def partition(
     """
     with user_errors():
         spec = load_model(model).with_seq_length(seq_len)
+        run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
         m = microbatches or 4 * pp
@@ -366,7 +400,7 @@ def partition(
                        schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                        zero=zero, sequence_parallel=tp > 1)
         try:
-            cmp = compare_splits(spec, cluster, par, RunOptions(), solver, lp_path=lp)
+            cmp = compare_splits(spec, cluster, par, run_stack, solver, lp_path=lp)
         except (PartitionError, ScheduleError) as e:
             raise PlanInputError(str(e)) from None
         if as_json:
@@ -379,6 +413,9 @@ def partition(
 def validate(
     file: Optional[Path] = typer.Argument(None, help="Published runs JSON (default: bundled)."),
     markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table."),
+    stack: Optional[str] = typer.Option(None, "--stack",
+                                        help="Price every case on this stack NAME or FILE "
+                                             "instead of the stack each case names."),
 ):
     """Predict published training runs and compare: step time, TFLOP/s, memory, ranking.
 
@@ -386,7 +423,8 @@ def validate(
     """
     with user_errors():
         with progress_bar("validating") as _:
-            rows, summary = validate_file(file or DEFAULT_FILES)
+            rows, summary = validate_file(file or DEFAULT_FILES,
+                                          stack=resolve_stack(stack) if stack else None)
         if markdown:
             sys.stdout.write(validation_markdown(rows, summary))
         else:
@@ -397,6 +435,18 @@ def validate(
 def models():
     """List the model presets with their parameter counts."""
     out.print(models_table(PRESETS))
+
+
+@app.command("stacks")
+def stacks_cmd(as_json: bool = typer.Option(False, "--json", help="Every field and its source, "
+                                                                   "as JSON.")):
+    """List the bundled software stacks (plan solve --stack NAME, or --stack FILE)."""
+    with user_errors():
+        stacks = bundled_stacks()
+        if as_json:
+            print_json(stacks_dict(stacks))
+        else:
+            out.print(stacks_table(stacks))
 
 
 @app.command("hardware")

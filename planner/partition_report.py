@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
-from planner.cost import RunOptions
 from planner.evaluate import evaluate
 from planner.hardware import Cluster
 from planner.model import ModelSpec
+from planner.stack import Stack
 from planner.plan import Parallel, Plan
 from planner.split import best_split, cost_tables, megatron_split, param_split
 
@@ -35,7 +35,7 @@ class SplitComparison:
         return self.even.metrics.step_time_s / self.optimal.metrics.step_time_s - 1
 
 
-def compare_splits(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def compare_splits(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                    method: str = "ilp", profile=None, exact_recompute: bool = False,
                    lp_path=None) -> SplitComparison:
     tables = cost_tables(model, par, cluster.hardware, opts, profile, exact=exact_recompute)

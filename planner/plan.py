@@ -89,6 +89,8 @@ class Plan:
     metrics: Metrics
     rank_memory_bytes: tuple[float, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
+    # the software stack it was priced on (planner/stack: floor 1, so untyped here)
+    stack: object = field(default=None, compare=False)
 
     def to_dict(self, with_layout: bool = True) -> dict:
         from planner.layout import build_layout  # the layout depends on the plan, not vice versa
@@ -120,6 +122,7 @@ class Plan:
             "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node).to_dict()
             if with_layout else None,
             "notes": list(self.notes),
+            "stack": self.stack.to_dict() if self.stack is not None else None,
         }
 
 

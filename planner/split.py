@@ -13,16 +13,17 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner import calibration
-from planner.cost import RunOptions
-from planner.evaluate import (CostTable, even_split, inflight_closed_form, layer_costs,
-                              stage_transfer_s, state_bytes)
+from planner.evaluate import (CostTable, even_split, gathered_bytes,
+                              inflight_closed_form, kept_outputs, layer_costs, memory_parts,
+                              split_stages, stage_transfer_s, state_bytes)
 from planner.hardware import Cluster
-from planner.memory import fragmentation
+from planner.memory import ACT_BYTES, fragmentation
 from planner.model import ModelSpec
 from planner.partition import (Partition, PartitionProblem, equal_param_split, fixed_split,
                                partition)
 from planner.partition_dp import partition_dp
 from planner.plan import RECOMPUTE_MODES, Parallel
+from planner.stack import Stack
 
 METHODS = ("ilp", "dp")
 
@@ -34,7 +35,7 @@ class Split:
     partition: Partition | None  # None for a fixed (even) split
 
 
-def allowed_modes(par: Parallel, opts: RunOptions, exact: bool = False) -> tuple[str, ...]:
+def allowed_modes(par: Parallel, opts: Stack, exact: bool = False) -> tuple[str, ...]:
     """The recompute modes a stage may use: exactly the configuration's (a user's pin), or any
     up to it, so the partitioner can spare the stages with memory to spare (flash attention
     already drops the scores, so 'selective' adds nothing there)."""
@@ -51,25 +52,68 @@ def usable_bytes(cluster: Cluster, recompute: bool) -> float:
         1 - fragmentation(recompute))
 
 
-def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                       tables: dict[str, CostTable],
                       recompute_fragmentation: bool = False) -> PartitionProblem:
+    """The memory formula is evaluate.memory_parts' own, per layer: model states (plus the whole
+    stage's 16-bit weights when ZeRO-3 gathers a stage at a time), activations per in-flight
+    microbatch, the kept stage outputs of a pipeline engine that keeps them (per rank), and the
+    largest transient of any layer and mode with ZeRO-3's gathered layers, set aside from the
+    capacity. Only the tied-embedding saving of a single chunk is left out (conservative)."""
     modes = tuple(tables)
     costs = {m: tables[m].costs for m in modes}
     time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
     act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
-    states = state_bytes(np.array([c.params for c in costs[modes[0]]], dtype=float), par, opts)
+    params = np.array([c.params for c in costs[modes[0]]], dtype=float)
+    states = state_bytes(params, par, opts)
+    if par.zero >= 3 and opts.zero3_gather == "stage":
+        states = states + ACT_BYTES * params
+    inflight = np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
+                                             par.virtual_stages), dtype=float)
     transient = max(max(c.work_bytes for c in costs[m]) for m in modes)
+    if par.zero >= 3 and opts.zero3_gather == "layer":
+        transient += float(gathered_bytes(model, par, opts, np.zeros(1))[0])
+    kept = kept_outputs(model, par, inflight, opts).reshape(-1, par.pp).sum(axis=0)
     return PartitionProblem(
-        time_s=time_s, state_bytes=states, act_bytes=act,
-        inflight=np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
-                                               par.virtual_stages), dtype=float),
+        time_s=time_s, state_bytes=states, act_bytes=act, inflight=inflight,
         capacity_bytes=max(usable_bytes(cluster, recompute_fragmentation) - transient, 0.0),
         modes=modes,
-        boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)))
+        boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)),
+        extra_bytes=kept if kept.any() else None)
 
 
-def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=None,
+def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
+            tables: dict[str, CostTable]) -> bool:
+    """A cheap necessary condition for the partitioner to fit this configuration (the search's
+    memory screen: it never rejects what the partitioner can fit). Interleaved chunks are not
+    partitioned (best_split keeps them even), so their condition is the even split's own
+    memory with one microbatch held per chunk, which every schedule holds at its first
+    backward. Otherwise, with S the model states, A the activations under the lightest mode
+    each layer allows, f_r the in-flight microbatches of rank r and C the partitioner's
+    capacity, any split has max_r (S_r + f_r A_r) >= sum_r w_r (S_r + f_r A_r) for weights
+    w_r >= 0 summing to 1: w_r = 1/p gives (S + min f · A)/p, w_r proportional to 1/f_r gives
+    (S/max f + A)/sum(1/f_r). Both bounds must be within C."""
+    if par.virtual_stages > 1:
+        mode = par.recompute
+        table = tables.get(mode) or CostTable(layer_costs(model, par, cluster.hardware, opts,
+                                                          mode))
+        stages = split_stages({mode: table}, even_split(model, par.num_chunks),
+                              [mode] * par.num_chunks)
+        parts = memory_parts(model, par, stages, np.ones(par.num_chunks), opts)
+        held = sum(v for k, v in parts.items() if k not in ("fragmentation", "reserved"))
+        return bool((held / (1 - fragmentation(False)) + calibration.RESERVED_BYTES).max()
+                    <= cluster.hardware.memory_bytes)
+    problem = partition_problem(model, cluster, par, opts, tables)
+    total_s = float(problem.state_bytes.sum())
+    total_a = float(problem.act_bytes.min(axis=1).sum())
+    f = problem.inflight
+    extra = 0.0 if problem.extra_bytes is None else float(problem.extra_bytes.min())
+    bound = max((total_s + f.min() * total_a) / len(f),
+                (total_s / f.max() + total_a) / float((1 / f).sum())) + extra
+    return bound <= problem.capacity_bytes * (1 + 1e-9)
+
+
+def cost_tables(model: ModelSpec, par: Parallel, hw, opts: Stack, profile=None,
                 known: dict | None = None, exact: bool = False) -> dict[str, CostTable]:
     """Cost tables for every mode the configuration allows (reusing ``known`` ones)."""
     known = known or {}
@@ -77,7 +121,7 @@ def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=N
             for m in allowed_modes(par, opts, exact)}
 
 
-def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                tables: dict[str, CostTable], method: str = "dp", lp_path=None) -> Split:
     """The compute-balanced split under memory. Interleaved chunks stay even: Megatron's
     interleaved schedule wants the same layer count in every virtual stage."""
@@ -92,7 +136,7 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
                    model, cluster, par, opts, tables)
 
 
-def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                 tables: dict[str, CostTable]) -> Split:
     """The common hand-made split: equal parameter counts per stage, each stage with its
     fastest recompute mode that fits."""
@@ -102,7 +146,7 @@ def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOpti
                    model, cluster, par, opts, tables)
 
 
-def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                    tables: dict[str, CostTable]) -> Split:
     """Megatron's default even split, each stage with its fastest recompute mode that fits."""
     ends = [b for _, b in even_split(model, par.num_chunks)]
@@ -110,7 +154,7 @@ def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunO
                    model, cluster, par, opts, tables)
 
 
-def _solved(solve, model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def _solved(solve, model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
             tables: dict[str, CostTable]) -> Split:
     """Split with the allocator's light fragmentation; when the answer recomputes anywhere,
     split again with the larger share recompute costs (planner/calibration.py), so no stage

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from planner import calibration, comm
-from planner.cost import RunOptions
+from planner.stack import default_stack, with_overrides
 from planner.errors import PlanInputError
 from planner.evaluate import _overlapped_cost_s, evaluate
 from planner.hardware import hardware_from_dict, load_hardware, make_cluster
@@ -50,11 +50,11 @@ def test_fsdp_step_pays_interference_only_when_overlapped():
     model = PRESETS["llama2-7b"]
     cluster = make_cluster(load_hardware("a100-80gb"), 16, 2)
     par = Parallel(tp=1, pp=1, dp=16, micro_batch=2, num_microbatches=2, zero=3)
-    on = evaluate(model, cluster, par, RunOptions(overlap_dp=True)).metrics.step_time_s
+    on = evaluate(model, cluster, par, default_stack()).metrics.step_time_s
     no_sms = make_cluster(replace(load_hardware("a100-80gb"), sm_count=10**9), 16, 2)
-    free = evaluate(model, no_sms, par, RunOptions(overlap_dp=True)).metrics.step_time_s
-    off = evaluate(model, cluster, par, RunOptions(overlap_dp=False)).metrics.step_time_s
+    free = evaluate(model, no_sms, par, default_stack()).metrics.step_time_s
+    off = evaluate(model, cluster, par, with_overrides(default_stack(), overlap_grad_reduce=False, overlap_param_gather=False)).metrics.step_time_s
     assert free < on < off  # overlap still pays off, but is no longer free
     # the interference never touches runs that do not overlap
-    assert evaluate(model, no_sms, par, RunOptions(overlap_dp=False)).metrics.step_time_s == \
+    assert evaluate(model, no_sms, par, with_overrides(default_stack(), overlap_grad_reduce=False, overlap_param_gather=False)).metrics.step_time_s == \
         pytest.approx(off)

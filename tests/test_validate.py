@@ -85,7 +85,7 @@ def test_documented_assumptions():
     assert readme.parallel.schedule == "1f1b" and readme.parallel.micro_batch == 1
     table1 = case_setup(cases["megatron2021-table1-145.6B"])
     assert table1.parallel.schedule == "interleaved" and table1.parallel.virtual_stages == 2
-    assert not table1.options.flash_attention and not table1.options.overlap_dp
+    assert not table1.options.flash_attention and not table1.options.overlap_grad_reduce
     bloom = case_setup(cases["bloom-176B-production"])
     assert bloom.model.position_embeddings == 0 and bloom.model.vocab_size == 250880
     assert bloom.bounds[0] == (0, 6) and bloom.parallel.zero == 1  # embedding + 5 blocks
@@ -160,7 +160,7 @@ def test_modern_memory(both):
 def test_modern_setups():
     cases = {c["name"]: c for c in load_cases(MODERN_FILE)}
     mpt = case_setup(cases["llmfoundry-mpt7b-a100_80gb-8gpu-seq2048"])
-    assert mpt.parallel.zero == 3 and mpt.options.flash_attention and mpt.options.overlap_dp
+    assert mpt.parallel.zero == 3 and mpt.options.flash_attention and mpt.options.overlap_grad_reduce
     assert not mpt.model.dropout and mpt.model.tie_embeddings
     assert mpt.cluster.hardware.matmul_efficiency == pytest.approx(0.859)
     titan = case_setup(cases["torchtitan-llama3-8b-a100-64gpu-fsdp2-lbs1-ac_selective-op"])

@@ -47,12 +47,23 @@ def launcher_allows(launcher: str, facts: Facts) -> str | None:
     return problems[0] if problems else None
 
 
+def stack_problems(plan: Plan, target: str) -> list[str]:
+    """A launcher export of a plan priced on another launcher's stack would not run what was
+    priced: refused, with the stack to solve on instead."""
+    stack = plan.stack
+    if target not in LAUNCHERS or stack is None or stack.launcher == target:
+        return []
+    return [f"the plan was priced on the {stack.name} stack, which runs on "
+            f"{stack.launcher or 'no bundled launcher'}, not {target}; solve again with "
+            f"--launcher {target} (or --stack with a {target} stack) and export that plan"]
+
+
 def render_all(plan: Plan, targets: list[str]) -> dict[str, str]:
     """Check every target, then render: {filename: text}. Raises ExportError on a broken rule."""
     files: dict[str, str] = {}
     for target in dict.fromkeys(targets):
         module = _exporter(target)
-        problems = module.check(plan)
+        problems = stack_problems(plan, target) + module.check(plan)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ExportError(f"cannot export for {target}: {problems[0]}{more}")

@@ -121,3 +121,21 @@ def _text(value) -> str:
     if isinstance(value, tuple):
         return ",".join(str(v) for v in value)
     return str(value)
+
+
+def resolve_stack(name_or_file: str | Path | None = None, launcher: str | None = None,
+                  flash: bool | None = None, overlap: bool | None = None,
+                  tp_overlap: bool | None = None, grad_dtype: str | None = None) -> Stack:
+    """The stack a command runs on: ``--stack`` (or the launcher's, or the default) with the
+    direct flags applied as overrides (None: the stack's own value)."""
+    stack = load_stack(name_or_file, launcher)
+    changes = {}
+    if flash is not None:
+        changes["attention"] = "flash" if flash else "unfused"
+    if overlap is not None:
+        changes["overlap_grad_reduce"] = changes["overlap_param_gather"] = overlap
+    if tp_overlap is not None:
+        changes["tp_comm_overlap"] = tp_overlap
+    if grad_dtype is not None:
+        changes["grad_dtype"] = grad_dtype.lower()
+    return with_overrides(stack, "--grad-dtype" if grad_dtype is not None else "flags", **changes)
