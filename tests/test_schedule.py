@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.schedule import (
+from planner.pipeline.schedule import (
     SCHEDULES, Deadlock, Op, ScheduleError, build_schedule, find_deadlock, with_communication,
 )
 
@@ -37,8 +37,8 @@ def test_interleaved_first_rank_follows_megatron_groups():
 
 
 @pytest.mark.parametrize("name,p,m,v,msg", [
-    ("interleaved", 4, 6, 2, "interleaved needs the microbatch count (m) divisible by pp (p)"),
-    ("1f1b", 4, 8, 2, "v=1"),
+    ("interleaved", 4, 6, 2, "interleaved needs the microbatch count (6) divisible by pp (4): use 8"),
+    ("1f1b", 4, 8, 2, "virtual stages need the interleaved schedule"),
     ("gpipe", 0, 8, 1, "pipeline size"),
     ("gpipe", 2, 0, 1, "microbatch count"),
     ("pipedream", 2, 2, 1, "unknown schedule"),
@@ -143,7 +143,7 @@ def test_every_generated_schedule_is_deadlock_free_sampled(name, p, m, v):
 def test_the_whole_issue_grid_is_deadlock_free():
     """Every generated schedule for all p <= 16, M <= 64 and v in {1, 2, 4} (interleaved needs
     M divisible by p): 3,366 schedules under blocking send/receive, about 13 s."""
-    from planner.schedule import build_schedule, find_deadlock, with_communication
+    from planner.pipeline.schedule import build_schedule, find_deadlock, with_communication
 
     checked = 0
     for p in range(1, 17):

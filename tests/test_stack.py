@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 from planner.stack import (DEFAULT_STACK, LAUNCHER_STACKS, OPTION_FIELDS, bundled_stacks,
                            default_stack, load_stack, with_overrides)
 from planner.stack.profiles import STACKS_DIR

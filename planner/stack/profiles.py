@@ -11,11 +11,12 @@ from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
-from planner.errors import PlanInputError
-from planner.files import read_json
+from planner.core.errors import PlanInputError
+from planner.core.files import read_json
+from planner.core.units import DATA_DIR
 from planner.stack.spec import OPTION_FIELDS, REQUIRED_FIELDS, Stack, check_value
 
-STACKS_DIR = Path(__file__).resolve().parent.parent.parent / "profiles" / "stacks"
+STACKS_DIR = DATA_DIR / "stacks"
 DEFAULT_STACK = "megatron-core"
 # the stack each launcher runs: ``--launcher X`` prices plans on it unless --stack says otherwise
 LAUNCHER_STACKS = {"megatron": "megatron-core", "deepspeed": "deepspeed",

@@ -13,8 +13,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
-from planner.errors import PlanInputError
-from planner.plan import SCHEDULES
+from planner.core.errors import PlanInputError
+from planner.core.parallel import SCHEDULES
 
 # bytes per element of each dtype a stack names
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
