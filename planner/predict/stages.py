@@ -52,32 +52,48 @@ def usable_bytes(cluster: Cluster, recompute: bool) -> float:
         1 - fragmentation(recompute))
 
 
+def _layer_states(params, par: Parallel, opts: Stack):
+    """Model-state bytes of each layer (or of a parameter total: the formula is linear), plus
+    the layer's 16-bit weights when ZeRO-3 gathers a whole stage at a time."""
+    states = state_bytes(params, par, opts)
+    if par.zero >= 3 and opts.zero3_gather == "stage":
+        states = states + ACT_BYTES * params
+    return states
+
+
+def _memory_terms(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
+                  tables: dict[str, CostTable], recompute_fragmentation: bool = False):
+    """(in-flight microbatches per chunk, kept stage outputs per rank, capacity for states and
+    activations): evaluate.memory_parts' terms that do not depend on the split. The capacity
+    sets aside the largest transient of any layer and mode, with ZeRO-3's gathered layers."""
+    inflight = np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
+                                             par.virtual_stages), dtype=float)
+    transient = max(float(tables[m].work_bytes.max()) for m in tables)
+    if par.zero >= 3 and opts.zero3_gather == "layer":
+        transient += float(gathered_bytes(model, par, opts, np.zeros(1))[0])
+    kept = kept_outputs(model, par, inflight, opts).reshape(-1, par.pp).sum(axis=0)
+    capacity = max(usable_bytes(cluster, recompute_fragmentation) - transient, 0.0)
+    return inflight, kept, capacity
+
+
 def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                       tables: dict[str, CostTable],
                       recompute_fragmentation: bool = False) -> PartitionProblem:
     """The memory formula is evaluate.memory_parts' own, per layer: model states (plus the whole
     stage's 16-bit weights when ZeRO-3 gathers a stage at a time), activations per in-flight
     microbatch, the kept stage outputs of a pipeline engine that keeps them (per rank), and the
-    largest transient of any layer and mode with ZeRO-3's gathered layers, set aside from the
-    capacity. Only the tied-embedding saving of a single chunk is left out (conservative)."""
+    largest transient (_memory_terms) set aside from the capacity. Only the tied-embedding
+    saving of a single chunk is left out (conservative)."""
     modes = tuple(tables)
     costs = {m: tables[m].costs for m in modes}
     time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
     act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
     params = np.array([c.params for c in costs[modes[0]]], dtype=float)
-    states = state_bytes(params, par, opts)
-    if par.zero >= 3 and opts.zero3_gather == "stage":
-        states = states + ACT_BYTES * params
-    inflight = np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
-                                             par.virtual_stages), dtype=float)
-    transient = max(max(c.work_bytes for c in costs[m]) for m in modes)
-    if par.zero >= 3 and opts.zero3_gather == "layer":
-        transient += float(gathered_bytes(model, par, opts, np.zeros(1))[0])
-    kept = kept_outputs(model, par, inflight, opts).reshape(-1, par.pp).sum(axis=0)
+    inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables,
+                                             recompute_fragmentation)
     return PartitionProblem(
-        time_s=time_s, state_bytes=states, act_bytes=act, inflight=inflight,
-        capacity_bytes=max(usable_bytes(cluster, recompute_fragmentation) - transient, 0.0),
-        modes=modes,
+        time_s=time_s, state_bytes=_layer_states(params, par, opts), act_bytes=act,
+        inflight=inflight, capacity_bytes=capacity, modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)),
         extra_bytes=kept if kept.any() else None)
 
@@ -85,14 +101,16 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
 def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
             tables: dict[str, CostTable]) -> bool:
     """A cheap necessary condition for the partitioner to fit this configuration (the search's
-    memory screen: it never rejects what the partitioner can fit). Interleaved chunks are not
-    partitioned (best_split keeps them even), so their condition is the even split's own
-    memory with one microbatch held per chunk, which every schedule holds at its first
-    backward. Otherwise, with S the model states, A the activations under the lightest mode
-    each layer allows, f_r the in-flight microbatches of rank r and C the partitioner's
-    capacity, any split has max_r (S_r + f_r A_r) >= sum_r w_r (S_r + f_r A_r) for weights
-    w_r >= 0 summing to 1: w_r = 1/p gives (S + min f · A)/p, w_r proportional to 1/f_r gives
-    (S/max f + A)/sum(1/f_r). Both bounds must be within C."""
+    memory screen: it never rejects what the partitioner can fit; tests/test_stack_pricing.py
+    checks it against --explain). Interleaved chunks are not partitioned (best_split keeps them
+    even), so their condition is the even split's own memory with one microbatch held per
+    chunk, which every schedule holds at its first backward, and the light fragmentation.
+    Otherwise, with S the model states, A the activations under the lightest mode each layer
+    allows, f_r the in-flight microbatches of rank r and C the partitioner's capacity, any
+    split has max_r (S_r + f_r A_r) >= sum_r w_r (S_r + f_r A_r) for weights w_r >= 0 summing
+    to 1: w_r = 1/p gives (S + min f · A)/p, w_r proportional to 1/f_r gives
+    (S/max f + A)/sum(1/f_r). Both bounds, plus the least kept-output bytes of any rank, must
+    be within C (the light fragmentation's, which the partitioner tries first)."""
     if par.virtual_stages > 1:
         mode = par.recompute
         table = tables.get(mode) or CostTable(model_layer_costs(model, par, cluster.hardware,
@@ -103,14 +121,15 @@ def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
         held = sum(v for k, v in parts.items() if k not in ("fragmentation", "reserved"))
         return bool((held / (1 - fragmentation(False)) + constants.RESERVED_BYTES).max()
                     <= cluster.hardware.memory_bytes)
-    problem = partition_problem(model, cluster, par, opts, tables)
-    total_s = float(problem.state_bytes.sum())
-    total_a = float(problem.act_bytes.min(axis=1).sum())
-    f = problem.inflight
-    extra = 0.0 if problem.extra_bytes is None else float(problem.extra_bytes.min())
+    inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
+    any_table = next(iter(tables.values()))
+    total_s = float(_layer_states(any_table.prefix["params"][-1], par, opts))
+    total_a = float(np.minimum.reduce([np.diff(t.prefix["act_bytes"])
+                                       for t in tables.values()]).sum())
+    f = inflight
     bound = max((total_s + f.min() * total_a) / len(f),
-                (total_s / f.max() + total_a) / float((1 / f).sum())) + extra
-    return bound <= problem.capacity_bytes * (1 + 1e-9)
+                (total_s / f.max() + total_a) / float((1 / f).sum())) + float(kept.min())
+    return bound <= capacity * (1 + 1e-9)
 
 
 def cost_tables(model: ModelSpec, par: Parallel, hw, opts: Stack, profile=None,
