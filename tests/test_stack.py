@@ -126,3 +126,81 @@ def test_overrides_are_checked_and_recorded():
         with_overrides(base, grad_dtyp="bf16")
     with pytest.raises(PlanInputError, match="'grad_dtype'"):
         with_overrides(base, grad_dtype="fp8")
+
+
+# --- what each option does to the prediction -----------------------------------------------------
+
+def _predict(stack, zero=1, pp=2, **par):
+    from planner.core.parallel import Parallel
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.model.spec import PRESETS
+    from planner.predict.step import predict_plan
+    model = PRESETS["llama3-8b"]
+    cluster = make_cluster(load_hardware("a100-80gb"), 16, 2)
+    p = Parallel(tp=1, pp=pp, dp=16 // pp, micro_batch=1, num_microbatches=8, zero=zero, **par)
+    return predict_plan(model, cluster, p, stack)
+
+
+def test_deepspeed_zero2_prices_16_bit_gradients_and_zero1_its_fp32_buffer():
+    ds = load_stack("deepspeed")
+    _, z1 = _predict(ds, zero=1)
+    _, z2 = _predict(ds, zero=2)
+    _, mc = _predict(default_stack(), zero=1)
+    # ZeRO-1: bf16 grads (2) + fp32 accumulation (4) per parameter, unsharded: 1.5x Megatron's 4
+    assert z1.memory_parts["gradients"] == pytest.approx(1.5 * mc.memory_parts["gradients"])
+    # ZeRO-2: 2 bytes per parameter, sharded over dp = 8
+    assert z2.memory_parts["gradients"] == pytest.approx(mc.memory_parts["gradients"] / 2 / 8)
+
+
+def test_zero2_reducing_once_per_step_keeps_whole_gradients():
+    ds = load_stack("deepspeed")
+    once = with_overrides(ds, zero2_reduce_scatter="step")
+    _, shard = _predict(ds, zero=2)
+    _, whole = _predict(once, zero=2)
+    assert whole.memory_parts["gradients"] == pytest.approx(8 * shard.memory_parts["gradients"])
+    assert whole.step_s < shard.step_s  # one reduce-scatter per step instead of one per microbatch
+
+
+def test_zero3_gathering_a_stage_holds_more_than_a_layer_at_a_time():
+    titan = load_stack("torchtitan")
+    _, layer = _predict(titan, zero=3, pp=1)
+    _, more = _predict(with_overrides(titan, zero3_prefetch=3), zero=3, pp=1)
+    _, stage = _predict(with_overrides(titan, zero3_gather="stage"), zero=3, pp=1)
+    assert layer.memory_parts["transient"][0] < more.memory_parts["transient"][0] \
+        < stage.memory_parts["transient"][0]
+
+
+def test_per_action_overhead_adds_to_every_forward_and_backward():
+    slow = with_overrides(default_stack(), pipeline_action_overhead_s=0.01)
+    fast_plan, fast = _predict(default_stack())
+    slow_plan, slow_pred = _predict(slow)
+    for a, b in zip(fast_plan.stages, slow_plan.stages):
+        assert b.fwd_s == pytest.approx(a.fwd_s + 0.01) and b.bwd_s == pytest.approx(a.bwd_s + 0.01)
+    # 8 microbatches, each rank runs 16 actions at least once on the critical path
+    assert slow_pred.step_s - fast.step_s >= 16 * 0.01
+
+
+def test_eager_elementwise_kernels_cost_time_only_where_megatron_fuses():
+    from planner.cost.layer import layer_cost
+    from planner.cost.memory import Shape
+    from planner.hardware.profiles import load_hardware
+    from planner.model.spec import PRESETS
+    hw = load_hardware("a100-80gb")
+    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=2048)
+    fused, eager = default_stack(), with_overrides(default_stack(), fused_elementwise=False)
+    llama = PRESETS["llama3-8b"].layers[1]  # SwiGLU, no bias, no dropout: 2 more FFN passes
+    gap = layer_cost(llama, shape, "none", hw, eager).fwd_s - \
+        layer_cost(llama, shape, "none", hw, fused).fwd_s
+    from planner.cost import constants
+    extra = 2 * 2 * 2048 * llama.ffn_hidden_size  # two more 16-bit passes over the FFN width
+    rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY)
+    assert gap == pytest.approx(extra / rate, rel=1e-6)
+
+
+def test_split_overlap_flags_expose_what_is_not_overlapped():
+    base = default_stack()
+    _, both = _predict(base, zero=1)
+    _, no_reduce = _predict(with_overrides(base, overlap_grad_reduce=False), zero=1)
+    _, neither = _predict(with_overrides(base, overlap_grad_reduce=False,
+                                         overlap_param_gather=False), zero=1)
+    assert both.step_s < no_reduce.step_s < neither.step_s

@@ -78,7 +78,8 @@ def test_a_pinned_schedule_the_stack_does_not_run_is_refused_with_the_rule():
 def test_exports_carry_the_stack_and_refuse_another_launchers_stack():
     model = ModelSpec(name="tiny", num_layers=4, hidden_size=256, num_attention_heads=4,
                       num_kv_heads=4, ffn_hidden_size=1024, vocab_size=1024, seq_length=256,
-                      dropout=False)
+                      dropout=False, mlp="swiglu", norm="rmsnorm", bias=False,
+                      rope_base=500000.0)
     cluster = make_cluster(load_hardware("a100-80gb"), 8, 1)
     for overlap in (True, False):
         stack = with_overrides(load_stack("megatron-core"), overlap_grad_reduce=overlap)
@@ -88,7 +89,11 @@ def test_exports_carry_the_stack_and_refuse_another_launchers_stack():
         assert args["overlap_grad_reduce"] is overlap
         assert args["attention"] == "flash" and args["param_dtype"] == "bf16"
         assert args["dropout"] is False  # --attention-dropout 0 --hidden-dropout 0
+        assert args["rotary_base"] == plan.model.rope_base
         assert args["tp"] == plan.parallel.tp and args["pp"] == plan.parallel.pp
+        assert args["zero"] == plan.parallel.zero  # --use-distributed-optimizer
+        assert args["sequence_parallel"] == plan.parallel.sequence_parallel
+        assert args["overlap_param_gather"] is (plan.parallel.zero >= 1)
         assert json.loads(render_all(plan, ["json"])["plan.json"])["stack"]["name"] == \
             "megatron-core"
         with pytest.raises(ExportError, match="priced on the megatron-core stack"):
@@ -99,6 +104,15 @@ def test_exports_carry_the_stack_and_refuse_another_launchers_stack():
     assert config["zero_optimization"]["overlap_comm"] is False
     assert config["zero_optimization"]["stage"] == ds.parallel.zero
     assert config["bf16"]["enabled"] is True
+    assert ("data_types" in config) is load_stack("deepspeed").fp32_accumulation(ds.parallel.zero)
+    titan = search(Request(model=model, cluster=cluster, global_batch=16, top=1,
+                           launcher="torchtitan", options=load_stack("torchtitan"))).plans[0]
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    toml = tomllib.loads(render_all(titan, ["torchtitan"])["torchtitan.toml"])
+    assert toml["parallelism"]["tensor_parallel_degree"] == titan.parallel.tp
+    assert toml["parallelism"]["pipeline_parallel_degree"] == titan.parallel.pp
+    assert toml["training"]["mixed_precision_reduce"] == "float32"  # fp32 gradients, as priced
+    assert toml["compile"]["enable"] is False  # eager element-wise kernels, as priced
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -125,6 +125,8 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
         out.append(("--disable-bias-linear", None))
     if m.position_embeddings == 0:
         out += [("--position-embedding-type", "rope")]
+    if m.rope_base is not None:  # Megatron's default base is 10000
+        out.append(("--rotary-base", f"{m.rope_base:.0f}"))
     if not m.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
     recompute = strongest_recompute(plan)
@@ -263,6 +265,7 @@ def parse_megatron_args(text: str) -> dict:
         "zero": 1 if "--use-distributed-optimizer" in flags else 0,
         "first_stage_layers": first, "last_stage_layers": last, "layout": layout,
         "num_layers": blocks, "stage_blocks": stage_blocks,
+        "rotary_base": float(flags["--rotary-base"]) if flags.get("--rotary-base") else None,
         "overlap_grad_reduce": "--overlap-grad-reduce" in flags,
         "overlap_param_gather": "--overlap-param-gather" in flags,
         "tp_comm_overlap": "--tp-comm-overlap" in flags,

@@ -92,6 +92,9 @@ class ModelSpec:
     position_embeddings: int = 0
     dropout: bool = True  # see Layer.dropout
     embedding_norm: bool = False  # see Layer.embedding_norm
+    # RoPE base (theta) of a rotary model, for the exports (Megatron --rotary-base); None when
+    # unknown or not rotary. It costs nothing in the cost model.
+    rope_base: float | None = None
     layers: tuple[Layer, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -141,13 +144,14 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200, se
 
 
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
-           seq: int) -> ModelSpec:
+           seq: int, rope_base: float = 10000.0) -> ModelSpec:
     # Llama family: SwiGLU, RMSNorm, no biases, RoPE, untied embeddings, no dropout (Touvron et
-    # al. 2023; Meta Llama 3 model card / config.json: attention_dropout 0.0).
+    # al. 2023; Meta Llama 3 model card / config.json: attention_dropout 0.0). RoPE base: the
+    # config.json rope_theta (Llama 2: 10000.0, Llama 3: 500000.0).
     return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                      num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq,
                      mlp="swiglu", norm="rmsnorm", bias=False, tie_embeddings=False,
-                     dropout=False)
+                     dropout=False, rope_base=rope_base)
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -156,9 +160,9 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama2-7b", 32, 4096, 32, 32, 11008, 32000, 4096),
         _llama("llama2-13b", 40, 5120, 40, 40, 13824, 32000, 4096),
         _llama("llama2-70b", 80, 8192, 64, 8, 28672, 32000, 4096),
-        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
-        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
-        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
+        _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192, 500000.0),
+        _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192, 500000.0),
+        _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192, 500000.0),
         _gpt("gpt3-175b", 96, 12288, 96),  # Brown et al. 2020, Table 2.1
         # BLOOM: ALiBi (no position table), 250,880-token vocabulary, tied, a LayerNorm after the
         # embedding (Le Scao et al. 2022, §3.2.3): 176,247,271,424 parameters.
@@ -331,7 +335,8 @@ def _from_huggingface(data: dict, origin: str) -> ModelSpec:
             vocab_size=_require(data, origin, "vocab_size"), seq_length=min(seq, 8192),
             mlp="swiglu", norm="rmsnorm", bias=False,
             tie_embeddings=bool(data.get("tie_word_embeddings", False)),
-            dropout=bool(data.get("attention_dropout", 0.0)))
+            dropout=bool(data.get("attention_dropout", 0.0)),
+            rope_base=float(data.get("rope_theta", 10000.0)))
     elif kind == "gpt2":
         hidden = _require(data, origin, "n_embd", "hidden_size")
         spec = ModelSpec(
