@@ -473,8 +473,8 @@ def _notes(opts: Stack) -> tuple[str, ...]:
     attention = "flash attention (scores not stored)" if opts.flash_attention else \
         "unfused attention"
     grads = "fp32" if opts.grad_dtype == "fp32" else "16-bit"
+    dp = " + ".join(k for k, on in (("grad reduce", opts.overlap_grad_reduce),
+                                    ("param gather", opts.overlap_param_gather)) if on) or "off"
     return (f"stack: {opts.label()} (`plan stacks`; --stack NAME|FILE to change)",
-            f"assumes {attention}, DP overlap: grad reduce "
-            f"{'on' if opts.overlap_grad_reduce else 'off'}, param gather "
-            f"{'on' if opts.overlap_param_gather else 'off'}, TP overlap "
+            f"assumes {attention}, DP overlap {dp}, TP overlap "
             f"{'on' if opts.tp_comm_overlap else 'off'}, {grads} gradients")

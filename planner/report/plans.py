@@ -219,9 +219,10 @@ def print_explanation(console: Console, exp) -> None:
     rows = _memory_rows(exp)
     if rows:
         parts = [k for k in rows[0] if k not in ("rank", "total")]
-        mem = Table(title="memory per rank, GiB", title_justify="left")
+        mem = Table(title="memory per rank, GiB (frag: allocator fragmentation)",
+                    title_justify="left")
         for col in ["rank", *parts, "total"]:
-            mem.add_column(col, justify="right")
+            mem.add_column({"fragmentation": "frag"}.get(col, col), justify="right")
         for row in rows:
             mem.add_row(str(row["rank"]), *(f"{row[k] / GIB:.2f}" for k in parts),
                         f"{row['total'] / GIB:.1f}")
