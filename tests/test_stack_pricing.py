@@ -168,3 +168,14 @@ def test_a_split_that_fits_where_the_even_split_does_not_is_found_by_the_search(
     best = search(req).plans[0]
     assert best.metrics.peak_memory_bytes == exp.plan.metrics.peak_memory_bytes
     assert [(s.first, s.last) for s in best.stages] == [(s.first, s.last) for s in exp.plan.stages]
+
+
+def test_simulate_and_validate_take_a_stack():
+    result = runner.invoke(app, ["simulate", "--pp", "4", "--microbatches", "8", "--schedule",
+                                 "zb-h1", "--stack", "megatron-core"])
+    assert result.exit_code == 2 and "runs no zb-h1" in result.output
+    doc = _json("simulate", "--pp", "4", "--microbatches", "8", "--schedule", "zb-h1",
+                "--stack", "torchtitan", "--json")
+    assert doc["schedule"] == "zb-h1"
+    result = runner.invoke(app, ["validate", "--stack", "nope"])
+    assert result.exit_code == 2 and "unknown stack" in result.output

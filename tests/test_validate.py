@@ -37,6 +37,20 @@ def test_step_time_error(result):
     assert s.max_abs_time_error == pytest.approx(0.192, abs=0.015)
 
 
+def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
+    """Issue 14: cases name the stack they ran on (no choice by group prefix), and pricing them
+    on their stacks keeps the old set's mean |error| at 6.07%, its value before stacks (the
+    bound is that measured value, so any loss of fidelity fails)."""
+    from planner.stack import bundled_names
+    rows, s = result
+    for case in load_cases(DEFAULT_FILE) + load_cases(MODERN_FILE):
+        assert case["stack"] in bundled_names(), case["name"]
+    assert all(r.stack for r in rows)
+    bloom = {r.case: r for r in rows}["bloom-176B-production"]
+    assert bloom.stack.startswith("deepspeed") and "attention=unfused" in bloom.stack
+    assert s.mean_abs_time_error <= 0.06068
+
+
 def test_groups_outside_bloom_are_within_twelve_percent(result):
     rows, _ = result
     for r in rows:

@@ -86,6 +86,7 @@ class ValidationRow:
     predicted_oom: bool
     note: str
     dataset: str = ""  # which file: "old" (published_runs.json) or "modern" (modern_runs.json)
+    stack: str = ""  # the stack it was priced on, with its overrides (Stack.label)
 
     @property
     def supported(self) -> bool:
@@ -424,6 +425,7 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
     mem = me.get("memory_gb_per_gpu")
     hardware_def = _hardware_definition(case)
     common = dict(case=setup.name, group=setup.group, sweep=setup.sweep, dataset=dataset,
+                  stack=case_stack(case, stack).label(),
                   measured_step_s=measured_s, measured_tokens_per_s=tokens / measured_s,
                   tflops_definition="hardware" if hardware_def else "model",
                   measured_tflops=me.get("tflops_per_gpu"),
@@ -562,7 +564,7 @@ def _num(x: float | None, fmt: str) -> str:
 
 
 def _cells(r: ValidationRow) -> list[str]:
-    return [r.case, r.configuration, _num(r.measured_step_s, ".2f"),
+    return [r.case, r.configuration, r.stack, _num(r.measured_step_s, ".2f"),
             _num(r.predicted_step_s, ".2f"), _pct(r.time_error),
             f"{_num(r.measured_tflops, '.0f')} / {_num(r.predicted_tflops, '.0f')}"
             + (" (HFU)" if r.tflops_definition == "hardware" else " (MFU)"),
@@ -570,7 +572,7 @@ def _cells(r: ValidationRow) -> list[str]:
             _pct(r.memory_error), r.note]
 
 
-_HEADERS = ["case", "configuration", "measured s", "predicted s", "time err",
+_HEADERS = ["case", "configuration", "stack", "measured s", "predicted s", "time err",
             "TFLOP/s meas / pred", "mem GiB meas / pred", "mem err", "note"]
 
 
@@ -613,7 +615,8 @@ def validation_table(rows, summary: ValidationSummary):
     table = Table(title="Predictions against published runs", title_justify="left",
                   caption="\n".join(summary_lines(summary)), caption_justify="left")
     for h in _HEADERS:
-        table.add_column(h, justify="left" if h in ("case", "configuration", "note") else "right")
+        table.add_column(h, justify="left" if h in ("case", "configuration", "stack", "note")
+                         else "right")
     for r in rows:
         table.add_row(*_cells(r))
     return table

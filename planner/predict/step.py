@@ -472,7 +472,11 @@ def _notes(opts: Stack) -> tuple[str, ...]:
     """The footer: the stack the plan was priced on, and what that means for the big terms."""
     attention = "flash attention (scores not stored)" if opts.flash_attention else \
         "unfused attention"
-    grads = "fp32" if opts.grad_dtype == "fp32" else "16-bit"
+    grads = opts.grad_dtype
+    if opts.param_dtype == "bf16" and opts.grad_dtype != "fp32" and \
+            opts.fp32_grad_accumulation_zero:
+        stages = ",".join(str(z) for z in opts.fp32_grad_accumulation_zero)
+        grads += f" (+fp32 accumulation at ZeRO {stages})"
     dp = " + ".join(k for k, on in (("grad reduce", opts.overlap_grad_reduce),
                                     ("param gather", opts.overlap_param_gather)) if on) or "off"
     return (f"stack: {opts.label()} (`plan stacks`; --stack NAME|FILE to change)",
