@@ -21,7 +21,7 @@ from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.predict.step import evaluate
 from planner.core.units import DATA_DIR, GIB
-from planner.hardware.profiles import Cluster, load_hardware
+from planner.hardware.profiles import Cluster, Hardware, load_hardware
 from planner.model.spec import ModelSpec, _gpt
 from planner.core.parallel import Parallel
 from planner.stack import Stack, load_stack, with_overrides
@@ -136,7 +136,7 @@ def load_cases(path: str | Path = DEFAULT_FILE) -> list[dict]:
     return data
 
 
-def _base_profile(gpu: str) -> str:
+def base_profile(gpu: str) -> str:
     """The bundled profile of the case's GPU kind: its HBM bandwidth and measured efficiencies
     are the part's, whatever the source publishes about the cluster."""
     text = gpu.lower()
@@ -147,13 +147,14 @@ def _base_profile(gpu: str) -> str:
     return "a100-80gb"
 
 
-def case_cluster(case: dict) -> tuple[Cluster, tuple[str, ...]]:
+def case_cluster(case: dict, hardware: Hardware | None = None) -> tuple[Cluster, tuple[str, ...]]:
     """The case's GPUs and links on the bundled profile of its GPU kind (HBM bandwidth and
-    efficiencies); an unpublished inter-node bandwidth falls back to that profile's (one NIC
-    per GPU: 200 Gb/s HDR on A100, 400 Gb/s NDR on H100) and says so."""
+    efficiencies), or on ``hardware`` (a calibrated profile) when given; an unpublished
+    inter-node bandwidth falls back to that profile's (one NIC per GPU: 200 Gb/s HDR on A100,
+    400 Gb/s NDR on H100) and says so."""
     cl = case["cluster"]
-    profile = _base_profile(str(cl.get("gpu", "")))
-    base = load_hardware(profile)
+    profile = base_profile(str(cl.get("gpu", "")))
+    base = hardware or load_hardware(profile)
     notes = []
     inter = cl.get("inter_node_GBps")
     per_node = int(cl["gpus_per_node"])
@@ -205,11 +206,13 @@ def case_stack(case: dict, stack: Stack | None = None) -> Stack:
     return with_overrides(load_stack(case["stack"]), f"{name}: stack_overrides", **overrides)
 
 
-def case_setup(case: dict, stack: Stack | None = None) -> CaseSetup:
-    """Model, cluster, published configuration and the case's stack (or ``stack``)."""
+def case_setup(case: dict, hardware: Hardware | None = None,
+               stack: Stack | None = None) -> CaseSetup:
+    """Model, cluster, published configuration and the case's stack (or ``stack``) for one
+    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given)."""
     name, group = case["name"], case.get("group", "")
     m, cf = case["model"], case["config"]
-    cluster, notes = case_cluster(case)
+    cluster, notes = case_cluster(case, hardware)
     opts = case_stack(case, stack)
     notes = list(notes)
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
@@ -415,10 +418,11 @@ def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, 
 
 
 def validate_case(case: dict, simulated: bool = True, dataset: str = "",
-                  stack: Stack | None = None) -> ValidationRow:
+                  hardware: Hardware | None = None, stack: Stack | None = None) -> ValidationRow:
     """Evaluate one published case on its stack (or ``stack``) and compare it with what was
-    measured."""
-    setup = case_setup(case, stack)
+    measured (on ``hardware``, a calibrated profile, instead of the bundled profile of its GPU
+    kind, when given)."""
+    setup = case_setup(case, hardware, stack)
     me = case["measured"]
     measured_s = float(me["step_time_s"])
     tokens = case["config"]["global_batch"] * case["model"]["seq_len"]
@@ -468,11 +472,12 @@ def _memory_gib(measured: dict) -> float | None:
 
 
 def validate_cases(cases: list[dict], simulated: bool = True, dataset: str = "",
+                   hardware: Hardware | None = None,
                    stack: Stack | None = None) -> tuple[ValidationRow, ...]:
     rows = []
     for n, case in enumerate(cases):
         try:
-            rows.append(validate_case(case, simulated, dataset, stack))
+            rows.append(validate_case(case, simulated, dataset, hardware, stack))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, PlanInputError):
                 raise
@@ -540,15 +545,18 @@ def _summarize(rows) -> ValidationSummary:
                            for r in rows if not r.supported))
 
 
-def validate_file(path=DEFAULT_FILES, simulated: bool = True, stack: Stack | None = None
+def validate_file(path=DEFAULT_FILES, simulated: bool = True, hardware: Hardware | None = None,
+                  stack: Stack | None = None
                   ) -> tuple[tuple[ValidationRow, ...], ValidationSummary]:
     """Rows and summary for every case of one published-runs file or several (default: the old
-    and the modern file); each row's ``dataset`` names its file (DATASET_LABELS)."""
+    and the modern file); each row's ``dataset`` names its file (DATASET_LABELS). ``hardware``
+    (a calibrated profile) replaces the bundled profile of every case's GPU kind, ``stack``
+    the stack every case names."""
     paths = [path] if isinstance(path, (str, Path)) else list(path or DEFAULT_FILES)
     rows: tuple[ValidationRow, ...] = ()
     for p in paths:
         label = DATASET_LABELS.get(Path(p).stem, Path(p).stem)
-        rows += validate_cases(load_cases(p), simulated, label, stack)
+        rows += validate_cases(load_cases(p), simulated, label, hardware, stack)
     return rows, summarize(rows)
 
 
