@@ -24,6 +24,7 @@ MEGATRON_ARGS=(
   --normalization RMSNorm
   --disable-bias-linear
   --position-embedding-type rope
+  --rotary-base 500000
   --untie-embeddings-and-output-weights
   --recompute-granularity full
   --recompute-method uniform
