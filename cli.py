@@ -21,11 +21,14 @@ from planner.report.layout import render_layout
 from planner.pipeline.job import on_stack, run_simulation, simulation_job, simulation_summary
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware.profiles import bundled_hardware, load_hardware, make_cluster
-from planner.model.spec import PRESETS, load_model
+from planner.model.spec import PRESETS, load_model, sequence_note
+from planner.model.template import model_template
 from planner.report.plans import (explanation_dict, hardware_table, models_table, plans_csv,
                                   print_explanation, print_search, stacks_dict, stacks_table)
 from planner.partition.problem import PartitionError
-from planner.report.partition import comparison_dict, compare_splits, print_comparison
+from planner.report.models import template_table
+from planner.report.partition import (comparison_dict, compare_splits, place_nodes,
+                                      print_comparison)
 from planner.core.parallel import Parallel
 from planner.pipeline.schedule import ScheduleError
 from planner.profile.machine import calibrate
@@ -73,6 +76,16 @@ def user_errors():
     except NoFeasiblePlan as e:
         err.print(f"[bold red]no feasible plan:[/bold red] {e}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
+
+
+def planned_model(model: Optional[str], seq_len: Optional[int]):
+    """The model as planned at --seq-len; a note on stderr when that is not the context it
+    declares (an imported config's capped default, or an override)."""
+    spec = load_model(model).with_seq_length(seq_len)
+    note = sequence_note(spec, seq_len)
+    if note:
+        err.print(f"note: {note}", highlight=False, soft_wrap=True)
+    return spec
 
 
 @contextmanager
@@ -173,7 +186,7 @@ def solve(
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
     with user_errors():
-        spec = load_model(model).with_seq_length(seq_len)
+        spec = planned_model(model, seq_len)
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
@@ -363,6 +376,8 @@ def partition(
     zero: int = typer.Option(1, "--zero", help="ZeRO stage."),
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU."),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes holding the tp x pp x dp "
+                                        "GPUs (default: the hardware's GPUs per node)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
     solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
@@ -383,15 +398,15 @@ def partition(
       plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
     """
     with user_errors():
-        spec = load_model(model).with_seq_length(seq_len)
+        spec = planned_model(model, seq_len)
         run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
         m = microbatches or 4 * pp
         gpus = tp * pp * dp
         hw = load_hardware(gpu, hardware)
-        cluster = make_cluster(hw, gpus, max(1, gpus // hw.gpus_per_node)
-                               if gpus % hw.gpus_per_node == 0 else 1)
+        node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
+        cluster = make_cluster(hw, gpus, node_count)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero)
         req = Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp, pins=pins)
@@ -403,7 +418,8 @@ def partition(
                        schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                        zero=zero, sequence_parallel=tp > 1)
         try:
-            cmp = compare_splits(spec, cluster, par, run_stack, solver, lp_path=lp)
+            cmp = compare_splits(spec, cluster, par, run_stack, solver, lp_path=lp,
+                                 placement=placement)
         except (PartitionError, ScheduleError) as e:
             raise PlanInputError(str(e)) from None
         if as_json:
@@ -473,10 +489,38 @@ def calibrate_cmd(
             out.print(f"wrote {escape(str(out_file))}; use it with --hardware")
 
 
-@app.command()
-def models():
-    """List the model presets with their parameter counts."""
-    out.print(models_table(PRESETS))
+models_app = typer.Typer(help="List the model presets, or show one as a model.json template.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context):
+    """List the model presets with their parameter counts.
+
+    Example: plan models show llama3-8b --json > model.json
+    """
+    if ctx.invoked_subcommand is None:
+        out.print(models_table(PRESETS))
+
+
+@models_app.command("show")
+def models_show(
+    name: str = typer.Argument(..., help="A preset (plan models), model.json or HF config.json."),
+    as_json: bool = typer.Option(False, "--json", help="Print the model.json itself."),
+):
+    """Show a model as a model.json template: every field, its value and meaning.
+
+    Examples:\n
+      plan models show llama3-8b\n
+      plan models show llama3-8b --json > my-model.json\n
+      plan models show path/to/config.json --json   (a HuggingFace config as a model.json)
+    """
+    with user_errors():
+        spec = load_model(name)
+        if as_json:
+            print_json(model_template(spec))
+        else:
+            out.print(template_table(spec))
 
 
 @app.command("stacks")

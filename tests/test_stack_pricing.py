@@ -79,7 +79,7 @@ def test_exports_carry_the_stack_and_refuse_another_launchers_stack():
     model = ModelSpec(name="tiny", num_layers=4, hidden_size=256, num_attention_heads=4,
                       num_kv_heads=4, ffn_hidden_size=1024, vocab_size=1024, seq_length=256,
                       dropout=False, mlp="swiglu", norm="rmsnorm", bias=False,
-                      rope_base=500000.0)
+                      rope_theta=500000.0)
     cluster = make_cluster(load_hardware("a100-80gb"), 8, 1)
     for overlap in (True, False):
         stack = with_overrides(load_stack("megatron-core"), overlap_grad_reduce=overlap)
@@ -89,7 +89,7 @@ def test_exports_carry_the_stack_and_refuse_another_launchers_stack():
         assert args["overlap_grad_reduce"] is overlap
         assert args["attention"] == "flash" and args["param_dtype"] == "bf16"
         assert args["dropout"] is False  # --attention-dropout 0 --hidden-dropout 0
-        assert args["rotary_base"] == plan.model.rope_base
+        assert args["rotary_base"] == plan.model.rope_theta
         assert args["tp"] == plan.parallel.tp and args["pp"] == plan.parallel.pp
         assert args["zero"] == plan.parallel.zero  # --use-distributed-optimizer
         assert args["sequence_parallel"] == plan.parallel.sequence_parallel

@@ -315,7 +315,8 @@ def _modern_model(case: dict) -> ModelSpec:
                          num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
                          ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"],
                          seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=False,
-                         tie_embeddings=True, position_embeddings=m["seq_len"], dropout=False)
+                         tie_embeddings=True, position_embeddings=m["seq_len"], dropout=False,
+                         make_vocab_size_divisible_by=1)  # llm-foundry trains the vocab unpadded
     return ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
                      num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
                      ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"] or GPT2_PADDED_VOCAB,

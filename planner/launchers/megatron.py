@@ -125,8 +125,8 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
         out.append(("--disable-bias-linear", None))
     if m.position_embeddings == 0:
         out += [("--position-embedding-type", "rope")]
-    if m.rope_base is not None:  # Megatron's default base is 10000
-        out.append(("--rotary-base", f"{m.rope_base:.0f}"))
+    if m.rope_theta is not None:  # Megatron's default base is 10000
+        out.append(("--rotary-base", f"{m.rope_theta:.0f}"))
     if not m.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
     recompute = strongest_recompute(plan)

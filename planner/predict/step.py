@@ -344,7 +344,7 @@ def logit_bytes(model: ModelSpec, par: Parallel, stages: Stages) -> np.ndarray:
     head = model.layers[-1]
     if head.kind == "head":
         out[stages.last == len(model.layers)] = (LOGIT_BYTES * par.micro_batch * model.seq_length
-                                                 * head.vocab_size / par.tp)
+                                                 * head.padded_vocab(par.tp) / par.tp)
     return out
 
 
@@ -358,7 +358,7 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.n
     p = par.pp
     weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts))
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
-        tied = model.vocab_size * model.hidden_size / par.tp
+        tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
         tw, tg, to = state_parts(tied, par, opts)
         weights, grads, optim = weights - tw, grads - tg, optim - to
     if held_activations is None:

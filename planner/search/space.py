@@ -125,8 +125,10 @@ def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
     """Why tensor parallelism of this degree cannot run here (None when it can)."""
     if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
         return "TP across nodes"
+    # No rule for the vocabulary: it is padded to a multiple of TP as Megatron-LM pads it
+    # (ModelSpec.padded_vocab_size).
     for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
-                    ("FFN", model.ffn_hidden_size), ("vocabulary", model.vocab_size)):
+                    ("FFN", model.ffn_hidden_size)):
         if n % tp:
             return f"{what} not divisible by TP"
     return None
