@@ -14,7 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from planner.launchers import export_plan
+from planner.launchers import export_plan, implied_launcher
 from planner.report.gantt import render_gantt, to_svg
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
 from planner.report.layout import render_layout
@@ -192,6 +192,7 @@ def solve(
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel)
         targets = [t.strip() for t in export.split(",") if t.strip()] if export else []
+        launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
         measured = load_profile(profile_file) if profile_file is not None else None

@@ -179,3 +179,20 @@ def test_simulate_and_validate_take_a_stack():
     assert doc["schedule"] == "zb-h1"
     result = runner.invoke(app, ["validate", "--stack", "nope"])
     assert result.exit_code == 2 and "unknown stack" in result.output
+
+
+def test_an_export_target_implies_its_launcher_and_stack(tmp_path):
+    out = tmp_path / "run"
+    result = runner.invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--top", "1",
+                                 "--export", "deepspeed,json", "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    plan = json.loads((out / "plan.json").read_text())
+    assert plan["stack"]["name"] == "deepspeed" and plan["parallel"]["schedule"] == "1f1b"
+    both = tmp_path / "both"
+    result = runner.invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--export",
+                                 "deepspeed,megatron", "--out", str(both)])
+    assert result.exit_code == 2 and "one launcher per solve" in result.output
+    assert not both.exists()  # refused before the search: nothing written
+    result = runner.invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--launcher",
+                                 "megatron", "--export", "deepspeed", "--out", str(both)])
+    assert result.exit_code == 2 and "--launcher deepspeed" in result.output

@@ -29,8 +29,8 @@ EXPORTERS: dict[str, ModuleType] = {
 }
 LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
-__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "launcher_allows",
-           "parse_megatron_args", "render_all"]
+__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "implied_launcher",
+           "launcher_allows", "parse_megatron_args", "render_all"]
 
 
 def _exporter(target: str) -> ModuleType:
@@ -45,6 +45,26 @@ def launcher_allows(launcher: str, facts: Facts) -> str | None:
     """None when ``launcher`` can run this configuration, else the first rule it breaks."""
     problems = _exporter(launcher).parallel_rules(facts)
     return problems[0] if problems else None
+
+
+def implied_launcher(launcher: str | None, targets: list[str]) -> str | None:
+    """The launcher a search must respect so that its best plan can be exported to
+    ``targets``: the given one, or the one launcher among the targets (its rules and its
+    stack). Two launchers at once cannot both run one plan as priced: refused before the
+    search, so no export is left half written."""
+    wanted = [t for t in dict.fromkeys(targets) if t in LAUNCHERS]
+    if launcher is not None:
+        others = [t for t in wanted if t != launcher]
+        if others:
+            raise PlanInputError(f"--export {others[0]} with --launcher {launcher}: a plan is "
+                                 f"priced on one launcher's stack; export {others[0]} from a "
+                                 f"solve with --launcher {others[0]}")
+        return launcher
+    if len(wanted) > 1:
+        raise PlanInputError(f"--export {', '.join(wanted)}: a plan is priced on one launcher's "
+                             "stack; export one launcher per solve (json and torchrun go with "
+                             "any)")
+    return wanted[0] if wanted else None
 
 
 def stack_problems(plan: Plan, target: str) -> list[str]:
