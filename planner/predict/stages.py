@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import constants
-from planner.predict.step import (CostTable, even_block_bounds, gathered_bytes,
+from planner.predict.step import (CostTable, Stages, even_block_bounds, gathered_bytes,
                                   inflight_closed_form, kept_outputs, memory_parts,
                                   model_layer_costs, split_stages, stage_transfer_s, state_bytes)
 from planner.hardware.profiles import Cluster
@@ -99,7 +99,7 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
 
 
 def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
-            tables: dict[str, CostTable]) -> bool:
+            tables: dict[str, CostTable], even_stages: Stages | None = None) -> bool:
     """A cheap necessary condition for the partitioner to fit this configuration (the search's
     memory screen: it never rejects what the partitioner can fit; tests/test_stack_pricing.py
     checks it against --explain). Interleaved chunks are not partitioned (best_split keeps them
@@ -110,13 +110,16 @@ def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     split has max_r (S_r + f_r A_r) >= sum_r w_r (S_r + f_r A_r) for weights w_r >= 0 summing
     to 1: w_r = 1/p gives (S + min f · A)/p, w_r proportional to 1/f_r gives
     (S/max f + A)/sum(1/f_r). Both bounds, plus the least kept-output bytes of any rank, must
-    be within C (the light fragmentation's, which the partitioner tries first)."""
+    be within C (the light fragmentation's, which the partitioner tries first).
+    ``even_stages``: the even split's stage totals when the caller has them."""
     if par.virtual_stages > 1:
-        mode = par.recompute
-        table = tables.get(mode) or CostTable(model_layer_costs(model, par, cluster.hardware,
-                                                                opts, mode))
-        stages = split_stages({mode: table}, even_block_bounds(model, par.num_chunks),
-                              [mode] * par.num_chunks)
+        stages = even_stages
+        if stages is None:
+            mode = par.recompute
+            table = tables.get(mode) or CostTable(model_layer_costs(model, par, cluster.hardware,
+                                                                    opts, mode))
+            stages = split_stages({mode: table}, even_block_bounds(model, par.num_chunks),
+                                  [mode] * par.num_chunks)
         parts = memory_parts(model, par, stages, np.ones(par.num_chunks), opts)
         held = sum(v for k, v in parts.items() if k not in ("fragmentation", "reserved"))
         return bool((held / (1 - fragmentation(False)) + constants.RESERVED_BYTES).max()

@@ -114,12 +114,13 @@ def search(req: Request, progress=None) -> SearchResult:
     for n, par in enumerate(configs):
         if progress and n % 256 == 0:
             progress(n, len(configs))
-        pred = predict(req.model, req.cluster, par, req.options, costs.even_stages(par))
+        even = costs.even_stages(par)
+        pred = predict(req.model, req.cluster, par, req.options, even)
         even_fits = pred.peak_memory_bytes <= capacity
         # the even split's memory ranks the candidates; only the partitioner's own necessary
         # condition rejects one, so the screen never drops what a stage split could fit
         if not even_fits and not may_fit(req.model, req.cluster, par, req.options,
-                                         costs.known(par)):
+                                         costs.known(par), even):
             rejected["memory"] += 1
         elif req.max_bubble is not None and pred.bubble > req.max_bubble:
             rejected["bubble above limit"] += 1
