@@ -15,6 +15,9 @@ from planner.hardware.profiles import hardware_from_dict, load_hardware, make_cl
 from planner.model.spec import PRESETS
 from planner.core.parallel import Parallel
 
+NO_OVERLAP = with_overrides(default_stack(), overlap_grad_reduce=False,
+                            overlap_param_gather=False)
+
 
 def test_interference_is_the_share_of_sms_nccl_holds():
     assert comm.overlap_interference(load_hardware("a100-80gb")) == pytest.approx(16 / 108)
@@ -54,8 +57,8 @@ def test_fsdp_step_pays_interference_only_when_overlapped():
     on = evaluate(model, cluster, par, default_stack()).metrics.step_time_s
     no_sms = make_cluster(replace(load_hardware("a100-80gb"), sm_count=10**9), 16, 2)
     free = evaluate(model, no_sms, par, default_stack()).metrics.step_time_s
-    off = evaluate(model, cluster, par, with_overrides(default_stack(), overlap_grad_reduce=False, overlap_param_gather=False)).metrics.step_time_s
+    off = evaluate(model, cluster, par, NO_OVERLAP).metrics.step_time_s
     assert free < on < off  # overlap still pays off, but is no longer free
     # the interference never touches runs that do not overlap
-    assert evaluate(model, no_sms, par, with_overrides(default_stack(), overlap_grad_reduce=False, overlap_param_gather=False)).metrics.step_time_s == \
+    assert evaluate(model, no_sms, par, NO_OVERLAP).metrics.step_time_s == \
         pytest.approx(off)

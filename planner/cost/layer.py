@@ -170,9 +170,9 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
                             + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s
 
     # Every microbatch's weight gradients are accumulated into the step's gradient buffer: read
-    # and write the stack's accumulation bytes per parameter (Megatron's fp32 main_grad, filled by the wgrad GEMM
-    # with beta=1 under --gradient-accumulation-fusion or by a separate add; DeepSpeed's
-    # BF16_Optimizer fp32 accumulation buffer). Memory-bound, and it scales with parameters, not
+    # and write the stack's accumulation bytes per parameter (Megatron's fp32 main_grad, filled
+    # by the wgrad GEMM with beta=1 under --gradient-accumulation-fusion or by a separate add;
+    # DeepSpeed's BF16_Optimizer fp32 accumulation buffer; 16-bit gradients otherwise). Memory-bound, and it scales with parameters, not
     # tokens: what makes small micro-batches of wide layers slower than their FLOPs.
     params = sharded_params(layer, shape.tp)
     bwd_weight_s += 2 * opts.accumulation_bytes * params / mem_rate
