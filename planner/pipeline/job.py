@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
@@ -13,8 +13,9 @@ from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.core.plan_schema import check_plan_document
 from planner.pipeline.schedule import ScheduleError
 from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
+from planner.stack import Stack
 
-__all__ = ["SimulationJob", "simulation_job", "run_simulation", "simulation_summary"]
+__all__ = ["SimulationJob", "simulation_job", "on_stack", "run_simulation", "simulation_summary"]
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,21 @@ def check_sizes(pp: int, microbatches: int, virtual_stages: int) -> None:
     if pp * virtual_stages > MAX_CHUNKS:
         raise PlanInputError(f"--pp x --virtual-stages = {pp * virtual_stages} chunks; at most "
                              f"{MAX_CHUNKS} (a chunk holds at least one layer)")
+
+
+def on_stack(job: SimulationJob, stack: Stack, from_plan: bool) -> SimulationJob:
+    """The job as ``stack`` runs it: refused when the stack has no such schedule; stage times
+    from flags get the stack's per-action overhead on every forward and backward (a plan's
+    times already include it)."""
+    if job.p > 1 and job.schedule not in stack.schedules:
+        raise PlanInputError(f"the {stack.name} stack runs no {job.schedule} schedule (it runs "
+                             f"{', '.join(stack.schedules)}); choose one of those or another "
+                             "--stack")
+    extra = stack.pipeline_action_overhead_s
+    if from_plan or not extra:
+        return job
+    return replace(job, fwd_s=tuple(f + extra for f in job.fwd_s),
+                   bwd_s=tuple(b + extra for b in job.bwd_s))
 
 
 def _times(text: str, chunks: int) -> tuple[float, ...]:
