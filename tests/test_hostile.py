@@ -246,14 +246,14 @@ SPECIAL = ["dev-zero", "fifo", "directory", "too-big", "missing", "unreadable"]
 
 
 @pytest.mark.parametrize("kind", SPECIAL)
-@pytest.mark.parametrize("command", ["model", "hardware", "profile", "validate", "plan"])
+@pytest.mark.parametrize("command", ["model", "hardware", "profile", "validate", "plan", "stack"])
 def test_special_files_are_refused_quickly(tmp_path, kind, command):
     if kind == "unreadable" and os.geteuid() == 0:
         pytest.skip("root reads any file")
     path = _special(tmp_path, kind)
     args = {"model": solve("--model", path), "hardware": solve("--hardware", path),
             "profile": solve("--profile", path), "validate": ["validate", path],
-            "plan": ["simulate", "--plan", path]}[command]
+            "plan": ["simulate", "--plan", path], "stack": solve("--stack", path)}[command]
     assert_clean_failure(invoke(args), codes=(2,))
 
 
@@ -286,6 +286,31 @@ def test_bad_hardware_files(tmp_path, label):
     path = write(tmp_path, "hw.json", text, raw=True)
     line = assert_clean_failure(invoke(solve("--hardware", path)), codes=(2,))
     assert "hw.json" in line
+
+
+def _stack_doc() -> dict:
+    bundled = Path(__file__).resolve().parent.parent / "profiles" / "stacks"
+    return json.loads((bundled / "megatron-core.json").read_text())
+
+
+STACK_CASES = {
+    "name-newline": {"name": "core\n$(touch x)"},
+    "version-ansi": {"version": "\x1b[31m2025"},
+    "misspelled": {"flash_attenton": True},
+    "overhead-nan": '"pipeline_action_overhead_s": NaN',
+    "overhead-huge": {"pipeline_action_overhead_s": 1e9},
+}
+
+
+@pytest.mark.parametrize("label", STACK_CASES)
+def test_bad_stack_files(tmp_path, label):
+    case = STACK_CASES[label]
+    if isinstance(case, str):
+        text = json.dumps(_stack_doc())[:-1] + ", " + case + "}"
+    else:
+        text = json.dumps({**_stack_doc(), **case})
+    path = write(tmp_path, "stack.json", text, raw=True)
+    assert "stack.json" in assert_clean_failure(invoke(solve("--stack", path)), codes=(2,))
 
 
 def _profile_doc() -> dict:
