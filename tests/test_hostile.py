@@ -598,23 +598,27 @@ def test_json_never_holds_nan(tmp_path):
 
 # --- injection: every export sourced, executed or parsed ------------------------------------------
 
-def _plan(name: str, gpu_name: str = "a100-80gb"):
+def _plan(name: str, gpu_name: str = "a100-80gb", launcher: str = "megatron"):
     from dataclasses import replace
 
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.spec import PRESETS
     from planner.search.engine import search
     from planner.search.space import Pins, Request
+    from planner.stack import load_stack
 
     spec = replace(PRESETS["llama3-8b"], name=name)
     hw = replace(load_hardware("a100-80gb"), name=gpu_name)
     pins = Pins(tp=2, pp=2, dp=4, micro_batch=1, schedule="1f1b", recompute="full", zero=1,
                 sequence_parallel=True)
-    req = Request(model=spec, cluster=make_cluster(hw, 16, 2), pins=pins, refine=1, top=1)
+    req = Request(model=spec, cluster=make_cluster(hw, 16, 2), pins=pins, refine=1, top=1,
+                  launcher=launcher, options=load_stack(None, launcher))
     return search(req).plans[0]
 
 
-TARGETS = ["json", "megatron", "deepspeed", "torchtitan", "torchrun"]
+# a plan is priced on one launcher's stack and exported for that launcher (plus json, torchrun)
+LAUNCHER_TARGETS = {"megatron": ["json", "megatron", "torchrun"], "deepspeed": ["deepspeed"],
+                    "torchtitan": ["torchtitan"]}
 INJECTIONS = {**{k: v for k, v in HOSTILE_NAMES.items() if k not in ("too-long", "empty")},
               **MARKUP_NAMES,
               "python-docstring": 'x\n"""\nimport os; os.system("touch SENTINEL")\n"""',
@@ -625,7 +629,10 @@ INJECTIONS = {**{k: v for k, v in HOSTILE_NAMES.items() if k not in ("too-long",
 def benign_export(tmp_path_factory):
     from planner.launchers import render_all
 
-    return render_all(_plan("benign"), TARGETS)
+    files = {}
+    for launcher, targets in LAUNCHER_TARGETS.items():
+        files.update(render_all(_plan("benign", launcher=launcher), targets))
+    return files
 
 
 def _stub_bin(tmp_path: Path) -> Path:
@@ -650,9 +657,11 @@ def test_names_in_exports_are_data_never_code(tmp_path, label, benign_export):
 
     sentinel = tmp_path / "SENTINEL"
     name = INJECTIONS[label].replace("SENTINEL", str(sentinel))
-    plan = _plan(name, gpu_name=name)
     out = tmp_path / "run"
-    export_plan(plan, TARGETS, out)
+    for launcher, targets in LAUNCHER_TARGETS.items():
+        for path in export_plan(_plan(name, name, launcher), targets, tmp_path / launcher):
+            out.mkdir(exist_ok=True)
+            (out / path.name).symlink_to(path)  # one place to read every file from
     env = {**os.environ, "PATH": f"{_stub_bin(tmp_path)}:{os.environ['PATH']}",
            "MASTER_ADDR": "127.0.0.1", "SLURM_JOB_NODELIST": "n1", "SLURM_SUBMIT_DIR": str(out),
            "SLURM_NODEID": "0"}

@@ -22,17 +22,6 @@ MAX_BYTES = MAX_FILE_BYTES
 MAX_DEPTH = MAX_JSON_DEPTH
 
 
-def _reject_constant(name: str):
-    raise ValueError(f"{name} is not a number JSON allows here; write a finite number")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):  # 1e400 overflows to inf
-        raise ValueError(f"{text[:40]} is out of range; write a finite number")
-    return value
-
-
 def _bounded_int(text: str) -> int:
     if len(text.lstrip("-")) > 40:  # far beyond any count we use; int() of 10^6 digits is slow
         raise ValueError(f"an integer with {len(text)} digits is out of range")
@@ -87,20 +76,42 @@ def parse_json(data: bytes, origin: str):
     if not text.strip():
         raise PlanInputError(f"{origin}: the file is empty; it should hold JSON")
     try:
-        doc = json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float,
-                         parse_int=_bounded_int)
+        doc = json.loads(text, parse_int=_bounded_int)
     except json.JSONDecodeError as e:
         raise PlanInputError(f"{origin}: not valid JSON ({e.msg} at line {e.lineno}); fix the file") \
             from None
     except RecursionError:
         raise PlanInputError(f"{origin}: JSON nested too deeply; at most {MAX_DEPTH} levels") \
             from None
-    except ValueError as e:  # NaN/Infinity, or an integer with thousands of digits
+    except ValueError as e:  # an integer with thousands of digits
         raise PlanInputError(f"{origin}: {str(e).splitlines()[0]}") from None
     depth = nesting_depth(doc)
     if depth > MAX_DEPTH:
         raise PlanInputError(f"{origin}: JSON nested {depth} levels deep; at most {MAX_DEPTH}")
+    where, value = first_non_finite(doc)
+    if where is not None:  # NaN, Infinity, or a number like 1e400 that overflows to it
+        shown = "NaN" if math.isnan(value) else ("-" if value < 0 else "") + "Infinity"
+        raise PlanInputError(f"{origin}: '{where}' is {shown}, not a finite number; write a "
+                             "finite number")
     return doc
+
+
+def first_non_finite(doc) -> tuple[str | None, float]:
+    """(path, value) of the first NaN or infinite number in ``doc`` (path like 'layers[2].fwd_s'),
+    or (None, 0.0); without recursion."""
+    stack = [("", doc)]
+    while stack:
+        path, node = stack.pop()
+        if isinstance(node, float) and not math.isfinite(node):
+            return path or "(the document)", node
+        if isinstance(node, dict):
+            items = [(f"{path}.{k}" if path else str(k), v) for k, v in node.items()]
+        elif isinstance(node, list):
+            items = [(f"{path}[{i}]", v) for i, v in enumerate(node)]
+        else:
+            continue
+        stack.extend(reversed(items))  # document order
+    return None, 0.0
 
 
 def nesting_depth(doc) -> int:

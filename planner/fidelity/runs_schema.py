@@ -83,6 +83,8 @@ CASE = {
     "cluster": Free(required=True),
     "config": Free(required=True),
     "measured": Free(required=True),
+    "stack": Name(nullable=True),  # a bundled stack or stack file (planner/stack)
+    "stack_overrides": Free(),  # checked field by field by stack.with_overrides
 }
 
 
