@@ -26,9 +26,9 @@ def write_text(path: str | Path, text: str, force: bool = False,
     """Write to a temporary file beside ``path`` and rename it over: readers never see half.
     Any OS error (permission, disk full, a directory in the way) is one OutputError line."""
     path = Path(path)
-    refuse_overwrite([path], force)
     if path.is_dir():
         raise OutputError(f"{path} is a directory; give a file name")
+    refuse_overwrite([path], force)
     tmp = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
