@@ -5,7 +5,10 @@ non-empty chunks in order; chunk k runs on rank ``k % p`` (v virtual stages
 per rank, v = 1 is the plain pipeline).  Every chunk picks one recompute mode
 for all its layers.  We minimise the pipeline bottleneck: the largest per-rank
 sum of chunk times (plus one boundary transfer for every chunk but the last),
-subject to a per-rank memory capacity.
+subject to a per-rank memory capacity.  The capacity may depend on the recompute
+mode (recomputing rebuilds activations: a larger transient and more allocator
+fragmentation): a rank fits when its memory is within the capacity of every mode
+its chunks use, i.e. ``min(capacity[r] for r used on the rank)``.
 
 Tie-break rule (identical in the ILP and in the DP, so both return the same
 partition, not only the same objective):
@@ -18,19 +21,18 @@ partition, not only the same objective):
 
 Values within a relative tolerance of ``TIE_RTOL`` count as equal in 1 and 2.
 
-The ILP proves 1 and 2; step 3 is done by :func:`planner.partition_dp.canonical`,
-an exact lexicographic search restricted to ``B <= B*`` and ``T <= T*``, shared
-by both methods.  This module holds the problem, the result and the entry point;
-the MILP formulations are in :mod:`planner.partition_milp` and the DP reference
-in :mod:`planner.partition_dp`.
+The MILP proves all three itself, one solve per step (2 with ``B <= B*``, 3 with
+``T <= T*`` too, chunk by chunk), and never sees the DP's answer; the DP
+(:mod:`planner.partition_dp`) is the test oracle and, labelled as such, the
+fallback when a solver fails.  This module holds the problem, the result and the
+entry point; the MILP formulations are in :mod:`planner.partition_milp`.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
@@ -61,7 +63,8 @@ class PartitionProblem:
         state_bytes: (L,) model-state bytes (weights, grads, optimizer).
         act_bytes: (L, R) activation bytes held per in-flight microbatch.
         inflight: (K,) microbatches whose activations chunk k holds at peak.
-        capacity_bytes: memory per GPU.
+        capacity_bytes: bytes per GPU for states and activations: one number, or
+            one per mode (R,) when recomputing leaves less room.
         modes: names of the R recompute modes, in preference order (index 0
             wins ties after time).
         boundary_s: seconds to ship one microbatch across a chunk boundary;
@@ -105,7 +108,13 @@ class PartitionProblem:
         object.__setattr__(self, "boundary_s", float(b) if b.ndim == 0 else _readonly(b.reshape(-1)))
         if self.extra_bytes is not None:
             object.__setattr__(self, "extra_bytes", _readonly(np.asarray(self.extra_bytes).reshape(-1)))
-        object.__setattr__(self, "capacity_bytes", float(self.capacity_bytes))
+        cap = np.asarray(self.capacity_bytes, dtype=float)
+        if cap.ndim == 0:
+            object.__setattr__(self, "capacity_bytes", float(cap))
+        elif cap.shape != (t.shape[1],) or not np.all(np.isfinite(cap)):
+            raise PartitionError(f"capacity_bytes needs one finite number or one per mode ({t.shape[1]})")
+        else:
+            object.__setattr__(self, "capacity_bytes", _readonly(cap))
 
     @property
     def num_layers(self) -> int:
@@ -114,6 +123,11 @@ class PartitionProblem:
     @property
     def num_modes(self) -> int:
         return int(self.time_s.shape[1])
+
+    @property
+    def mode_capacity(self) -> np.ndarray:
+        """(R,) capacity when a rank uses mode r."""
+        return np.broadcast_to(np.asarray(self.capacity_bytes, dtype=float), (self.num_modes,))
 
 
 @dataclass(frozen=True)
@@ -144,6 +158,12 @@ class Partition:
     optimal: bool
     gap: float = 0.0
     note: str = ""
+    rank_capacity_bytes: tuple[float, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """How the split was found, for output: ``ilp-highs``, ``dp (solver failed: ...)``."""
+        return f"{self.method} ({self.note})" if self.note else self.method
 
     @property
     def boundaries(self) -> tuple[int, ...]:
@@ -175,7 +195,11 @@ class Prepared:
     bnd: np.ndarray  # (K,) boundary seconds per chunk (0 for the last)
     inflight: np.ndarray  # (K,)
     extra: np.ndarray  # (p,)
-    cap: float
+    cap: np.ndarray  # (R,) capacity of a rank that uses mode r
+
+    @property
+    def cap_max(self) -> float:
+        return float(self.cap.max())
 
     @property
     def L(self) -> int:
@@ -191,6 +215,10 @@ class Prepared:
 
     def chunk_mem(self, k: int, i: int, j: int, r: int) -> float:
         return float(self.ps[j] - self.ps[i] + self.inflight[k] * (self.pa[j, r] - self.pa[i, r]))
+
+    def rank_capacity(self, modes: Sequence[int]) -> float:
+        """Capacity of a rank whose chunks use ``modes``: the smallest of theirs."""
+        return float(min(self.cap[r] for r in modes)) if len(modes) else self.cap_max
 
 
 def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
@@ -233,7 +261,7 @@ def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
         bnd=bnd,
         inflight=np.asarray(inflight, dtype=float),
         extra=extra,
-        cap=problem.capacity_bytes,
+        cap=np.array(problem.mode_capacity, dtype=float),
     )
 
 
@@ -259,6 +287,7 @@ def evaluate(
     chunks = []
     rank_t = [0.0] * p
     rank_m = [float(x) for x in prep.extra]
+    rank_modes: list[list[int]] = [[] for _ in range(p)]
     start = 0
     for k, (e, r) in enumerate(zip(ends, modes)):
         t = prep.chunk_time(k, start, e, r)
@@ -266,13 +295,16 @@ def evaluate(
         chunks.append(Chunk(start, int(e), names[r], t, m))
         rank_t[k % p] += t
         rank_m[k % p] += m
+        rank_modes[k % p].append(int(r))
         start = e
+    rank_cap = tuple(prep.rank_capacity(ms) for ms in rank_modes)
     if check_memory:
-        worst = int(np.argmax(rank_m))
-        if rank_m[worst] > prep.cap * (1 + TIE_RTOL):
+        over = [m - c for m, c in zip(rank_m, rank_cap)]
+        worst = int(np.argmax(over))
+        if not le_tol(rank_m[worst], rank_cap[worst]):
             raise PartitionError(
                 f"this split needs {rank_m[worst] / GIB:.1f} GiB on rank {worst}, "
-                f"more than {prep.cap / GIB:.1f} GiB per GPU"
+                f"more than {rank_cap[worst] / GIB:.1f} GiB per GPU"
             )
     return Partition(
         chunks=tuple(chunks),
@@ -283,7 +315,13 @@ def evaluate(
         optimal=optimal,
         gap=gap,
         note=note,
+        rank_capacity_bytes=rank_cap,
     )
+
+
+def fits(part: Partition) -> bool:
+    """Every rank within the capacity of the modes it uses (up to the tie tolerance)."""
+    return all(le_tol(m, c) for m, c in zip(part.rank_memory_bytes, part.rank_capacity_bytes))
 
 
 def total_compute_s(prep: Prepared, ends: Sequence[int], modes: Sequence[int]) -> float:
@@ -296,12 +334,13 @@ def total_compute_s(prep: Prepared, ends: Sequence[int], modes: Sequence[int]) -
 
 
 def infeasible_error(prep: Prepared) -> PartitionError:
-    """The 'does not fit' message, with the smallest achievable peak memory."""
+    """The 'does not fit' message, with the smallest achievable peak memory and the capacity
+    of the mode that peak uses."""
     from planner.partition_dp import min_peak_memory
 
-    peak, rank = min_peak_memory(prep)
+    peak, rank, cap = min_peak_memory(prep)
     return PartitionError(
-        f"no split fits in {prep.cap / GIB:.1f} GiB per GPU: the smallest possible peak is "
+        f"no split fits in {cap / GIB:.1f} GiB per GPU: the smallest possible peak is "
         f"{peak / GIB:.1f} GiB on rank {rank}; add recompute, pipeline stages or ZeRO"
     )
 
@@ -330,7 +369,8 @@ def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, m
         order = np.argsort(prep.pt[e] - prep.pt[start], kind="stable")
         # fastest mode whose chunk alone fits next to the rank's extra bytes
         pick = next(
-            (int(r) for r in order if prep.chunk_mem(k, start, e, int(r)) + prep.extra[k % prep.p] <= prep.cap),
+            (int(r) for r in order
+             if prep.chunk_mem(k, start, e, int(r)) + prep.extra[k % prep.p] <= prep.cap[int(r)]),
             int(order[-1]),
         )
         modes.append(pick)
@@ -425,43 +465,15 @@ def _heuristic_ends(prep: Prepared) -> list[list[int]]:
 
 
 def _upper_bound(prep: Prepared) -> Partition | None:
-    """Best memory-feasible heuristic split, or None."""
+    """Best memory-feasible heuristic split (each chunk its fastest mode that fits, or every
+    chunk its lightest mode), or None: only bounds the MILP's search, never its answer."""
     best = None
+    lightest = int(np.argmin(prep.problem.act_bytes.sum(axis=0) - 1e-300 * np.arange(prep.R)))
     for ends in _heuristic_ends(prep):
-        cand = _fixed_split(prep, ends, None, "heuristic")
-        if max(cand.rank_memory_bytes) <= prep.cap and (best is None or cand.bottleneck_s < best.bottleneck_s):
-            best = cand
-    return best
-
-
-def _seed(prep: Prepared) -> Partition | None:
-    """A strong feasible split to bound and warm-start the MILP.
-
-    v = 1: the exact banded DP (so the MILP only has to confirm it).  v > 1:
-    the same DP over K "ranks" of one chunk each, every chunk limited to a
-    1/v share of its rank's free memory; summing v such chunks per rank
-    keeps memory feasible and the bottleneck within v times the chunk max.
-    Falls back to the cheap heuristics when that finds nothing.
-    """
-    from dataclasses import replace
-
-    from planner.partition_dp import _bottleneck_v1, canonical
-
-    best = _upper_bound(prep)
-    v = prep.K // prep.p
-    if v == 1:
-        sub = prep
-    else:
-        rank_extra = prep.extra[np.arange(prep.K) % prep.p]
-        sub = replace(prep, p=prep.K, extra=rank_extra + (prep.cap - rank_extra) * (v - 1) / v)
-    b = _bottleneck_v1(sub, best.bottleneck_s if (best is not None and v == 1) else math.inf)
-    sol = canonical(sub, b, None) if math.isfinite(b) else None
-    if sol is not None:
-        cand = evaluate(prep, sol[0], sol[1], method="seed")
-        if max(cand.rank_memory_bytes) <= prep.cap * (1 + TIE_RTOL) and (
-            best is None or cand.bottleneck_s < best.bottleneck_s
-        ):
-            best = cand
+        for mode in (None, lightest):
+            cand = _fixed_split(prep, ends, mode, "heuristic")
+            if fits(cand) and (best is None or cand.bottleneck_s < best.bottleneck_s):
+                best = cand
     return best
 
 
@@ -479,39 +491,23 @@ def partition(
     solver: str = "auto",
     time_limit_s: float = 2.0,
     lp_path: str | os.PathLike | None = None,
-    warm_start: bool = True,
 ) -> Partition:
-    """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks (MILP).
+    """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks, by the MILP.
 
-    Formulation (boundary positions over prefix sums): binary ``x[k, j] = 1``
-    iff chunk k ends after layer j (``end_k > j``), only for j inside a window
-    ``[lo_k, hi_k)`` derived from a heuristic upper bound (outside it x is a
-    constant).  ``x[k, j] >= x[k, j+1]`` (monotone) and ``x[k+1, j+1] >=
-    x[k, j]`` (chunks non-empty, in order).  Any per-layer quantity ``w``
-    summed over chunk k is ``sum_j w_j (x[k, j] - x[k-1, j])``: O(window)
-    non-zeros, no (layer, chunk) assignment variables.  A one-hot ``z[k, r]``
-    picks the mode; chunk time ``t_k >= T_k^r(x) - M_k^r (1 - z[k, r])`` and
-    activations likewise, with ``M`` the largest chunk the window allows.
-    ``B >= sum_{k on rank} (t_k + boundary_k)`` and per-rank memory
-    ``sum (state_k + a_k) + extra <= capacity``.  Minimise ``B``; for v > 1
-    a second solve fixes ``B <= B*`` and minimises ``sum t_k``; for v = 1
-    that step and the final lexicographic tie-break are done exactly by
-    :func:`planner.partition_dp.canonical` (v > 1: the tie-break only).
+    The MILP (:mod:`planner.partition_milp`) is built cold, bounded only by cheap heuristic
+    splits (even, time-balanced), and proves the whole tie-break rule of this module itself:
+    its answer is ``method='ilp-highs'`` / ``'ilp-cbc'``. ``solver``: 'auto' (HiGHS when
+    ``highspy`` imports, else CBC), 'highs', 'cbc', or 'dp' (the exact reference; v > 1 by
+    enumeration, tiny cases only).
 
-    ``solver``: 'auto' (HiGHS when ``highspy`` imports, else CBC), 'highs',
-    'cbc', or 'dp' (the exact reference, v = 1).  On a solver failure or a
-    timeout without a proven optimum, v = 1 falls back to the DP (said in
-    ``note``); v > 1 returns the best split found with its ``gap``.
-    ``lp_path`` writes the bottleneck model in LP format.
-
-    ``warm_start`` (default) bounds and seeds the MILP with :func:`_seed` (for
-    v = 1 the exact DP, so the MILP confirms it; for v > 1 a per-chunk DP);
-    ``False`` uses only the even / time-balanced splits, which keeps the MILP
-    an independent check (tests) but is far slower on large models.
+    When the solver fails (crash, no split within ``time_limit_s``, a split that fails the
+    exact memory check) the DP answers instead, labelled ``method='dp'`` with the reason in
+    ``note`` (:attr:`Partition.label`: ``dp (solver failed: ...)``); for v > 1 beyond the DP's
+    reach the best split found is returned with ``optimal=False`` and its ``gap`` (or a
+    PartitionError when there is none). ``lp_path`` writes the bottleneck model in LP format.
     """
-    from planner.partition_dp import canonical, partition_dp
-    from planner.partition_milp import (MAX_BINARIES, BoundaryModel, CountModel, solve,
-                                        uniform_blocks, windows)
+    from planner.partition_dp import partition_dp
+    from planner import partition_milp as milp
 
     prep = prepare(problem, num_chunks, p)
     name = _pick_solver(solver)
@@ -519,82 +515,54 @@ def partition(
         return partition_dp(problem, num_chunks, p)
     method = f"ilp-{name}"
     deadline = time.monotonic() + float(time_limit_s)
-    v1 = prep.K == prep.p
 
-    def fallback(reason: str) -> Partition:
-        if v1:
+    def fallback(reason: str, best: Partition | None = None) -> Partition:
+        try:
             res = partition_dp(problem, num_chunks, p)
-            return _replace(res, note=f"{reason}, used DP fallback")
-        if heur is not None:
-            lb = _lower_bound(prep)
-            return _replace(heur, optimal=False, gap=_gap(heur.bottleneck_s, lb), note=f"{reason}, used heuristic split")
-        raise PartitionError(f"{reason} and no heuristic split fits; try a longer time limit")
+        except PartitionError:
+            if prep.K == prep.p:  # the exact DP says nothing fits
+                raise
+            res = None  # v > 1 beyond exhaustive search
+        if res is not None:
+            return replace(res, note=f"{name} solver failed: {reason}")
+        if best is not None:
+            return best
+        raise PartitionError(f"the {name} solver failed ({reason}) and no split is known; "
+                             "try a longer time limit")
 
-    heur = _seed(prep) if warm_start else _upper_bound(prep)
-    counts = uniform_blocks(prep)
-    if not counts:
-        lo, hi = windows(prep, heur.bottleneck_s if heur is not None else None)
-        n_binaries = sum(h - l for l, h in zip(lo, hi))
-        if n_binaries > MAX_BINARIES:  # building it alone would blow the time limit
-            return fallback(f"MILP too large ({n_binaries} binaries > {MAX_BINARIES})")
+    heur = _upper_bound(prep)
     try:
-        build = CountModel if counts else BoundaryModel
-        model = build(prep, heur.bottleneck_s if heur is not None else None)
-        if heur is not None:
-            model.warm_start(heur.boundaries, [prep.problem.modes.index(m) for m in heur.recompute])
-        if lp_path is not None:
-            model.prob.writeLP(os.fspath(lp_path))
-        status, bound = solve(model, name, deadline - time.monotonic())
+        model = milp.build(prep, heur.bottleneck_s if heur is not None else None)
+    except PartitionError as exc:
+        return fallback(str(exc))
+    if model is None:
+        raise infeasible_error(prep)
+    if lp_path is not None:
+        model.prob.writeLP(os.fspath(lp_path))
+    try:
+        out = milp.solve_lexicographic(model, name, deadline)
     except PartitionError:
         raise
     except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace
-        return fallback(f"{name} solver failed ({type(exc).__name__})")
-    if status == "infeasible":
+        return fallback(f"{type(exc).__name__}")
+    if out.status == "infeasible":
         if heur is not None:  # contradicts a known split: numerical trouble
-            return fallback("solver reported a feasible instance infeasible")
+            return fallback("reported a feasible instance infeasible")
         raise infeasible_error(prep)
-    if status == "none":
-        return fallback(f"solver found no solution within {time_limit_s:g} s")
-    ends, modes = model.solution()
-    first = evaluate(prep, ends, modes, method=method)
-    if status == "feasible":
-        if v1:
-            return fallback(f"solver timed out after {time_limit_s:g} s without proving optimality")
-        lb = max(_lower_bound(prep), (bound or 0.0) * model.tscale)
-        return _replace(first, optimal=False, gap=_gap(first.bottleneck_s, lb), note="solver timed out; best split found")
-    b_star = first.bottleneck_s
-    if v1:
-        sol = canonical(prep, b_star, None)
-        if sol is None:  # solver tolerance let a hair-infeasible split through
-            return fallback("ILP split failed the exact check")
-        return evaluate(prep, sol[0], sol[1], method=method, optimal=True)
-    # v > 1: least compute time at this bottleneck, then the lexicographic tie-break
-    import pulp
-
-    model.B.upBound = b_star * (1 + TIE_RTOL) / model.tscale
-    model.prob.setObjective(pulp.lpSum(model.tk))
-    status2, _ = solve(model, name, max(deadline - time.monotonic(), 0.05))
-    if status2 in ("optimal", "feasible"):
-        e2, m2 = model.solution()
-        second = evaluate(prep, e2, m2, method=method)
-        if second.bottleneck_s <= b_star * (1 + TIE_RTOL) and max(
-            r - c for r, c in zip(second.rank_memory_bytes, [prep.cap] * prep.p)
-        ) <= prep.cap * TIE_RTOL:
-            ends, modes = e2, m2
-    t_star = total_compute_s(prep, ends, modes)
-    sol = canonical(prep, b_star, t_star, deadline=max(deadline, time.monotonic() + 0.2))
-    note = "" if status2 == "optimal" else "least-recompute step timed out"
-    if sol is None:
-        note = (note + "; " if note else "") + "tie-break search gave up, ties may differ from the DP"
-        sol = (ends, modes)
-    return evaluate(prep, sol[0], sol[1], method=method, optimal=True, note=note)
+    if out.status == "none":
+        return fallback(f"no split within {time_limit_s:g} s")
+    res = evaluate(prep, out.ends, out.modes, method=method, optimal=out.status == "optimal",
+                   note=out.note)
+    if not fits(res):
+        return fallback("its split failed the exact memory check")
+    if out.status == "feasible":
+        if prep.K == prep.p:
+            return fallback(f"not proven optimal within {time_limit_s:g} s")
+        # v > 1: the exhaustive reference is out of reach at this size; say how far off it may be
+        return replace(res, gap=_gap(res.bottleneck_s, out.bound_s),
+                       note=f"not proven optimal within {time_limit_s:g} s")
+    return res
 
 
 def _gap(value: float, lower: float) -> float:
     return max(0.0, (value - lower) / value) if value > 0 else 0.0
-
-
-def _replace(part: Partition, **kw) -> Partition:
-    from dataclasses import replace
-
-    return replace(part, **kw)
