@@ -1,0 +1,109 @@
+"""The stage partitioner's entry point: pick a solver, run it, label what produced the split."""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import replace
+
+from planner.partition import milp
+from planner.partition.dp import infeasible_error, partition_dp
+from planner.partition.problem import (Partition, PartitionError, PartitionProblem, _gap,
+                                       _upper_bound, fits, prepare, score_split)
+
+
+def _highs_available() -> bool:
+    try:
+        import highspy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def _pick_solver(solver: str) -> str:
+    """'auto' -> 'highs' when highspy imports (faster in bench_partition.py), else 'cbc'."""
+    if solver not in ("auto", "highs", "cbc", "dp"):
+        raise PartitionError(f"unknown solver {solver!r}: use auto, highs, cbc or dp")
+    if solver == "auto":
+        return "highs" if _highs_available() else "cbc"
+    return solver
+
+
+def partition(
+    problem: PartitionProblem,
+    num_chunks: int,
+    p: int,
+    *,
+    solver: str = "auto",
+    time_limit_s: float = 2.0,
+    lp_path: str | os.PathLike | None = None,
+) -> Partition:
+    """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks, by the MILP.
+
+    The MILP (:mod:`planner.partition.milp`) is built cold, bounded only by cheap heuristic
+    splits (even, time-balanced), and proves the whole tie-break rule of :mod:`planner.partition.problem` itself:
+    its answer is ``method='ilp-highs'`` / ``'ilp-cbc'``. ``solver``: 'auto' (HiGHS when
+    ``highspy`` imports, else CBC), 'highs', 'cbc', or 'dp' (the exact reference; v > 1 by
+    enumeration, tiny cases only).
+
+    When the solver fails (crash, no split within ``time_limit_s``, a split that fails the
+    exact memory check) the DP answers instead, labelled ``method='dp'`` with the reason in
+    ``note`` (:attr:`Partition.label`: ``dp (solver failed: ...)``); for v > 1 beyond the DP's
+    reach the best split found is returned with ``optimal=False`` and its ``gap`` (or a
+    PartitionError when there is none). ``lp_path`` writes the bottleneck model in LP format.
+    """
+    prep = prepare(problem, num_chunks, p)
+    name = _pick_solver(solver)
+    if name == "dp":
+        return partition_dp(problem, num_chunks, p)
+    method = f"ilp-{name}"
+    deadline = time.monotonic() + float(time_limit_s)
+
+    def fallback(reason: str, best: Partition | None = None) -> Partition:
+        try:
+            res = partition_dp(problem, num_chunks, p)
+        except PartitionError:
+            if prep.K == prep.p:  # the exact DP says nothing fits
+                raise
+            res = None  # v > 1 beyond exhaustive search
+        if res is not None:
+            return replace(res, note=f"{name} solver failed: {reason}")
+        if best is not None:
+            return best
+        raise PartitionError(f"the {name} solver failed ({reason}) and no split is known; "
+                             "try a longer time limit")
+
+    heur = _upper_bound(prep)
+    try:
+        model = milp.build(prep, heur.bottleneck_s if heur is not None else None)
+    except PartitionError as exc:
+        return fallback(str(exc))
+    if model is None:
+        raise infeasible_error(prep)
+    if lp_path is not None:
+        model.prob.writeLP(os.fspath(lp_path))
+    try:
+        out = milp.solve_lexicographic(model, name, deadline)
+    except PartitionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace
+        return fallback(f"{type(exc).__name__}")
+    if out.status == "infeasible":
+        if heur is not None:  # contradicts a known split: numerical trouble
+            return fallback("reported a feasible instance infeasible")
+        raise infeasible_error(prep)
+    if out.status == "none":
+        return fallback(f"no split within {time_limit_s:g} s")
+    res = score_split(prep, out.ends, out.modes, method=method, optimal=out.status == "optimal",
+                   note=out.note)
+    if not fits(res):
+        return fallback("its split failed the exact memory check")
+    if out.status == "feasible":
+        if prep.K == prep.p:
+            return fallback(f"not proven optimal within {time_limit_s:g} s")
+        # v > 1: the exhaustive reference is out of reach at this size; say how far off it may be
+        return replace(res, gap=_gap(res.bottleneck_s, out.bound_s),
+                       note=f"not proven optimal within {time_limit_s:g} s")
+    return res
+
+
