@@ -1,9 +1,10 @@
 """From a configuration to its stage-partition problem, and back to stage bounds.
 
-The partitioner (planner/partition.py) sees only per-layer numbers: time per microbatch under each
+The partitioner (planner/partition/) sees only per-layer numbers: time per microbatch under each
 recompute mode the configuration allows, model-state bytes, activation bytes, the in-flight
-microbatches each chunk holds under the schedule, and the per-GPU memory left once the
-framework's reserve and the largest transient are set aside.
+microbatches each chunk holds under the schedule, and, per recompute mode, the per-GPU memory
+left once the framework's reserve, that mode's allocator fragmentation and its largest transient
+are set aside (a rank is held to the least of its chunks' modes).
 """
 
 from __future__ import annotations
@@ -31,7 +32,12 @@ METHODS = ("ilp", "dp")
 class Split:
     bounds: tuple[tuple[int, int], ...]
     recompute: tuple[str, ...]
-    partition: Partition | None  # None for a fixed (even) split
+    partition: Partition
+
+    @property
+    def how(self) -> str:
+        """The solver that produced the split, as output and plan notes show it."""
+        return self.partition.label
 
 
 def allowed_modes(par: Parallel, opts: RunOptions, exact: bool = False) -> tuple[str, ...]:
@@ -52,19 +58,22 @@ def usable_bytes(cluster: Cluster, recompute: bool) -> float:
 
 
 def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
-                      tables: dict[str, CostTable],
-                      recompute_fragmentation: bool = False) -> PartitionProblem:
+                      tables: dict[str, CostTable]) -> PartitionProblem:
+    """The problem for this configuration. Capacity per mode: a stage that recomputes rebuilds
+    activations (its largest transient grows) and fragments the allocator more, so each mode
+    has its own room; the partitioner holds each rank to the least of its chunks' modes."""
     modes = tuple(tables)
     costs = {m: tables[m].costs for m in modes}
     time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
     act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
     states = state_bytes(np.array([c.params for c in costs[modes[0]]], dtype=float), par, opts)
-    transient = max(max(c.work_bytes for c in costs[m]) for m in modes)
+    capacity = [max(usable_bytes(cluster, m != "none") - max(c.work_bytes for c in costs[m]), 0.0)
+                for m in modes]
     return PartitionProblem(
         time_s=time_s, state_bytes=states, act_bytes=act,
         inflight=np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
                                                par.virtual_stages), dtype=float),
-        capacity_bytes=max(usable_bytes(cluster, recompute_fragmentation) - transient, 0.0),
+        capacity_bytes=capacity,
         modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)))
 
@@ -79,11 +88,9 @@ def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=N
 
 def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
                tables: dict[str, CostTable], method: str = "dp", lp_path=None) -> Split:
-    """The compute-balanced split under memory. Interleaved chunks stay even: Megatron's
-    interleaved schedule wants the same layer count in every virtual stage."""
-    if par.virtual_stages > 1:
-        bounds = tuple(even_block_bounds(model, par.num_chunks))
-        return Split(bounds, (par.recompute,) * par.num_chunks, None)
+    """The compute-balanced split under memory, interleaved chunks included: with v > 1 the
+    chunks of a rank may differ in size (every launcher that runs the interleaved schedule takes
+    uneven chunks: Megatron's --pipeline-model-parallel-layout, torchtitan's split points)."""
     if method == "ilp":
         return _solved(lambda problem: partition(problem, par.num_chunks, par.pp,
                                                  lp_path=lp_path),
@@ -112,14 +119,7 @@ def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunO
 
 def _solved(solve, model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
             tables: dict[str, CostTable]) -> Split:
-    """Split with the allocator's light fragmentation; when the answer recomputes anywhere,
-    split again with the larger share recompute costs (planner/constants.py), so no stage
-    is promised memory its rank does not have."""
-    result = solve(partition_problem(model, cluster, par, opts, tables))
-    if any(c.recompute != "none" for c in result.chunks):
-        result = solve(partition_problem(model, cluster, par, opts, tables,
-                                         recompute_fragmentation=True))
-    return _as_split(result)
+    return _as_split(solve(partition_problem(model, cluster, par, opts, tables)))
 
 
 def _as_split(result: Partition) -> Split:
