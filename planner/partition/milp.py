@@ -206,6 +206,8 @@ class OptionModel(_Model):
                                                 if o[2] == r]) <= room
         if ub is not None:
             self.B.upBound = ub * (1 + 1e-7) / ts
+        self.rank_bound_s = self._rank_bound()
+        self.B.lowBound = self.rank_bound_s / ts
         prob += self.B
         self.prob = prob
         # chunk ends reachable: prefix sums of the smallest / largest block counts
@@ -214,6 +216,48 @@ class OptionModel(_Model):
         self.end_lo = [min(1 + sum(cnt_lo[: k + 1]), L) for k in range(K)]
         self.end_hi = [min(1 + sum(cnt_hi[: k + 1]), L - (K - 1 - k)) for k in range(K)]
         self.end_lo[-1] = self.end_hi[-1] = L
+
+    def _rank_bound(self) -> float:
+        """A lower bound on B from the ranks one at a time: tau_rho(c), the least time rank rho
+        needs for c blocks over its chunks (each chunk its fastest option that fits alone; a
+        knapsack over the rank's v chunks), and B >= the least b with sum_rho max{c : tau_rho(c)
+        <= b} >= N. It relaxes only the rank's memory row, so it is tight whenever time binds,
+        where the LP relaxation is off by up to a block per rank; with many chunks per rank
+        (interleaved) the solver would otherwise branch for long to prove it."""
+        prep = self.prep
+        K, p, N = prep.K, prep.p, prep.L - 2
+        tau = []
+        for rho in range(p):
+            f = np.full(N + 1, math.inf)
+            f[0] = 0.0
+            for k in range(rho, K, p):
+                tk = np.full(N + 1, math.inf)
+                for (_, n, _r) in self.by_chunk[k]:
+                    tk[n] = min(tk[n], self.cost[k, n, _r][0])
+                ns = np.flatnonzero(np.isfinite(tk))
+                g = np.full(N + 1, math.inf)
+                for n in ns:
+                    g[n:] = np.minimum(g[n:], f[: N + 1 - n] + tk[n])
+                f = g
+            tau.append(f)
+        tau = np.array(tau)  # (p, N+1)
+        cand = np.unique(tau[np.isfinite(tau)])
+
+        def enough(b: float) -> bool:
+            ok = tau <= b
+            most = np.where(ok.any(axis=1), (N - np.argmax(ok[:, ::-1], axis=1)), -1)
+            return bool((most >= 0).all() and most.sum() >= N)
+
+        lo, hi = 0, len(cand) - 1
+        if hi < 0 or not enough(cand[hi]):
+            return 0.0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if enough(cand[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return float(cand[lo]) * (1 - 1e-9)
 
     def compute_time(self):
         ts = self.tscale
@@ -441,10 +485,16 @@ class Outcome:
     modes: tuple[int, ...] = ()
     bound_s: float = 0.0
     note: str = ""
+    kept: bool = False
 
 
-def solve_lexicographic(model: _Model, name: str, deadline: float) -> Outcome:
-    """The three steps of the tie-break rule, each proven by the solver (see module docstring)."""
+def solve_lexicographic(model: _Model, name: str, deadline: float,
+                        keep: tuple[Sequence[int], Sequence[int], float] | None = None) -> Outcome:
+    """The three steps of the tie-break rule, each proven by the solver (see module docstring).
+
+    ``keep`` = (ends, modes, bottleneck) of a fitting split the caller prefers on a tie: when
+    step 1 proves no split has a smaller bottleneck, it is returned (``kept``) instead of
+    running steps 2 and 3."""
     import pulp
 
     prep = model.prep
@@ -454,8 +504,13 @@ def solve_lexicographic(model: _Model, name: str, deadline: float) -> Outcome:
     ends, modes = model.solution()
     b_star = score_split(prep, ends, modes, method="ilp").bottleneck_s
     if status == "feasible":
-        lb = max(_lower_bound(prep), (bound or 0.0) * model.tscale)
+        lb = max(_lower_bound(prep), (bound or 0.0) * model.tscale,
+                 getattr(model, "rank_bound_s", 0.0))
         return Outcome("feasible", tuple(ends), tuple(modes), min(lb, b_star))
+    if keep is not None and keep[2] <= b_star * (1 + TIE_RTOL):
+        return Outcome("optimal", tuple(keep[0]), tuple(keep[1]), b_star, kept=True)
+    # steps 2 and 3 on the model rebuilt with B* as its bound: far fewer options / window
+    model = build(prep, b_star) or model
     model.B.upBound = b_star * (1 + CAP_SLACK) / model.tscale
     if prep.R > 1:  # step 2: least compute time (one mode: T is a constant)
         model.warm_start(ends, modes)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import replace
+from typing import Sequence
 
 from planner.partition import milp
 from planner.partition.dp import infeasible_error, partition_dp
-from planner.partition.problem import (Partition, PartitionError, PartitionProblem, _gap,
-                                       _upper_bound, fits, prepare, score_split)
+from planner.partition.problem import (Partition, PartitionError, PartitionProblem, _fixed_split,
+                                       _gap, _upper_bound, fits, prepare, score_split)
 
 
 def _highs_available() -> bool:
@@ -37,6 +38,7 @@ def partition(
     solver: str = "auto",
     time_limit_s: float = 2.0,
     lp_path: str | os.PathLike | None = None,
+    prefer: Sequence[int] | None = None,
 ) -> Partition:
     """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks, by the MILP.
 
@@ -51,6 +53,11 @@ def partition(
     ``note`` (:attr:`Partition.label`: ``dp (solver failed: ...)``); for v > 1 beyond the DP's
     reach the best split found is returned with ``optimal=False`` and its ``gap`` (or a
     PartitionError when there is none). ``lp_path`` writes the bottleneck model in LP format.
+
+    ``prefer``: chunk ends of a split to keep on a tie (each chunk its fastest mode that fits),
+    e.g. the launcher's even split of interleaved chunks, whose step time the bottleneck does
+    not rank among equal-bottleneck splits. When it fits and the MILP proves that no split has a
+    smaller bottleneck, it is returned as ``method='even'`` with the proof in ``note``.
     """
     prep = prepare(problem, num_chunks, p)
     name = _pick_solver(solver)
@@ -74,6 +81,13 @@ def partition(
                              "try a longer time limit")
 
     heur = _upper_bound(prep)
+    kept = None
+    if prefer is not None:
+        kept = _fixed_split(prep, [int(e) for e in prefer], None, "even")
+        if not fits(kept):
+            kept = None
+        elif heur is None or kept.bottleneck_s < heur.bottleneck_s:
+            heur = kept
     try:
         model = milp.build(prep, heur.bottleneck_s if heur is not None else None)
     except PartitionError as exc:
@@ -82,8 +96,10 @@ def partition(
         raise infeasible_error(prep)
     if lp_path is not None:
         model.prob.writeLP(os.fspath(lp_path))
+    keep = None if kept is None else (kept.boundaries, [problem.modes.index(m) for m in kept.recompute],
+                                      kept.bottleneck_s)
     try:
-        out = milp.solve_lexicographic(model, name, deadline)
+        out = milp.solve_lexicographic(model, name, deadline, keep)
     except PartitionError:
         raise
     except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace
@@ -94,6 +110,8 @@ def partition(
         raise infeasible_error(prep)
     if out.status == "none":
         return fallback(f"no split within {time_limit_s:g} s")
+    if out.kept:
+        return replace(kept, optimal=True, note=f"no smaller bottleneck, proven by {method}")
     res = score_split(prep, out.ends, out.modes, method=method, optimal=out.status == "optimal",
                    note=out.note)
     if not fits(res):

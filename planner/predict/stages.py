@@ -92,8 +92,12 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
     chunks of a rank may differ in size (every launcher that runs the interleaved schedule takes
     uneven chunks: Megatron's --pipeline-model-parallel-layout, torchtitan's split points)."""
     if method == "ilp":
+        # Interleaved: among splits of equal bottleneck the schedule still runs some faster
+        # (its critical path crosses every chunk); keep Megatron's even split on a tie.
+        even = ([b for _, b in even_block_bounds(model, par.num_chunks)]
+                if par.virtual_stages > 1 else None)
         return _solved(lambda problem: partition(problem, par.num_chunks, par.pp,
-                                                 lp_path=lp_path),
+                                                 lp_path=lp_path, prefer=even),
                        model, cluster, par, opts, tables)
     return _solved(lambda problem: partition_dp(problem, par.num_chunks, par.pp),
                    model, cluster, par, opts, tables)
