@@ -57,7 +57,7 @@ def partition(
     ``prefer``: chunk ends of a split to keep on a tie (each chunk its fastest mode that fits),
     e.g. the launcher's even split of interleaved chunks, whose step time the bottleneck does
     not rank among equal-bottleneck splits. When it fits and the MILP proves that no split has a
-    smaller bottleneck, it is returned as ``method='even'`` with the proof in ``note``.
+    smaller bottleneck, it is returned (``note`` says so).
     """
     prep = prepare(problem, num_chunks, p)
     name = _pick_solver(solver)
@@ -111,7 +111,8 @@ def partition(
     if out.status == "none":
         return fallback(f"no split within {time_limit_s:g} s")
     if out.kept:
-        return replace(kept, optimal=True, note=f"no smaller bottleneck, proven by {method}")
+        return replace(kept, method=method, optimal=True,
+                       note="even split kept: no split has a smaller bottleneck")
     res = score_split(prep, out.ends, out.modes, method=method, optimal=out.status == "optimal",
                    note=out.note)
     if not fits(res):

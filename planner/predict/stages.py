@@ -9,7 +9,7 @@ are set aside (a rank is held to the least of its chunks' modes).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -99,6 +99,12 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
         return _solved(lambda problem: partition(problem, par.num_chunks, par.pp,
                                                  lp_path=lp_path, prefer=even),
                        model, cluster, par, opts, tables)
+    if par.virtual_stages > 1:  # the exact DP is v = 1 only (v > 1: enumeration, tiny cases)
+        ends = [b for _, b in even_block_bounds(model, par.num_chunks)]
+        split = _solved(lambda problem: fixed_split(problem, ends, par.pp, par.recompute),
+                        model, cluster, par, opts, tables)
+        return replace(split, partition=replace(split.partition, method="even",
+                                                note="interleaved chunks; the DP is v = 1 only"))
     return _solved(lambda problem: partition_dp(problem, par.num_chunks, par.pp),
                    model, cluster, par, opts, tables)
 
