@@ -330,9 +330,9 @@ def test_ilp_solves_a_real_memory_bound_instance_itself():
     ("llama3-8b", 2, 1, 2048), ("llama3-8b", 4, 8, 8192), ("llama2-13b", 4, 2, 8192)])
 def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name, pp,
                                                                              micro_batch, seq):
-    """The partitioner first assumes the allocator's light fragmentation. Each case here finds
-    a split that way only by recomputing, and that split is 0.5-8 GiB over the GPU once the
-    recompute share is counted: the second pass must refuse it rather than promise it."""
+    """Each case here fits only by recomputing, and recomputing costs its stage the larger
+    fragmentation share and transient (0.5-8 GiB more than the light share would promise): the
+    per-mode capacity must refuse every split rather than promise memory the rank lacks."""
     from planner.cost.layer import RunOptions
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.spec import load_model
@@ -345,3 +345,128 @@ def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name
     tables = cost_tables(spec, par, hw, RunOptions())
     with pytest.raises(PartitionError, match="no split fits"):
         best_split(spec, make_cluster(hw, pp, 1), par, RunOptions(), tables, "dp")
+
+
+def _llama(pp, v=1, recompute="none", schedule=None, micro_batch=1):
+    from planner.core.parallel import Parallel
+    from planner.cost.layer import RunOptions
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.model.spec import load_model
+    from planner.predict.stages import cost_tables
+
+    spec, hw = load_model("llama3-8b"), load_hardware("a100-80gb")
+    par = Parallel(tp=1, pp=pp, dp=1, micro_batch=micro_batch, num_microbatches=4 * pp,
+                   schedule=schedule or ("interleaved" if v > 1 else "1f1b"), virtual_stages=v,
+                   recompute=recompute)
+    return spec, make_cluster(hw, pp, 1), par, RunOptions(), cost_tables(spec, par, hw, RunOptions())
+
+
+def test_capacity_is_per_mode_and_a_rank_gets_the_least_of_its_modes():
+    """Recompute leaves less room (larger transient, more fragmentation): the problem carries
+    one capacity per mode, ordered so, and the split's ranks are held to their own modes'."""
+    from planner.predict.stages import partition_problem
+
+    spec, cluster, par, opts, tables = _llama(4, recompute="full", micro_batch=2)
+    prob = partition_problem(spec, cluster, par, opts, tables)
+    cap = dict(zip(prob.modes, prob.mode_capacity))
+    assert cap["none"] > cap["full"] > 0
+    res = partition(prob, 4, 4, time_limit_s=SLOW_CI)
+    assert fits(res) and res.method.startswith("ilp") and res.note == "", res.label
+    assert set(res.recompute) == {"none", "full"}  # the first stages recompute, the last do not
+    for c, rank_cap in zip(res.chunks, res.rank_capacity_bytes):
+        assert rank_cap == cap[c.recompute]
+    assert (res.boundaries, res.recompute) == (lambda d: (d.boundaries, d.recompute))(
+        partition_dp(prob, 4, 4))
+
+
+def test_the_product_path_never_needs_the_dp(monkeypatch):
+    """With the DP disabled, `plan partition` and `plan solve` give the same answers: the MILP
+    produces them alone, and says so."""
+    import json
+
+    from typer.testing import CliRunner
+
+    import planner.partition.solve as solve_mod
+    from cli import app
+
+    runner = CliRunner()
+    before = runner.invoke(app, ["partition", "--model", "llama3-8b", "--pp", "4", "--json"])
+    plans = runner.invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--json", "--top", "3"])
+    assert before.exit_code == 0 and plans.exit_code == 0, before.output + plans.output
+
+    def no_dp(*a, **k):
+        raise AssertionError("the DP was called")
+
+    monkeypatch.setattr(solve_mod, "partition_dp", no_dp)
+    after = runner.invoke(app, ["partition", "--model", "llama3-8b", "--pp", "4", "--json"])
+    assert after.exit_code == 0, after.output
+    assert json.loads(after.output) == json.loads(before.output)
+    assert json.loads(after.output)["method"] in ("ilp-highs", "ilp-cbc")
+    stages = [s["layers"][0] for s in json.loads(after.output)["optimal"]["stages"]]
+    assert stages == [0, 8, 17, 26]  # the README's split
+    again = runner.invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--json", "--top", "3"])
+    assert json.loads(again.output)["plans"] == json.loads(plans.output)["plans"]
+    for p in json.loads(again.output)["plans"]:
+        assert any(n.startswith("stage split: ilp-") for n in p["notes"]), p["notes"]
+
+
+def test_a_failed_solver_is_named_in_the_output_and_the_plan(monkeypatch):
+    import json
+
+    from typer.testing import CliRunner
+
+    import planner.partition.milp as mod
+    from cli import app
+
+    def boom(*a, **k):
+        raise RuntimeError("solver trace")
+
+    monkeypatch.setattr(mod, "solve", boom)
+    runner = CliRunner()
+    out = runner.invoke(app, ["partition", "--model", "llama3-8b", "--pp", "4"])
+    assert out.exit_code == 0 and "solver failed: RuntimeError" in out.output, out.output
+    assert "min-bottleneck split (dp (" in out.output and "trace" not in out.output
+    res = runner.invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--pp", "2", "--json",
+                              "--top", "2"])
+    notes = [n for p in json.loads(res.output)["plans"] for n in p["notes"]
+             if n.startswith("stage split:")]
+    assert notes and all(n.startswith("stage split: dp (") and "solver failed: RuntimeError" in n
+                         for n in notes), notes
+
+
+def test_interleaved_chunks_are_split_unevenly_and_megatron_reads_them_back():
+    """v = 2 with up to full recompute: early chunks hold more microbatches in flight, the head
+    is costly, so the best split is far from even (with a mode per chunk); Megatron gets it as
+    --pipeline-model-parallel-layout and it parses back to the same block counts."""
+    from planner.launchers import megatron, parse_megatron_args
+    from planner.partition.problem import prepare, score_split
+    from planner.predict.stages import best_split, partition_problem
+    from planner.predict.step import even_block_bounds, evaluate
+
+    spec, cluster, par, opts, tables = _llama(4, v=2, recompute="full")
+    split = best_split(spec, cluster, par, opts, tables, "ilp")
+    prob = partition_problem(spec, cluster, par, opts, tables)
+    even = [b for _, b in even_block_bounds(spec, par.num_chunks)]
+    even_b = min(score_split(prepare(prob, 8, 4), even, [r] * 8, method="even").bottleneck_s
+                 for r in range(prob.num_modes))  # even, any one mode, memory ignored
+    assert split.how in ("ilp-highs", "ilp-cbc") and split.partition.optimal
+    assert split.partition.bottleneck_s < even_b * (1 - 1e-6)
+    plan = evaluate(spec, cluster, par, opts, bounds=list(split.bounds),
+                    recompute_per_chunk=list(split.recompute), tables=tables)
+    blocks = megatron.block_counts(plan)
+    assert len(set(blocks[1:-1])) > 1 or blocks[0] != blocks[-1]  # really uneven
+    text = megatron.render(plan)["megatron_args.sh"]
+    assert "--pipeline-model-parallel-layout" in text
+    parsed = parse_megatron_args(text)
+    assert parsed["stage_blocks"] == blocks and parsed["virtual_stages"] == 2
+
+
+def test_interleaved_keeps_the_even_split_on_a_tie():
+    """When no split beats the even one's bottleneck the MILP proves it and the even split
+    stays (the interleaved schedule's step time still depends on where the slack sits)."""
+    prob = PartitionProblem(np.ones((8, 1)), np.zeros(8), np.zeros((8, 1)), np.ones(4), 1.0)
+    res = partition(prob, 4, 2, prefer=[2, 4, 6, 8], time_limit_s=SLOW_CI)
+    assert res.boundaries == (2, 4, 6, 8) and res.optimal
+    assert res.label.endswith("(even split kept: no split has a smaller bottleneck)")
+    plain = partition(prob, 4, 2, time_limit_s=SLOW_CI)
+    assert plain.bottleneck_s == res.bottleneck_s and plain.boundaries == (1, 2, 5, 8)

@@ -265,7 +265,8 @@ def infeasible_error(prep: Prepared) -> PartitionError:
     """The 'does not fit' message, with the smallest achievable peak memory and the capacity
     of the mode that peak uses."""
     peak, rank, cap = min_peak_memory(prep)
+    exact = "" if prep.K == prep.p else "at least "  # v > 1: a lower bound only
     return PartitionError(
         f"no split fits in {cap / GIB:.1f} GiB per GPU: the smallest possible peak is "
-        f"{peak / GIB:.1f} GiB on rank {rank}; add recompute, pipeline stages or ZeRO"
+        f"{exact}{peak / GIB:.1f} GiB on rank {rank}; add recompute, pipeline stages or ZeRO"
     )
