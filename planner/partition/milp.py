@@ -218,29 +218,50 @@ class OptionModel(_Model):
         self.end_lo[-1] = self.end_hi[-1] = L
 
     def _rank_bound(self) -> float:
-        """A lower bound on B from the ranks one at a time: tau_rho(c), the least time rank rho
-        needs for c blocks over its chunks (each chunk its fastest option that fits alone; a
-        knapsack over the rank's v chunks), and B >= the least b with sum_rho max{c : tau_rho(c)
-        <= b} >= N. It relaxes only the rank's memory row, so it is tight whenever time binds,
-        where the LP relaxation is off by up to a block per rank; with many chunks per rank
-        (interleaved) the solver would otherwise branch for long to prove it."""
+        """A lower bound on B from the ranks one at a time (a decomposition). Blocks are
+        identical, so ranks interact only through the total N: rank rho can take c blocks within
+        time b exactly when tau_rho(c) <= b, where tau_rho(c) is the least time of its chunks
+        holding c blocks within its memory (per capacity level: the modes whose capacity is at
+        least that level, memory within it). Moving a block out of a chunk only saves time and
+        memory, so the c a rank can take at b form an interval, and the least b with
+        sum_rho max{c : tau_rho(c) <= b} >= N bounds B* from below (and meets it when the
+        block-count minimums leave room). The LP relaxation alone is off by up to a block per
+        rank, which with several chunks per rank (interleaved) costs the solver long branching.
+        tau_rho comes from a Pareto recursion over the rank's chunks on (blocks, time, memory)."""
         prep = self.prep
         K, p, N = prep.K, prep.p, prep.L - 2
-        tau = []
+        ms = prep.cap_max if prep.cap_max > 0 else 1.0
+        tau, self.patterns = [], []
         for rho in range(p):
-            f = np.full(N + 1, math.inf)
-            f[0] = 0.0
-            for k in range(rho, K, p):
-                tk = np.full(N + 1, math.inf)
-                for (_, n, _r) in self.by_chunk[k]:
-                    tk[n] = min(tk[n], self.cost[k, n, _r][0])
-                ns = np.flatnonzero(np.isfinite(tk))
-                g = np.full(N + 1, math.inf)
-                for n in ns:
-                    g[n:] = np.minimum(g[n:], f[: N + 1 - n] + tk[n])
-                f = g
-            tau.append(f)
-        tau = np.array(tau)  # (p, N+1)
+            ks = list(range(rho, K, p))
+            best = np.full(N + 1, math.inf)
+            how: dict[int, tuple] = {}  # c -> ((n_k, r_k) per chunk of the rank)
+            for level in sorted(set(prep.cap.tolist())):
+                ok = [r for r in range(prep.R) if prep.cap[r] >= level]
+                cap = level / ms * (1 + TIE_RTOL)
+                # columns: blocks, seconds, memory, then (n, r) of each chunk so far
+                states = np.array([[0.0, 0.0, prep.extra[rho] / ms]])
+                for k in ks:
+                    opts = np.array([(o[1], self.cost[o][0], self.cost[o][1] / ms, o[1], o[2])
+                                     for o in self.by_chunk[k] if o[2] in ok]).reshape(-1, 5)
+                    S, O = len(states), len(opts)
+                    both = np.concatenate([
+                        (states[:, None, :3] + opts[None, :, :3]).reshape(-1, 3),
+                        np.repeat(states[:, 3:], O, axis=0),
+                        np.tile(opts[:, 3:], (S, 1))], axis=1)
+                    states = _pareto(both[(both[:, 2] <= cap) & (both[:, 0] <= N)])
+                    if not len(states):
+                        break
+                else:
+                    for row in states:
+                        c = int(row[0])
+                        if row[1] < best[c]:
+                            best[c] = row[1]
+                            how[c] = tuple((int(row[3 + 2 * i]), int(row[4 + 2 * i]))
+                                           for i in range(len(ks)))
+            tau.append(best)
+            self.patterns.append(how)
+        tau = self.tau = np.array(tau)  # (p, N+1)
         cand = np.unique(tau[np.isfinite(tau)])
 
         def enough(b: float) -> bool:
@@ -449,6 +470,81 @@ class BoundaryModel(_Model):
         return ends, modes
 
 
+def _pareto(states: np.ndarray) -> np.ndarray:
+    """Rows (blocks, time, memory) that no row with the same blocks beats in both time and
+    memory."""
+    if not len(states):
+        return states
+    order = np.lexsort((states[:, 2], states[:, 1], states[:, 0]))
+    s = states[order]
+    span = float(s[:, 2].max() - s[:, 2].min()) + 1.0
+    shifted = s[:, 2] - s[:, 0] * 2 * span  # later block counts sort below: the running
+    prior = np.minimum.accumulate(shifted)  # minimum restarts at every block count
+    keep = np.ones(len(s), dtype=bool)
+    keep[1:] = shifted[1:] < prior[:-1]
+    return s[keep]
+
+
+class RankModel(_Model):
+    """The interleaved master over the decomposition of :meth:`OptionModel._rank_bound`: binary
+    ``u[rho, c]`` = rank rho holds c blocks, at its least time tau_rho(c) (its chunks arranged
+    as the Pareto recursion found, within the rank's memory). ``sum_c u[rho, c] = 1``,
+    ``sum c u = N``, ``B >= sum_c tau_rho(c) u[rho, c]``. Ranks interact only through N, so
+    this is exact for steps 1 and 2 of the tie-break (least B, then least total time: for a
+    given c the least-time arrangement is best for both); step 3 needs every arrangement and
+    runs on the option model. Its LP relaxation is nearly integral where the option model's
+    leaves the solver to branch over many ranks' fractional blocks."""
+
+    def __init__(self, om: OptionModel) -> None:
+        import pulp
+
+        self.prep = prep = om.prep
+        self.om = om
+        K, p, N = prep.K, prep.p, prep.L - 2
+        ub = om.B.upBound * om.tscale if om.B.upBound is not None else math.inf
+        self.tscale = ts = om.tscale
+        prob = pulp.LpProblem("partition_ranks", pulp.LpMinimize)
+        self.B = prob.add_variable("B", lowBound=om.rank_bound_s / ts,
+                                   upBound=None if om.B.upBound is None else om.B.upBound)
+        self.u = {}
+        bnd = [float(sum(prep.bnd[k] for k in range(rho, K, p))) for rho in range(p)]
+        for rho in range(p):
+            for c in np.flatnonzero(np.isfinite(om.tau[rho])):
+                if om.tau[rho, c] <= ub * (1 + 1e-7):
+                    self.u[rho, int(c)] = prob.add_variable(f"u_{rho}_{c}", cat="Binary")
+        for rho in range(p):
+            mine = [(v, c) for (r, c), v in self.u.items() if r == rho]
+            if not mine:
+                raise _Infeasible
+            prob += pulp.lpSum(v for v, _ in mine) == 1
+            prob += _lin([(v, om.tau[rho, c] / ts) for v, c in mine] + [(self.B, -1.0)]) <= 0
+        prob += _lin((v, c) for (_, c), v in self.u.items()) == N
+        self._compute = _lin((v, (om.tau[rho, c] - bnd[rho]) / ts) for (rho, c), v in self.u.items())
+        prob += self.B
+        self.prob = prob
+        self.end_lo, self.end_hi = om.end_lo, om.end_hi
+
+    def compute_time(self):
+        return self._compute
+
+    def solution(self) -> tuple[list[int], list[int]]:
+        prep = self.prep
+        K, p, L = prep.K, prep.p, prep.L
+        n, modes = [0] * K, [0] * K  # chunk k holds n[k] blocks
+        for (rho, c), v in self.u.items():
+            if _val(v) > 0.5:
+                for i, (nk, rk) in enumerate(self.om.patterns[rho][c]):
+                    n[rho + i * p], modes[rho + i * p] = nk, rk
+        ends, end = [], 1
+        for k in range(K):
+            end += n[k]
+            ends.append(L if k == K - 1 else end)
+        return ends, modes
+
+    def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
+        pass  # the master is solved from scratch: its LP relaxation is nearly integral
+
+
 class _Infeasible(Exception):
     """No option of some chunk fits: the instance has no split."""
 
@@ -489,15 +585,21 @@ class Outcome:
 
 
 def solve_lexicographic(model: _Model, name: str, deadline: float,
-                        keep: tuple[Sequence[int], Sequence[int], float] | None = None) -> Outcome:
+                        keep: tuple[Sequence[int], Sequence[int], float] | None = None,
+                        tie_break: bool = True) -> Outcome:
     """The three steps of the tie-break rule, each proven by the solver (see module docstring).
 
     ``keep`` = (ends, modes, bottleneck) of a fitting split the caller prefers on a tie: when
     step 1 proves no split has a smaller bottleneck, it is returned (``kept``) instead of
-    running steps 2 and 3."""
+    running steps 2 and 3. ``tie_break=False`` stops after step 1 (benchmarks)."""
     import pulp
 
     prep = model.prep
+    if isinstance(model, OptionModel) and prep.K > prep.p:
+        try:  # interleaved: steps 1 and 2 on the per-rank master (same optimum, exact)
+            model = RankModel(model)
+        except _Infeasible:
+            return Outcome("infeasible")
     status, bound = solve(model, name, deadline - time.monotonic())
     if status in ("infeasible", "none"):
         return Outcome(status)
@@ -509,18 +611,31 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
         return Outcome("feasible", tuple(ends), tuple(modes), min(lb, b_star))
     if keep is not None and keep[2] <= b_star * (1 + TIE_RTOL):
         return Outcome("optimal", tuple(keep[0]), tuple(keep[1]), b_star, kept=True)
-    # steps 2 and 3 on the model rebuilt with B* as its bound: far fewer options / window
-    model = build(prep, b_star) or model
-    model.B.upBound = b_star * (1 + CAP_SLACK) / model.tscale
-    if prep.R > 1:  # step 2: least compute time (one mode: T is a constant)
-        model.warm_start(ends, modes)
-        model.prob.setObjective(model.compute_time())
-        status, _ = solve(model, name, deadline - time.monotonic())
+    if not tie_break:
+        return Outcome("optimal", tuple(ends), tuple(modes), b_star, "ties not broken")
+    # step 2 (least compute time; with one mode T is a constant) on the master for v > 1, on
+    # the model rebuilt with B* as its bound (far fewer options / a narrower window) otherwise;
+    # step 3 on that rebuilt model
+    master = model if isinstance(model, RankModel) else None
+    fallback_model = model.om if master is not None else model
+    if master is None:
+        model = build(prep, b_star) or model
+    t_star = None
+    step2 = master or model
+    step2.B.upBound = b_star * (1 + CAP_SLACK) / step2.tscale
+    if prep.R > 1:
+        step2.warm_start(ends, modes)
+        step2.prob.setObjective(step2.compute_time())
+        status, _ = solve(step2, name, deadline - time.monotonic())
         if status != "optimal":
             return Outcome("optimal", tuple(ends), tuple(modes), b_star,
                            "least-recompute step timed out; ties may differ from the DP")
-        ends, modes = model.solution()
+        ends, modes = step2.solution()
         t_star = total_compute_s(prep, ends, modes)
+    if master is not None:
+        model = build(prep, b_star) or fallback_model
+        model.B.upBound = b_star * (1 + CAP_SLACK) / model.tscale
+    if t_star is not None:
         model.prob += model.compute_time() <= (t_star * (1 + CAP_SLACK) + 1e-300) / model.tscale
     if prep.K == prep.p and prep.R == 1:
         # One chunk per rank, one mode: a chunk inside a feasible chunk is feasible, so the
