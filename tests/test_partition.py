@@ -449,7 +449,8 @@ def test_interleaved_chunks_are_split_unevenly_and_megatron_reads_them_back():
     even = [b for _, b in even_block_bounds(spec, par.num_chunks)]
     even_b = min(score_split(prepare(prob, 8, 4), even, [r] * 8, method="even").bottleneck_s
                  for r in range(prob.num_modes))  # even, any one mode, memory ignored
-    assert split.how in ("ilp-highs", "ilp-cbc") and split.partition.optimal
+    assert split.partition.method in ("ilp-highs", "ilp-cbc") and split.partition.optimal
+    assert split.how.endswith("(ties broken by least recompute only)")
     assert split.partition.bottleneck_s < even_b * (1 - 1e-6)
     plan = evaluate(spec, cluster, par, opts, bounds=list(split.bounds),
                     recompute_per_chunk=list(split.recompute), tables=tables)

@@ -586,12 +586,12 @@ class Outcome:
 
 def solve_lexicographic(model: _Model, name: str, deadline: float,
                         keep: tuple[Sequence[int], Sequence[int], float] | None = None,
-                        tie_break: bool = True) -> Outcome:
+                        steps: int = 3) -> Outcome:
     """The three steps of the tie-break rule, each proven by the solver (see module docstring).
 
     ``keep`` = (ends, modes, bottleneck) of a fitting split the caller prefers on a tie: when
     step 1 proves no split has a smaller bottleneck, it is returned (``kept``) instead of
-    running steps 2 and 3. ``tie_break=False`` stops after step 1 (benchmarks)."""
+    running steps 2 and 3. ``steps`` < 3 stops after that step (said in ``note``)."""
     import pulp
 
     prep = model.prep
@@ -611,7 +611,7 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
         return Outcome("feasible", tuple(ends), tuple(modes), min(lb, b_star))
     if keep is not None and keep[2] <= b_star * (1 + TIE_RTOL):
         return Outcome("optimal", tuple(keep[0]), tuple(keep[1]), b_star, kept=True)
-    if not tie_break:
+    if steps <= 1:
         return Outcome("optimal", tuple(ends), tuple(modes), b_star, "ties not broken")
     # step 2 (least compute time; with one mode T is a constant) on the master for v > 1, on
     # the model rebuilt with B* as its bound (far fewer options / a narrower window) otherwise;
@@ -632,6 +632,9 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
                            "least-recompute step timed out; ties may differ from the DP")
         ends, modes = step2.solution()
         t_star = total_compute_s(prep, ends, modes)
+    if steps == 2:
+        return Outcome("optimal", tuple(ends), tuple(modes), b_star,
+                       "ties broken by least recompute only" if prep.R > 1 else "ties not broken")
     if master is not None:
         model = build(prep, b_star) or fallback_model
         model.B.upBound = b_star * (1 + CAP_SLACK) / model.tscale

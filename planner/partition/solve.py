@@ -39,7 +39,7 @@ def partition(
     time_limit_s: float = 2.0,
     lp_path: str | os.PathLike | None = None,
     prefer: Sequence[int] | None = None,
-    tie_break: bool = True,
+    tie_break_steps: int = 3,
 ) -> Partition:
     """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks, by the MILP.
 
@@ -58,8 +58,9 @@ def partition(
     ``prefer``: chunk ends of a split to keep on a tie (each chunk its fastest mode that fits),
     e.g. the launcher's even split of interleaved chunks, whose step time the bottleneck does
     not rank among equal-bottleneck splits. When it fits and the MILP proves that no split has a
-    smaller bottleneck, it is returned (``note`` says so). ``tie_break=False`` stops once the
-    bottleneck is proven (steps 2 and 3 skipped, ``note`` says so): benchmarks of that proof.
+    smaller bottleneck, it is returned (``note`` says so). ``tie_break_steps`` < 3 stops after
+    that step of the tie-break rule (``note`` says so): 1 once B is proven, 2 once the least
+    compute time under it is.
     """
     prep = prepare(problem, num_chunks, p)
     name = _pick_solver(solver)
@@ -101,7 +102,7 @@ def partition(
     keep = None if kept is None else (kept.boundaries, [problem.modes.index(m) for m in kept.recompute],
                                       kept.bottleneck_s)
     try:
-        out = milp.solve_lexicographic(model, name, deadline, keep, tie_break)
+        out = milp.solve_lexicographic(model, name, deadline, keep, tie_break_steps)
     except PartitionError:
         raise
     except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace

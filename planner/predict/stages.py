@@ -93,11 +93,14 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
     uneven chunks: Megatron's --pipeline-model-parallel-layout, torchtitan's split points)."""
     if method == "ilp":
         # Interleaved: among splits of equal bottleneck the schedule still runs some faster
-        # (its critical path crosses every chunk); keep Megatron's even split on a tie.
-        even = ([b for _, b in even_block_bounds(model, par.num_chunks)]
-                if par.virtual_stages > 1 else None)
+        # (its critical path crosses every chunk); keep Megatron's even split on a tie. The
+        # chunk-order tie-break (step 3) is left out there: with many chunks it can take the
+        # whole time limit, and the order of equal chunks is not what the step time ranks.
+        interleaved = par.virtual_stages > 1
+        even = [b for _, b in even_block_bounds(model, par.num_chunks)] if interleaved else None
         return _solved(lambda problem: partition(problem, par.num_chunks, par.pp,
-                                                 lp_path=lp_path, prefer=even),
+                                                 lp_path=lp_path, prefer=even,
+                                                 tie_break_steps=2 if interleaved else 3),
                        model, cluster, par, opts, tables)
     if par.virtual_stages > 1:  # the exact DP is v = 1 only (v > 1: enumeration, tiny cases)
         ends = [b for _, b in even_block_bounds(model, par.num_chunks)]
