@@ -294,7 +294,7 @@ def _rank_memory(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.n
         not_last[-1] = 0.0
         held = held + stages.by_rank(inflight * out_bytes * not_last, p)
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
-        tied = model.vocab_size * model.hidden_size / par.tp
+        tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
         held = held - state_bytes(tied, par, opts)
     transient = stages.rank_max(stages.work_bytes, p)
     if par.zero >= 3:
