@@ -19,7 +19,8 @@ import numpy as np
 
 from planner.core.units import GIB
 from planner.partition.dp import partition_dp
-from planner.partition.problem import PartitionProblem, even_split, fits
+from planner.partition.baselines import even_split
+from planner.partition.problem import PartitionProblem, fits
 from planner.partition.solve import _highs_available, partition
 
 GOAL_S = 2.0  # issue #17: v = 4, 512 layers proven optimal (or gap <= 1% printed) within 2 s

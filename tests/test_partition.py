@@ -13,10 +13,9 @@ from planner.partition.problem import (
     TIE_RTOL,
     PartitionError,
     PartitionProblem,
-    equal_param_split,
-    even_split,
     fits,
 )
+from planner.partition.baselines import equal_param_split, even_split
 from planner.partition.dp import partition_dp
 from planner.partition.solve import _highs_available, partition
 
@@ -288,7 +287,7 @@ def test_deterministic_and_lp_file(tmp_path):
 
 
 def test_time_limit_falls_back_to_dp(monkeypatch):
-    import planner.partition.milp as mod
+    import planner.partition.lexicographic as mod
 
     monkeypatch.setattr(mod, "solve", lambda *a, **k: ("none", None))
     prob = _vocab_model()
@@ -298,7 +297,7 @@ def test_time_limit_falls_back_to_dp(monkeypatch):
 
 
 def test_solver_crash_is_not_shown(monkeypatch):
-    import planner.partition.milp as mod
+    import planner.partition.lexicographic as mod
 
     def boom(*a, **k):
         raise RuntimeError("solver trace")
@@ -415,7 +414,7 @@ def test_a_failed_solver_is_named_in_the_output_and_the_plan(monkeypatch):
 
     from typer.testing import CliRunner
 
-    import planner.partition.milp as mod
+    import planner.partition.lexicographic as mod
     from cli import app
 
     def boom(*a, **k):

@@ -28,13 +28,13 @@ import math
 import numpy as np
 
 from planner.core.units import GIB
+from planner.partition.baselines import _upper_bound
 from planner.partition.problem import (
     TIE_RTOL,
     Partition,
     PartitionError,
     PartitionProblem,
     Prepared,
-    _upper_bound,
     score_split,
     prepare,
 )

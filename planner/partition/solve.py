@@ -7,10 +7,11 @@ import time
 from dataclasses import replace
 from typing import Sequence
 
-from planner.partition import milp
+from planner.partition import lexicographic
 from planner.partition.dp import infeasible_error, partition_dp
-from planner.partition.problem import (Partition, PartitionError, PartitionProblem, _fixed_split,
-                                       _gap, _upper_bound, fits, prepare, score_split)
+from planner.partition.baselines import _fixed_split, _upper_bound
+from planner.partition.problem import (Partition, PartitionError, PartitionProblem, _gap, fits,
+                                       prepare, score_split)
 
 
 def _highs_available() -> bool:
@@ -43,9 +44,10 @@ def partition(
 ) -> Partition:
     """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks, by the MILP.
 
-    The MILP (:mod:`planner.partition.milp`) is built cold, bounded only by cheap heuristic
-    splits (even, time-balanced), and proves the whole tie-break rule of :mod:`planner.partition.problem` itself:
-    its answer is ``method='ilp-highs'`` / ``'ilp-cbc'``. ``solver``: 'auto' (HiGHS when
+    The MILP (:mod:`planner.partition.milp`, :mod:`planner.partition.options`) is built cold,
+    bounded only by cheap heuristic splits (even, time-balanced), and proves the whole tie-break
+    rule of :mod:`planner.partition.problem` itself (:mod:`planner.partition.lexicographic`): its
+    answer is ``method='ilp-highs'`` / ``'ilp-cbc'``. ``solver``: 'auto' (HiGHS when
     ``highspy`` imports, else CBC), 'highs', 'cbc', or 'dp' (the exact reference; v > 1 by
     enumeration, tiny cases only).
 
@@ -92,7 +94,7 @@ def partition(
         elif heur is None or kept.bottleneck_s < heur.bottleneck_s:
             heur = kept
     try:
-        model = milp.build(prep, heur.bottleneck_s if heur is not None else None)
+        model = lexicographic.build(prep, heur.bottleneck_s if heur is not None else None)
     except PartitionError as exc:
         return fallback(str(exc))
     if model is None:
@@ -102,7 +104,7 @@ def partition(
     keep = None if kept is None else (kept.boundaries, [problem.modes.index(m) for m in kept.recompute],
                                       kept.bottleneck_s)
     try:
-        out = milp.solve_lexicographic(model, name, deadline, keep, tie_break_steps)
+        out = lexicographic.solve_lexicographic(model, name, deadline, keep, tie_break_steps)
     except PartitionError:
         raise
     except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace

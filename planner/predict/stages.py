@@ -20,7 +20,8 @@ from planner.predict.step import (CostTable, even_block_bounds, inflight_closed_
 from planner.hardware.profiles import Cluster
 from planner.cost.memory import fragmentation
 from planner.model.spec import ModelSpec
-from planner.partition.problem import Partition, PartitionProblem, equal_param_split, fixed_split
+from planner.partition.baselines import equal_param_split, fixed_split
+from planner.partition.problem import Partition, PartitionProblem
 from planner.partition.solve import partition
 from planner.partition.dp import partition_dp
 from planner.core.parallel import RECOMPUTE_MODES, Parallel
