@@ -2,8 +2,9 @@
 by the solver alone, and the solver interface (PuLP; HiGHS or CBC).
 
 Minimise the bottleneck B; then, with B <= B*, the total compute time T; then, with T <= T* too,
-the chunk keys ``R * end_k + mode_k`` in chunk order, several chunks per solve (a mixed-radix
-weighted sum over their key ranges is minimal exactly at the lexicographic minimum).
+the chunk keys ``R * layers_k + mode_k`` in chunk order (with the earlier chunks fixed, a
+shorter chunk is an earlier end), several chunks per solve (a mixed-radix weighted sum over their
+key ranges is minimal exactly at the lexicographic minimum).
 """
 
 from __future__ import annotations
@@ -144,16 +145,18 @@ def _lexicographic_keys(model: _Model, name: str, deadline: float, ends: list[in
     fixed prefix is fixed without a solve."""
     prep = model.prep
     K, R = prep.K, prep.R
+
+    def key(ends, modes, j):  # R * layers + mode, as model.key(j)
+        return R * (ends[j] - (ends[j - 1] if j else 0)) + modes[j]
+
     k = 0
-    prev_end = 0
     while k < K:
-        floor = R * max(prev_end + 1, model.end_lo[k])
-        if R * ends[k] + modes[k] == floor or model.key_range(k)[1] == floor:
-            model.prob += model.key(k) == R * ends[k] + modes[k]
-            prev_end = ends[k]
+        floor, top = model.key_range(k)
+        if key(ends, modes, k) == floor or top == floor:
+            model.prob += model.key(k) == key(ends, modes, k)
             k += 1
             continue
-        window, radix = [k], model.key_range(k)[1] - floor + 1
+        window, radix = [k], top - floor + 1
         while window[-1] + 1 < K:
             lo, hi = model.key_range(window[-1] + 1)
             if radix * (hi - lo + 1) > LEX_RADIX_LIMIT:
@@ -174,8 +177,7 @@ def _lexicographic_keys(model: _Model, name: str, deadline: float, ends: list[in
                            f"tie-break stopped at chunk {k} (time limit); ties may differ from the DP")
         ends, modes = model.solution()
         for j in window:
-            model.prob += model.key(j) == R * ends[j] + modes[j]
-        prev_end = ends[window[-1]]
+            model.prob += model.key(j) == key(ends, modes, j)
         k = window[-1] + 1
     return Outcome("optimal", tuple(ends), tuple(modes), b_star)
 
@@ -219,8 +221,13 @@ def solve(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
     if time_limit_s <= 0:
         return "none", None
     solver = _make_solver(name, time_limit_s)
-    with _quiet_stdout():  # HiGHS prints a banner before msg=False takes effect
-        model.prob.solve(solver)
+    try:
+        with _quiet_stdout():  # HiGHS prints a banner before msg=False takes effect
+            model.prob.solve(solver)
+    except pulp.PulpSolverError:
+        if time_limit_s < 1.0:  # CBC killed at its limit leaves no solution file: a timeout
+            return "none", None
+        raise
     bound = None
     if name == "highs":
         try:

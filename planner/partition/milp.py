@@ -97,13 +97,23 @@ class _Model:
     def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
         raise NotImplementedError
 
+    def count(self, k: int):
+        """Layers in chunk k."""
+        return self.end(k) - self.end(k - 1) if k > 0 else self.end(0)
+
+    def count_range(self, k: int) -> tuple[int, int]:
+        before_lo, before_hi = (self.end_lo[k - 1], self.end_hi[k - 1]) if k > 0 else (0, 0)
+        return max(1, self.end_lo[k] - before_hi), self.end_hi[k] - before_lo
+
     def key(self, k: int):
-        """``R * end_k + mode_k``: the chunk's place in the tie-break order, an integer."""
-        return self.prep.R * self.end(k) + self.mode(k)
+        """``R * layers_k + mode_k``: with the chunks before k fixed, the chunk's place in the
+        tie-break order (a shorter chunk ends earlier), an integer in a narrow range."""
+        return self.prep.R * self.count(k) + self.mode(k)
 
     def key_range(self, k: int) -> tuple[int, int]:
         R = self.prep.R
-        return R * self.end_lo[k], R * self.end_hi[k] + R - 1
+        lo, hi = self.count_range(k)
+        return R * lo, R * hi + R - 1
 
 
 class BoundaryModel(_Model):

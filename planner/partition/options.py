@@ -182,6 +182,16 @@ class OptionModel(_Model):
     def mode(self, k: int):
         return _lin((self.y[o], o[2]) for o in self.by_chunk[k])
 
+    def _edges(self, k: int) -> int:
+        return int(k == 0) + int(k == self.prep.K - 1)
+
+    def count(self, k: int):
+        return _lin((self.y[o], o[1]) for o in self.by_chunk[k]) + self._edges(k)
+
+    def count_range(self, k: int) -> tuple[int, int]:
+        ns = [o[1] for o in self.by_chunk[k]]
+        return min(ns) + self._edges(k), max(ns) + self._edges(k)
+
     def binaries(self) -> int:
         return len(self.y)
 
