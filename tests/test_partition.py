@@ -310,7 +310,7 @@ def test_solver_crash_is_not_shown(monkeypatch):
 def test_ilp_solves_a_real_memory_bound_instance_itself():
     """Llama-3-8B over 4 A100 stages, recompute none|full: memory binds on the first stages.
     A wrong worst-case bound once skipped their memory rows and the ILP's split was rejected."""
-    from planner.cost.layer import RunOptions
+    from planner.stack import default_stack
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.spec import load_model
     from planner.core.parallel import Parallel
@@ -318,8 +318,8 @@ def test_ilp_solves_a_real_memory_bound_instance_itself():
 
     spec, hw = load_model("llama3-8b"), load_hardware("a100-80gb")
     par = Parallel(tp=1, pp=4, dp=1, micro_batch=1, num_microbatches=16, recompute="full")
-    tables = cost_tables(spec, par, hw, RunOptions())
-    prob = partition_problem(spec, make_cluster(hw, 4, 1), par, RunOptions(), tables)
+    tables = cost_tables(spec, par, hw, default_stack())
+    prob = partition_problem(spec, make_cluster(hw, 4, 1), par, default_stack(), tables)
     ilp, dp = partition(prob, 4, 4), partition_dp(prob, 4, 4)
     assert ilp.method.startswith("ilp") and ilp.note == ""
     assert (ilp.boundaries, ilp.recompute) == (dp.boundaries, dp.recompute)
@@ -332,7 +332,7 @@ def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name
     """Each case here fits only by recomputing, and recomputing costs its stage the larger
     fragmentation share and transient (0.5-8 GiB more than the light share would promise): the
     per-mode capacity must refuse every split rather than promise memory the rank lacks."""
-    from planner.cost.layer import RunOptions
+    from planner.stack import default_stack
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.spec import load_model
     from planner.core.parallel import Parallel
@@ -341,14 +341,14 @@ def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name
     spec, hw = load_model(name).with_seq_length(seq), load_hardware("a100-80gb")
     par = Parallel(tp=1, pp=pp, dp=1, micro_batch=micro_batch, num_microbatches=4 * pp,
                    recompute="full")
-    tables = cost_tables(spec, par, hw, RunOptions())
+    tables = cost_tables(spec, par, hw, default_stack())
     with pytest.raises(PartitionError, match="no split fits"):
-        best_split(spec, make_cluster(hw, pp, 1), par, RunOptions(), tables, "dp")
+        best_split(spec, make_cluster(hw, pp, 1), par, default_stack(), tables, "dp")
 
 
 def _llama(pp, v=1, recompute="none", schedule=None, micro_batch=1):
     from planner.core.parallel import Parallel
-    from planner.cost.layer import RunOptions
+    from planner.stack import default_stack
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.spec import load_model
     from planner.predict.stages import cost_tables
@@ -357,7 +357,8 @@ def _llama(pp, v=1, recompute="none", schedule=None, micro_batch=1):
     par = Parallel(tp=1, pp=pp, dp=1, micro_batch=micro_batch, num_microbatches=4 * pp,
                    schedule=schedule or ("interleaved" if v > 1 else "1f1b"), virtual_stages=v,
                    recompute=recompute)
-    return spec, make_cluster(hw, pp, 1), par, RunOptions(), cost_tables(spec, par, hw, RunOptions())
+    stack = default_stack()
+    return spec, make_cluster(hw, pp, 1), par, stack, cost_tables(spec, par, hw, stack)
 
 
 def test_capacity_is_per_mode_and_a_rank_gets_the_least_of_its_modes():

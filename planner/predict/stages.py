@@ -14,17 +14,18 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost import constants
-from planner.cost.layer import RunOptions
-from planner.predict.step import (CostTable, even_block_bounds, inflight_closed_form, model_layer_costs,
-                              stage_transfer_s, state_bytes)
+from planner.predict.step import (CostTable, Stages, even_block_bounds, gathered_bytes,
+                                  inflight_closed_form, kept_outputs, model_layer_costs,
+                                  stage_transfer_s, state_bytes)
 from planner.hardware.profiles import Cluster
-from planner.cost.memory import fragmentation
+from planner.cost.memory import ACT_BYTES, fragmentation
 from planner.model.spec import ModelSpec
 from planner.partition.baselines import equal_param_split, fixed_split
 from planner.partition.problem import Partition, PartitionProblem
 from planner.partition.solve import partition
 from planner.partition.dp import partition_dp
 from planner.core.parallel import RECOMPUTE_MODES, Parallel
+from planner.stack import Stack
 
 METHODS = ("ilp", "dp")
 
@@ -41,7 +42,7 @@ class Split:
         return self.partition.label
 
 
-def allowed_modes(par: Parallel, opts: RunOptions, exact: bool = False) -> tuple[str, ...]:
+def allowed_modes(par: Parallel, opts: Stack, exact: bool = False) -> tuple[str, ...]:
     """The recompute modes a stage may use: exactly the configuration's (a user's pin), or any
     up to it, so the partitioner can spare the stages with memory to spare (flash attention
     already drops the scores, so 'selective' adds nothing there)."""
@@ -58,28 +59,77 @@ def usable_bytes(cluster: Cluster, recompute: bool) -> float:
         1 - fragmentation(recompute))
 
 
-def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def _layer_states(params, par: Parallel, opts: Stack):
+    """Model-state bytes of each layer (or of a parameter total: the formula is linear), plus
+    the layer's 16-bit weights when ZeRO-3 gathers a whole stage at a time."""
+    states = state_bytes(params, par, opts)
+    if par.zero >= 3 and opts.zero3_gather == "stage":
+        states = states + ACT_BYTES * params
+    return states
+
+
+def _memory_terms(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
+                  tables: dict[str, CostTable]):
+    """(in-flight microbatches per chunk, kept stage outputs per rank, capacity for states and
+    activations per mode in ``tables``' order): evaluate.memory_parts' terms that do not depend
+    on the split. A mode's capacity sets aside its allocator fragmentation (more when it
+    recomputes) and the largest transient of any layer under it, with ZeRO-3's gathered layers;
+    a rank is held to the least capacity of its chunks' modes, as evaluate counts a rank that
+    recomputes anywhere with the larger fragmentation."""
+    inflight = np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
+                                             par.virtual_stages), dtype=float)
+    gathered = (float(gathered_bytes(model, par, opts, np.zeros(1))[0])
+                if par.zero >= 3 and opts.zero3_gather == "layer" else 0.0)
+    kept = kept_outputs(model, par, inflight, opts).reshape(-1, par.pp).sum(axis=0)
+    capacity = np.array([max(usable_bytes(cluster, m != "none")
+                             - float(tables[m].work_bytes.max()) - gathered, 0.0) for m in tables])
+    return inflight, kept, capacity
+
+
+def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                       tables: dict[str, CostTable]) -> PartitionProblem:
-    """The problem for this configuration. Capacity per mode: a stage that recomputes rebuilds
-    activations (its largest transient grows) and fragments the allocator more, so each mode
-    has its own room; the partitioner holds each rank to the least of its chunks' modes."""
+    """The memory formula is evaluate.memory_parts' own, per layer: model states (plus the whole
+    stage's 16-bit weights when ZeRO-3 gathers a stage at a time), activations per in-flight
+    microbatch, the kept stage outputs of a pipeline engine that keeps them (per rank), and each
+    mode's largest transient and fragmentation (_memory_terms) set aside from that mode's
+    capacity. Only the tied-embedding saving of a single chunk is left out (conservative)."""
     modes = tuple(tables)
     costs = {m: tables[m].costs for m in modes}
     time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
     act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
-    states = state_bytes(np.array([c.params for c in costs[modes[0]]], dtype=float), par, opts)
-    capacity = [max(usable_bytes(cluster, m != "none") - max(c.work_bytes for c in costs[m]), 0.0)
-                for m in modes]
+    params = np.array([c.params for c in costs[modes[0]]], dtype=float)
+    inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
     return PartitionProblem(
-        time_s=time_s, state_bytes=states, act_bytes=act,
-        inflight=np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
-                                               par.virtual_stages), dtype=float),
-        capacity_bytes=capacity,
-        modes=modes,
-        boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)))
+        time_s=time_s, state_bytes=_layer_states(params, par, opts), act_bytes=act,
+        inflight=inflight, capacity_bytes=capacity, modes=modes,
+        boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)),
+        extra_bytes=kept if kept.any() else None)
 
 
-def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=None,
+def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
+            tables: dict[str, CostTable], even_stages: Stages | None = None) -> bool:
+    """A cheap necessary condition for the partitioner to fit this configuration (the search's
+    memory screen: it never rejects what the partitioner can fit; tests/test_stack_pricing.py
+    checks it against --explain). With S the model states, A the activations under the lightest
+    mode each layer allows, f_k the in-flight microbatches of chunk k and C the largest capacity
+    of any mode, any split has max_r M_r >= sum_r w_r M_r for weights w_r >= 0 summing to 1:
+    w_r = 1/p gives (S + min f · A)/p; with one chunk per rank, w_r proportional to 1/f_r gives
+    (S/max f + A)/sum(1/f_r). Those bounds, plus the least kept-output bytes of any rank, must
+    be within C. Interleaved chunks are partitioned too (of any sizes), so the even split's own
+    memory is no bound for them. ``even_stages`` is accepted for the callers that have it."""
+    inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
+    any_table = next(iter(tables.values()))
+    total_s = float(_layer_states(any_table.prefix["params"][-1], par, opts))
+    total_a = float(np.minimum.reduce([np.diff(t.prefix["act_bytes"])
+                                       for t in tables.values()]).sum())
+    f = inflight
+    bound = (total_s + f.min() * total_a) / par.pp
+    if par.virtual_stages == 1:
+        bound = max(bound, (total_s / f.max() + total_a) / float((1 / f).sum()))
+    return bound + float(kept.min()) <= float(capacity.max()) * (1 + 1e-9)
+
+
+def cost_tables(model: ModelSpec, par: Parallel, hw, opts: Stack, profile=None,
                 known: dict | None = None, exact: bool = False) -> dict[str, CostTable]:
     """Cost tables for every mode the configuration allows (reusing ``known`` ones)."""
     known = known or {}
@@ -87,7 +137,7 @@ def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=N
             for m in allowed_modes(par, opts, exact)}
 
 
-def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                tables: dict[str, CostTable], method: str = "dp", lp_path=None) -> Split:
     """The compute-balanced split under memory, interleaved chunks included: with v > 1 the
     chunks of a rank may differ in size (every launcher that runs the interleaved schedule takes
@@ -113,7 +163,7 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
                    model, cluster, par, opts, tables)
 
 
-def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                 tables: dict[str, CostTable]) -> Split:
     """The common hand-made split: equal parameter counts per stage, each stage with its
     fastest recompute mode that fits."""
@@ -123,7 +173,7 @@ def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOpti
                    model, cluster, par, opts, tables)
 
 
-def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                    tables: dict[str, CostTable]) -> Split:
     """Megatron's default even split, each stage with its fastest recompute mode that fits."""
     ends = [b for _, b in even_block_bounds(model, par.num_chunks)]
@@ -131,7 +181,7 @@ def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunO
                    model, cluster, par, opts, tables)
 
 
-def _solved(solve, model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def _solved(solve, model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
             tables: dict[str, CostTable]) -> Split:
     return _as_split(solve(partition_problem(model, cluster, par, opts, tables)))
 
