@@ -777,7 +777,7 @@ def test_ten_concurrent_writers_never_leave_a_mixed_set(tmp_path):
 def test_solver_files_are_removed_on_ctrl_c(monkeypatch, solver):
     import pulp
 
-    from planner.partition import milp
+    from planner.partition import lexicographic
 
     seen = []
 
@@ -789,7 +789,7 @@ def test_solver_files_are_removed_on_ctrl_c(monkeypatch, solver):
     monkeypatch.setattr(pulp.LpProblem, "solve", interrupted)
     model = type("Model", (), {"prob": pulp.LpProblem("p")})()
     with pytest.raises(KeyboardInterrupt):
-        milp.solve(model, solver, 1.0)
+        lexicographic.solve(model, solver, 1.0)
     assert seen and not os.path.exists(seen[0])
 
 
