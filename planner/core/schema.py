@@ -146,9 +146,8 @@ def check_object(data, schema: dict[str, Field], origin: str, what: str = "objec
     if not tolerant:
         for key in data:
             if key not in schema:
-                raise PlanInputError(f"{origin}: unknown field '{visible(key)}'"
-                                     + suggestion(key, schema)
-                                     + f"; the {what} takes {', '.join(schema)}")
+                hint = suggestion(key, schema) or f"; the {what} takes {', '.join(schema)}"
+                raise PlanInputError(f"{origin}: unknown field '{visible(key)}'{hint}")
     out = {}
     for key, f in schema.items():
         value = data.get(key)
