@@ -226,10 +226,6 @@ def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:
         return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
     if par.num_chunks > MAX_CHUNKS:  # core/limits.py
         return f"{par.num_chunks} pipeline chunks; at most {MAX_CHUNKS}"
-    problem = par.schedule_problem()
-    if problem:
-        return problem
-    if par.virtual_stages > 1 and model.num_layers % par.num_chunks:
-        return (f"{model.num_layers} blocks do not split evenly into {par.num_chunks} "
-                "virtual stages")
-    return None
+    # Blocks need not divide evenly into pp x v chunks: the partitioner splits interleaved
+    # chunks unevenly, and each launcher's own rules refuse what it cannot express.
+    return par.schedule_problem()
