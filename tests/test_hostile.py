@@ -172,6 +172,10 @@ MODEL_CASES = {
     "layer-typo": {"layers": [{"kind": "block", "repeats": 2}]},
     "layer-zero-heads": {"layers": [{"kind": "block", "num_attention_heads": 0}]},
     "layer-not-object": {"layers": [3]},
+    "rope-scaling-string": {"rope_scaling": "llama3"},
+    "rope-scaling-list": {"rope_scaling": [8.0]},
+    "rope-factor-string": {"rope_scaling": {"rope_type": "llama3", "factor": "eight"}},
+    "rope-llama3-no-factor": {"rope_scaling": {"rope_type": "llama3"}},
 }
 
 

@@ -78,6 +78,17 @@ LAYER_ENTRY = {
 }
 
 # The HuggingFace keys plan3d reads (model/spec.py _from_huggingface); null means "not set".
+# RoPE scaling as HuggingFace writes it: other keys are kept as they are, these are read (the
+# Megatron export writes the factor of Llama 3's scaling)
+ROPE_SCALING = {
+    "rope_type": Text(nullable=True),
+    "type": Text(nullable=True),
+    "factor": Num(0, 1e6, low_open=True, nullable=True),
+    "low_freq_factor": Num(0, 1e6, low_open=True, nullable=True),
+    "high_freq_factor": Num(0, 1e6, low_open=True, nullable=True),
+    "original_max_position_embeddings": Int(1, MAX_SEQ, nullable=True),
+}
+
 HF_CONFIG = {
     "model_type": Text(nullable=True),
     "architectures": Free(),
@@ -122,8 +133,10 @@ def check_model_document(data, origin: str) -> None:
         raise PlanInputError(f"{origin}: expected a JSON object describing the model")
     if is_huggingface(data):
         check_object(data, HF_CONFIG, origin, "HuggingFace config", tolerant=True)
+        check_rope_scaling(data.get("rope_scaling"), origin)
         return
     values = check_object(data, MODEL_JSON, origin, "model file")
+    check_rope_scaling(data.get("rope_scaling"), origin)
     if "layers" in data:
         check_layer_entries(data["layers"], origin)
         if "num_layers" in values:
@@ -131,6 +144,17 @@ def check_model_document(data, origin: str) -> None:
                                  "blocks in 'layers' are the layer count)")
     elif "num_layers" not in values:
         raise PlanInputError(f"{origin}: missing 'num_layers'; add it to the model file")
+
+
+def check_rope_scaling(value, origin: str) -> None:
+    """null, or an object whose keys we read are well typed; Llama 3's kind needs its factor."""
+    if value is None:
+        return
+    values = check_object(value, ROPE_SCALING, f"{origin}: 'rope_scaling'", "RoPE scaling",
+                          tolerant=True)
+    kind = values.get("rope_type") or values.get("type")
+    if kind == "llama3" and "factor" not in values:
+        raise PlanInputError(f"{origin}: 'rope_scaling' of type llama3 needs its 'factor'")
 
 
 def check_layer_entries(entries, origin: str) -> None:
