@@ -3,7 +3,7 @@ model changes, paste the new output between the markers (or the numbers would li
 
 from pathlib import Path
 
-from planner.validate import DEFAULT_FILES, validate_file, validation_markdown
+from planner.fidelity.published import DEFAULT_FILES, validate_file, validation_markdown
 
 README = Path(__file__).resolve().parent.parent / "README.md"
 

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 NORM_EPS = 1e-5
 ROPE_BASE = 10000.0  # RoPE's theta (Su et al. 2021, RoFormer eq. 15); plan.json carries no other

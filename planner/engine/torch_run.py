@@ -21,7 +21,7 @@ from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules
 
 from planner.engine.torch_model import build_decoder, loss_fn, stage_module
-from planner.errors import PlanInputError
+from planner.core.errors import PlanInputError
 
 ENGINE_KEY = "torch_pipelining"
 
