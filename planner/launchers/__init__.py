@@ -47,23 +47,31 @@ def launcher_allows(launcher: str, facts: Facts) -> str | None:
     return problems[0] if problems else None
 
 
-def render_all(plan: Plan, targets: list[str]) -> dict[str, str]:
+def render_all(plan: Plan, targets: list[str],
+               torchtitan_version: str = torchtitan.DEFAULT_VERSION) -> dict[str, str]:
     """Check every target, then render: {filename: text}. Raises ExportError on a broken rule."""
+    targets = list(dict.fromkeys(targets))
+    for target in targets:
+        _exporter(target)
+    clash = torchrun.conflicts(targets)
+    if clash:
+        raise ExportError(f"cannot export for torchrun: {clash}")
     files: dict[str, str] = {}
-    for target in dict.fromkeys(targets):
+    for target in targets:
         module = _exporter(target)
-        problems = module.check(plan)
+        version = (torchtitan_version,) if target == "torchtitan" else ()
+        problems = module.check(plan, *version)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ExportError(f"cannot export for {target}: {problems[0]}{more}")
-        files.update(module.render(plan))
+        files.update(module.render(plan, *version))
     return files
 
 
-def export_plan(plan: Plan, targets: list[str], out_dir: str | Path,
-                force: bool = False) -> list[Path]:
+def export_plan(plan: Plan, targets: list[str], out_dir: str | Path, force: bool = False,
+                torchtitan_version: str = torchtitan.DEFAULT_VERSION) -> list[Path]:
     """Write the files of every target into ``out_dir``; returns their paths in write order."""
-    files = render_all(plan, targets)
+    files = render_all(plan, targets, torchtitan_version)
     out = Path(out_dir)
     paths = [out / name for name in files]
     refuse_overwrite(paths, force)

@@ -26,17 +26,20 @@ SCHEDULES = {"gpipe": ("ScheduleGPipe", "GPipe"), "1f1b": ("Schedule1F1B", "1F1B
 SINGLE_STAGE = ("gpipe", "1f1b")
 
 
-def parallel_rules(f: Facts) -> list[str]:
-    out = schedule_basics(f.pp, f.schedule, f.virtual_stages, False, f.tp, NAME)
+def schedule_rules(f: Facts, launcher: str = NAME) -> list[str]:
+    """The rules of torch's schedule classes, named for ``launcher`` (torchtitan uses them too)."""
     if f.schedule not in SCHEDULES:
-        out.append(f"{NAME}: no schedule class for '{f.schedule}'")
-    elif f.pp > 1 and f.schedule not in SINGLE_STAGE:
-        rounds = max(1, f.num_microbatches // f.pp)
-        if f.num_microbatches % rounds:
-            out.append(f"{NAME}: {SCHEDULES[f.schedule][0]} needs microbatches "
-                       f"({f.num_microbatches}) divisible by max(1, microbatches // pp) = "
-                       f"{rounds}")
-    return out
+        return [f"{launcher}: no torch.distributed.pipelining schedule for '{f.schedule}'"]
+    rounds = max(1, f.num_microbatches // f.pp)
+    if f.pp > 1 and f.schedule not in SINGLE_STAGE and f.num_microbatches % rounds:
+        return [f"{launcher}: {SCHEDULES[f.schedule][0]} needs microbatches "
+                f"({f.num_microbatches}) divisible by max(1, microbatches // pp) = {rounds}"]
+    return []
+
+
+def parallel_rules(f: Facts) -> list[str]:
+    return (schedule_basics(f.pp, f.schedule, f.virtual_stages, False, f.tp, NAME)
+            + schedule_rules(f))
 
 
 def check(plan: Plan) -> list[str]:

@@ -56,18 +56,37 @@ def _times(text: str, chunks: int) -> tuple[float, ...]:
     return values
 
 
+# The plan formats `--plan` reads: v1 (``plan solve --json``, plan.json before v2) gives each
+# stage's full backward ``bwd_s`` and its weight part ``wgrad_s``; v2 (plan.json) gives the two
+# parts, ``bwd_input_s`` and ``bwd_weight_s``.
+PLAN_SCHEMAS = ("plan3d/plan/v1", "plan3d/plan/v2")
+
+
+def _backward(stage: dict, schema: str) -> tuple[float, float]:
+    """(full backward, weight-gradient part) of one stage entry."""
+    if schema == "plan3d/plan/v2":
+        return stage["bwd_input_s"] + stage["bwd_weight_s"], stage["bwd_weight_s"]
+    return stage["bwd_s"], stage["wgrad_s"]
+
+
 def _from_plan(path: Path) -> SimulationJob:
     doc = read_json(path, "plan file", "write one with plan solve --export json --out DIR")
     try:
         if "plans" in doc:  # the output of `plan solve --json`: take the best plan
             doc = doc["plans"][0]
+        schema = doc.get("schema", PLAN_SCHEMAS[0])
+        if schema not in PLAN_SCHEMAS:
+            raise PlanInputError(f"{path}: plan schema {schema!r} is not one this plan3d reads "
+                                 f"({', '.join(PLAN_SCHEMAS)}); export the plan again with "
+                                 "plan solve --export json")
         par, stages = doc["parallel"], doc["stages"]
+        backward = [_backward(s, schema) for s in stages]
         return SimulationJob(
             schedule=par["schedule"], p=par["pp"], m=par["num_microbatches"],
             v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
-            bwd_s=tuple(s["bwd_s"] for s in stages), wgrad_s=tuple(s["wgrad_s"] for s in stages),
+            bwd_s=tuple(b for b, _ in backward), wgrad_s=tuple(w for _, w in backward),
             comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]))
-    except (KeyError, TypeError, IndexError) as e:
+    except (KeyError, TypeError, IndexError, AttributeError) as e:
         raise PlanInputError(f"{path}: not a plan3d plan JSON ({type(e).__name__}: {e}); "
                              "write one with plan solve --export json --out DIR")
 
