@@ -5,8 +5,9 @@ torchtitan 0.3.0 reads no TOML (``torchtitan/config/manager.py``: ``--module`` a
 pick a function of ``torchtitan/models/<module>/config_registry.py``, then tyro parses
 ``--<section>.<field> value`` overrides; a ``list[str]`` field takes one comma-separated token, so
 ``module_fqns_per_model_part`` takes one token per model part; the activation-checkpoint policy
-is a tyro subcommand, ``activation-checkpoint:{none,selective,full}``, given last). The output
-projection is ``lm_head``. torchtitan 0.2.0-0.2.2 read ``--job.config_file`` TOML
+is a tyro subcommand, ``activation-checkpoint:{none,selective,full}``, given last; with pp > 1 its
+trainer raises unless ``--training.disable_cuda_graphs`` is set). The output projection is
+``lm_head``. torchtitan 0.2.0-0.2.2 read ``--job.config_file`` TOML
 (``torchtitan/config/job_config.py``): ``[model] name, flavor``, ``[parallelism]
 module_fqns_per_model_part`` (a list of lists; ``pipeline_parallel_split_points`` is gone), and
 name the output projection ``output``. Both were checked by parsing the exported arguments with
@@ -159,6 +160,8 @@ def _settings(plan: Plan, key: str) -> dict:
                         "data_parallel_shard_degree": shard,
                         "data_parallel_replicate_degree": par.dp // shard},
     }
+    if par.pp > 1 and key == "0.3.0":  # trainer.py: "CUDA graphs do not support pipeline
+        settings["training"]["disable_cuda_graphs"] = True  # parallelism yet"
     p = settings["parallelism"]
     if par.tp > 1 and key == "0.3.0":  # 0.2.x always shards norms along the sequence under TP
         p["enable_sequence_parallel"] = par.sequence_parallel
