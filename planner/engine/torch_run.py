@@ -20,6 +20,7 @@ import torch.multiprocessing as mp
 from torch.distributed.pipelining import PipelineStage
 from torch.distributed.pipelining import schedules
 
+from planner.engine import sleep_model
 from planner.engine.torch_model import build_decoder, loss_fn, stage_module
 from planner.core.errors import PlanInputError
 
@@ -61,23 +62,31 @@ def reference_grads(doc: dict, seed: int = 0) -> dict[str, torch.Tensor]:
     return {name: p.grad.detach().clone() for name, p in model.named_parameters()}
 
 
-def pipeline_step(doc: dict, rank: int, seed: int = 0, steps: int = 1) -> tuple[dict, float]:
+def pipeline_step(doc: dict, rank: int, seed: int = 0, steps: int = 1,
+                  emulate: bool = False) -> tuple[dict, float]:
     """One rank's share of ``steps`` pipeline steps: its stages' gradients after the first step
-    (a dict by parameter name) and the wall time of the last step in seconds."""
+    (a dict by parameter name) and the wall time of the last step in seconds. ``emulate`` runs
+    sleep stages with the plan's per-action times instead of the decoder (sleep_model.py)."""
     entry = engine_entry(doc)
     cls = getattr(schedules, entry["schedule_class"])
-    model = build_decoder(doc, seed)
     mine = entry["stage_ids_per_rank"][rank]
     num_stages = len(doc["stages"])
-    modules = [stage_module(model, doc["stages"][s]["modules"]) for s in mine]
+    if emulate:
+        modules = [sleep_model.SleepStage(doc["stages"][s]) for s in mine]
+        step_loss = sleep_model.loss_fn
+        tokens, targets = sleep_model.batch(entry["microbatch_size"] * entry["n_microbatches"])
+    else:
+        model = build_decoder(doc, seed)
+        modules = [stage_module(model, doc["stages"][s]["modules"]) for s in mine]
+        step_loss = loss_fn
+        tokens, targets = batch(doc)
     stages = [PipelineStage(m, s, num_stages, torch.device("cpu")) for m, s in zip(modules, mine)]
     single = issubclass(cls, schedules.PipelineScheduleSingle)
     if single and len(stages) != 1:
         raise PlanInputError(f"{entry['schedule_class']} runs one stage per rank; rank {rank} "
                              f"holds stages {mine}")
     schedule = cls(stages[0] if single else stages, n_microbatches=entry["n_microbatches"],
-                   loss_fn=loss_fn, scale_grads=False)
-    tokens, targets = batch(doc)
+                   loss_fn=step_loss, scale_grads=False)
     args = (tokens,) if 0 in mine else ()
     target = targets if num_stages - 1 in mine else None
     grads, elapsed = {}, 0.0
@@ -95,18 +104,20 @@ def pipeline_step(doc: dict, rank: int, seed: int = 0, steps: int = 1) -> tuple[
     return grads, elapsed
 
 
-def _worker(rank: int, docs: list[dict], workdir: str, world: int, steps: int) -> None:
+def _worker(rank: int, docs: list[dict], workdir: str, world: int, steps: int,
+            emulate: bool) -> None:
     torch.set_num_threads(1)  # one core per rank: the ranks stand for devices
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank,
                             world_size=world)
     try:
-        results = [pipeline_step(doc, rank, steps=steps) for doc in docs]
+        results = [pipeline_step(doc, rank, steps=steps, emulate=emulate) for doc in docs]
         torch.save(results, os.path.join(workdir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
-def run_pipeline(docs: list[dict], workdir: str | Path, steps: int = 1) -> list[tuple[dict, float]]:
+def run_pipeline(docs: list[dict], workdir: str | Path, steps: int = 1,
+                 emulate: bool = False) -> list[tuple[dict, float]]:
     """Run every plan in ``docs`` on pp processes (all plans must share pp); per plan, the
     gradients of all stages merged by parameter name and the slowest rank's last-step time."""
     world = docs[0]["parallel"]["pp"]
@@ -115,7 +126,7 @@ def run_pipeline(docs: list[dict], workdir: str | Path, steps: int = 1) -> list[
         check_world(doc, world)
     workdir = Path(workdir)
     workdir.mkdir(parents=True, exist_ok=True)
-    mp.spawn(_worker, args=(docs, str(workdir), world, steps), nprocs=world, join=True)
+    mp.spawn(_worker, args=(docs, str(workdir), world, steps, emulate), nprocs=world, join=True)
     per_rank = [torch.load(workdir / f"rank{r}.pt") for r in range(world)]
     merged = []
     for i in range(len(docs)):

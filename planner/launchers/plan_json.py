@@ -16,7 +16,10 @@ import json
 from functools import lru_cache
 from importlib import resources
 
-from planner.launchers import deepspeed, megatron, torch_pipelining, torchtitan
+from planner.launchers.deepspeed import entry as deepspeed_entry
+from planner.launchers.megatron import entry as megatron_entry
+from planner.launchers.torch_pipelining import entry as torch_pipelining_entry
+from planner.launchers.torchtitan import entry as torchtitan_entry
 from planner.launchers.common import Facts, plan_digest, structure_problems
 from planner.model.spec import Layer, ModelSpec
 from planner.predict.plan import Plan, _round
@@ -119,10 +122,8 @@ def stages(plan: Plan) -> list[dict]:
 
 
 def engines(plan: Plan) -> dict:
-    return {"torch_pipelining": torch_pipelining.entry(plan),
-            "torchtitan": torchtitan.entry(plan),
-            "deepspeed": deepspeed.entry(plan),
-            "megatron": megatron.entry(plan)}
+    return {"torch_pipelining": torch_pipelining_entry(plan), "torchtitan": torchtitan_entry(plan),
+            "deepspeed": deepspeed_entry(plan), "megatron": megatron_entry(plan)}
 
 
 def document(plan: Plan) -> dict:

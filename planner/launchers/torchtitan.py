@@ -32,7 +32,7 @@ from __future__ import annotations
 import shlex
 from dataclasses import dataclass
 
-from planner.launchers import torch_pipelining
+from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
 from planner.launchers.common import (ExportError, Facts, header, is_standard_gpt, schedule_basics,
                                       strongest_recompute, structure_problems, tp_divisibility)
 from planner.model.spec import ModelSpec
@@ -97,7 +97,7 @@ def parallel_rules(f: Facts, version: str = DEFAULT_VERSION) -> list[str]:
     out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, f.vocab, NAME)
     out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
     if f.pp > 1:
-        out += torch_pipelining.schedule_rules(f, NAME)
+        out += schedule_rules(f, NAME)
         if f.schedule in ("interleaved", "zb-h1") and f.virtual_stages < 2:
             out.append(f"{NAME}: {f.schedule} runs a multi-stage schedule class, which torchtitan "
                        f"allows with at least 2 stages per rank (virtual_stages={f.virtual_stages}"
@@ -168,7 +168,7 @@ def _settings(plan: Plan, key: str) -> dict:
     if par.dp > 1 and par.zero >= 2:
         p["fsdp_reshard_after_forward"] = RESHARD[par.zero]
     if par.pp > 1:
-        p["pipeline_parallel_schedule"] = torch_pipelining.SCHEDULES[par.schedule][1]
+        p["pipeline_parallel_schedule"] = TORCH_SCHEDULES[par.schedule][1]
         p["pipeline_parallel_microbatch_size"] = par.micro_batch
     return settings
 
