@@ -109,10 +109,10 @@ class _Work:
 def block_forward_flops(layer: Layer, tokens: int, seq_len: int) -> tuple[float, float]:
     """(weight-matmul FLOPs, attention FLOPs with full s×s) of one block's forward, whole model."""
     h, f = layer.hidden_size, layer.ffn_hidden_size
-    kv = layer.num_kv_heads * layer.head_dim
+    q, kv = layer.q_size, layer.num_kv_heads * layer.head_dim  # q = h unless head_dim is set
     mlp = (6 if layer.mlp == "swiglu" else 4) * tokens * h * f
-    gemm = 2 * tokens * h * (h + 2 * kv) + 2 * tokens * h * h + mlp
-    attn = 4 * tokens * seq_len * h
+    gemm = 2 * tokens * h * (q + 2 * kv) + 2 * tokens * q * h + mlp
+    attn = 4 * tokens * seq_len * q
     return float(gemm), float(attn)
 
 
@@ -133,16 +133,16 @@ def _work(layer: Layer, shape: Shape, flash: bool) -> _Work:
                      gemm_bytes=_gemm_bytes((T, h, layer.out_features / t)),
                      mem_bytes=ACT_BYTES * T * (h + layer.out_features) / t)
     if layer.kind == "head":
-        v = layer.vocab_size
+        v = layer.padded_vocab(t)
         # final norm (read + write) and the fp32 softmax cross-entropy: read 16-bit logits, write
         # fp32 probabilities, read them back for the loss and its gradient: ~12 bytes per logit.
         return _Work(gemm_flops=2.0 * T * h * v / t, gemm_bytes=_gemm_bytes((T, h, v / t)),
                      mem_bytes=2 * ACT_BYTES * T * h * rep + 12.0 * T * v / t,
                      collectives=1 if shape.sp else 0, collectives_bwd=1)
     gemm, attn_full = block_forward_flops(layer, T, s)
-    f, kv = layer.ffn_hidden_size, layer.num_kv_heads * layer.head_dim
+    f, q, kv = layer.ffn_hidden_size, layer.q_size, layer.num_kv_heads * layer.head_dim
     up = (2 if layer.mlp == "swiglu" else 1) * f
-    gemm_bytes = _gemm_bytes((T, h, (h + 2 * kv) / t), (T, h / t, h), (T, h, up / t),
+    gemm_bytes = _gemm_bytes((T, h, (q + 2 * kv) / t), (T, q / t, h), (T, h, up / t),
                              (T, f / t, h))
     # Memory-bound ops: two norms (read + write), two residual adds with dropout (read 2, write 1,
     # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); the activation
@@ -230,7 +230,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         act_bytes=activation_bytes(layer, shape, recompute, flash),
         work_bytes=working_bytes(layer, shape, recompute, flash) + (
             0.0 if opts.fused_cross_entropy or layer.kind != "head"
-            else 2 * LOGIT_BYTES * shape.tokens * layer.vocab_size / shape.tp),
+            else 2 * LOGIT_BYTES * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp),
     )
 
 

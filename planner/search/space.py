@@ -125,8 +125,10 @@ def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
     """Why tensor parallelism of this degree cannot run here (None when it can)."""
     if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
         return "TP across nodes"
+    # No rule for the vocabulary: it is padded to a multiple of TP as Megatron-LM pads it
+    # (ModelSpec.padded_vocab_size).
     for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
-                    ("FFN", model.ffn_hidden_size), ("vocabulary", model.vocab_size)):
+                    ("FFN", model.ffn_hidden_size)):
         if n % tp:
             return f"{what} not divisible by TP"
     return None
@@ -209,14 +211,9 @@ def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:
     layers = len(model.layers)
     if par.num_chunks > layers:
         return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
-    if par.schedule == "interleaved":
-        if par.pp == 1:
-            return "interleaved needs pp > 1"
-        if par.num_microbatches % par.pp:
-            return (f"interleaved needs the microbatch count ({par.num_microbatches}) divisible "
-                    f"by pp ({par.pp})")
-    elif par.virtual_stages > 1:
-        return "virtual stages need the interleaved schedule"
+    problem = par.schedule_problem()
+    if problem:
+        return problem
     if par.virtual_stages > 1 and model.num_layers % par.num_chunks:
         return (f"{model.num_layers} blocks do not split evenly into {par.num_chunks} "
                 "virtual stages")
