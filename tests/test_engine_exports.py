@@ -20,6 +20,7 @@ import pytest
 from planner.launchers import ExportError, export_plan, render_all
 from planner.launchers import deepspeed, torchtitan
 from planner.model.spec import PRESETS
+from planner.stack import load_stack
 from test_export import GOLDEN, UPDATE, make_plan
 
 
@@ -108,7 +109,7 @@ def test_torchtitan_parses_the_export(tmp_path):
     from torchtitan.config.manager import ConfigManager
 
     release = _titan_release()
-    plan = titan(recompute="full")
+    plan = replace(titan(recompute="full"), stack=load_stack("torchtitan"))
     if release.startswith("0.3"):
         text = torchtitan.render(plan, "0.3.0")["torchtitan_args.sh"]
         cfg = ConfigManager().parse_args(titan_words(text) + titan_words(text, "TORCHTITAN_TAIL"))
@@ -123,6 +124,16 @@ def test_torchtitan_parses_the_export(tmp_path):
     assert p.fsdp_reshard_after_forward == "never" and p.pipeline_parallel_schedule == "1F1B"
     assert [len(part) for part in p.module_fqns_per_model_part] == [8, 9, 9, 9]
     assert cfg.training.local_batch_size == 16 and cfg.training.global_batch_size == 32
+    assert cfg.training.mixed_precision_reduce == "float32"
+    assert cfg.compile.enable is plan.stack.fused_elementwise
+
+
+def test_torchtitan_refuses_a_stack_it_cannot_run(tmp_path):
+    from planner.stack import with_overrides
+
+    stack = with_overrides(load_stack("torchtitan"), grad_dtype="bf16")
+    with pytest.raises(ExportError, match="float32 only"):
+        export_plan(replace(titan(), stack=stack), ["torchtitan"], tmp_path)
 
 
 # --- DeepSpeed -------------------------------------------------------------------------------

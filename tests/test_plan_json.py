@@ -89,10 +89,14 @@ def test_schema_rejects_v1_stage_ranges(tmp_path):
         VALIDATOR.validate(doc)
 
 
-def test_stack_block_allowed(tmp_path):
-    """The stack issue adds a ``stack`` block to the plan; v2 keeps it."""
-    doc = exported(make_plan(), tmp_path)
-    VALIDATOR.validate({**doc, "stack": {"overlap_dp": True}})
+def test_stack_block_kept(tmp_path):
+    """The plan's ``stack`` block (the stack it was priced on) stays in v2."""
+    from planner.stack import load_stack
+
+    plan = replace(make_plan(), stack=load_stack("megatron-core"))
+    doc = exported(plan, tmp_path)
+    VALIDATOR.validate(doc)
+    assert doc["stack"] == plan.to_dict()["stack"] and doc["stack"] is not None
 
 
 @settings(max_examples=40, deadline=None)

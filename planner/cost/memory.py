@@ -132,20 +132,32 @@ def sharded_params(layer: Layer, tp: int) -> float:
     return (layer.params - norms - replicated_bias) / tp + norms + replicated_bias
 
 
-def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: int = 4,
-                      weight_bytes: int = 2) -> float:
-    """16-bit weights (``weight_bytes``: 2, or 0 where the fp32 master is the only copy) +
-    gradients (``grad_bytes``: 4 for Megatron's fp32 main grads, 2 for 16-bit) + Adam state (12:
-    fp32 master weights, m and v); ZeRO-1 / the distributed optimizer shards the 12 over dp,
-    ZeRO-2 also the gradients, ZeRO-3 also the weights (Rajbhandari et al. 2020, §5)."""
-    weights, grads, optim = float(weight_bytes), float(grad_bytes), 12.0
+def model_state_parts(params, dp: int, zero: int, grad_bytes: float = 4,
+                      weight_bytes: float = 2, optimizer_bytes: float = 12.0,
+                      zero2_shards_grads: bool = True) -> tuple:
+    """(weights, gradients, optimizer states) bytes of ``params`` parameters: 16-bit weights
+    (``weight_bytes``: 2, or 0 where the fp32 master is the only copy) + gradients
+    (``grad_bytes``: 4 for Megatron's fp32 main grads, 2 for 16-bit, 6 for 16-bit beside an fp32
+    accumulation buffer) + optimizer state (``optimizer_bytes``, Adam's 12: fp32 master weights,
+    m and v); ZeRO-1 / the distributed optimizer shards the optimizer state over dp, ZeRO-2 also
+    the gradients (unless the stack reduces them only once per step, so it keeps them whole),
+    ZeRO-3 also the weights (Rajbhandari et al. 2020, §5)."""
+    weights, grads, optim = float(weight_bytes), float(grad_bytes), float(optimizer_bytes)
     if zero >= 1:
         optim /= dp
-    if zero >= 2:
+    if zero >= 3 or (zero == 2 and zero2_shards_grads):
         grads /= dp
     if zero >= 3:
         weights /= dp
-    return params * (weights + grads + optim)
+    return params * weights, params * grads, params * optim
+
+
+def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = 4,
+                      weight_bytes: float = 2, optimizer_bytes: float = 12.0,
+                      zero2_shards_grads: bool = True) -> float:
+    """The sum of :func:`model_state_parts`."""
+    return sum(model_state_parts(params, dp, zero, grad_bytes, weight_bytes, optimizer_bytes,
+                                 zero2_shards_grads))
 
 
 def fragmentation(recompute: bool) -> float:

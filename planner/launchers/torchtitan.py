@@ -116,6 +116,13 @@ def parallel_rules(f: Facts, version: str = DEFAULT_VERSION) -> list[str]:
 def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     par, m = plan.parallel, plan.model
     out = structure_problems(plan) + parallel_rules(Facts.of(par, m), version)
+    stack = plan.stack
+    if stack is not None and stack.param_dtype != "bf16":
+        out.append(f"{NAME}: training.mixed_precision_param is bfloat16 or float32; the plan's "
+                   f"{stack.name} stack computes in {stack.param_dtype}")
+    if stack is not None and stack.grad_dtype != "fp32":
+        out.append(f"{NAME}: training.mixed_precision_reduce is float32 only; the plan's "
+                   f"{stack.name} stack reduces gradients in {stack.grad_dtype}")
     if not is_standard_gpt(plan):
         out.append(f"{NAME}: model parts name tok_embeddings / layers.i / norm + the output; "
                    "this model has other layer kinds")
@@ -155,11 +162,13 @@ def _settings(plan: Plan, key: str) -> dict:
     settings = {
         "training": {"local_batch_size": local,
                      "global_batch_size": par.global_batch, "seq_len": m.seq_length,
-                     "mixed_precision_param": "bfloat16"},
+                     "mixed_precision_param": "bfloat16"},  # check() refuses other stacks
         "parallelism": {"tensor_parallel_degree": par.tp, "pipeline_parallel_degree": par.pp,
                         "data_parallel_shard_degree": shard,
                         "data_parallel_replicate_degree": par.dp // shard},
     }
+    if plan.stack is not None:  # the gradient reduction the stack priced (FSDP2's reduce dtype)
+        settings["training"]["mixed_precision_reduce"] = "float32"
     if par.pp > 1 and key == "0.3.0":  # trainer.py: "CUDA graphs do not support pipeline
         settings["training"]["disable_cuda_graphs"] = True  # parallelism yet"
     p = settings["parallelism"]
@@ -170,6 +179,8 @@ def _settings(plan: Plan, key: str) -> dict:
     if par.pp > 1:
         p["pipeline_parallel_schedule"] = TORCH_SCHEDULES[par.schedule][1]
         p["pipeline_parallel_microbatch_size"] = par.micro_batch
+    if plan.stack is not None:  # eager element-wise kernels unless the stack compiled them
+        settings["compile"] = {"enable": plan.stack.fused_elementwise}
     return settings
 
 
@@ -180,8 +191,11 @@ def entry(plan: Plan, version: str = DEFAULT_VERSION) -> dict:
     if problems:
         return {"target": TARGETS[key], "supported": False, "rule": problems[0]}
     f = flavor(plan.model)
-    out = {"target": TARGETS[key], "supported": True, "module": "llama3",
-           "config": f.config, "flavor": f.flavor, **_settings(plan, key)["parallelism"]}
+    settings = _settings(plan, key)
+    out = {"target": TARGETS[key], "supported": True, "module": "llama3", "config": f.config,
+           "flavor": f.flavor, **settings["parallelism"]}
+    if "compile" in settings:
+        out["compile"] = settings["compile"]["enable"]
     if plan.parallel.pp > 1:
         out["module_fqns_per_model_part"] = module_fqns_per_model_part(plan, version)
     return out

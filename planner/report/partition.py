@@ -16,13 +16,13 @@ from rich.console import Console
 from rich.table import Table
 
 from planner.core.units import GIB
-from planner.cost.layer import RunOptions
 from planner.predict.step import evaluate
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Plan
 from planner.predict.stages import best_split, cost_tables, megatron_split, param_split
+from planner.stack import Stack
 
 
 
@@ -109,7 +109,7 @@ class SplitComparison:
                 "recompute": par.recompute}
 
 
-def compare_splits(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def compare_splits(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                    method: str = "ilp", profile=None, exact_recompute: bool = False,
                    lp_path=None, placement: str = "") -> SplitComparison:
     tables = cost_tables(model, par, cluster.hardware, opts, profile, exact=exact_recompute)
