@@ -97,6 +97,10 @@ def test_stack_block_kept(tmp_path):
     doc = exported(plan, tmp_path)
     VALIDATOR.validate(doc)
     assert doc["stack"] == plan.to_dict()["stack"] and doc["stack"] is not None
+    assert doc["precision"]["dtype"] == {"bf16": "bfloat16", "fp16": "float16"}[
+        plan.stack.param_dtype]
+    assert doc["precision"]["gradients"] == {"bf16": "bfloat16", "fp32": "float32"}[
+        plan.stack.grad_dtype]
 
 
 @settings(max_examples=40, deadline=None)

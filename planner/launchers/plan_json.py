@@ -33,8 +33,10 @@ CONVENTIONS = {
     "bwd": "a stage's full backward is bwd_input_s + bwd_weight_s; zero-bubble schedules run the "
            "two parts as separate actions",
 }
-# What the memory and cost models count (planner/memory.py): 16-bit weights and activations,
-# fp32 logits in the loss, Adam with fp32 master weights and moments.
+# What the memory and cost models count (planner/cost/memory.py): 16-bit weights and
+# activations in the stack's dtype (bf16 without a stack), fp32 logits in the loss, Adam with fp32
+# master weights and moments; gradients in the stack's dtype.
+DTYPE_NAMES = {"bf16": "bfloat16", "fp16": "float16", "fp32": "float32"}
 PRECISION = {"dtype": "bfloat16", "logits": "float32", "optimizer": "adam",
              "master_weights": "float32", "optimizer_state": "float32"}
 # Layer fields a layer of each kind takes from the model unless it overrides them.
@@ -109,6 +111,13 @@ def layers(model: ModelSpec) -> list[dict]:
     return out
 
 
+def precision(plan: Plan) -> dict:
+    if plan.stack is None:
+        return dict(PRECISION)
+    return {**PRECISION, "dtype": DTYPE_NAMES[plan.stack.param_dtype],
+            "gradients": DTYPE_NAMES[plan.stack.grad_dtype]}
+
+
 def stages(plan: Plan) -> list[dict]:
     names = layer_modules(plan.model)
     n = len(plan.model.layers)
@@ -135,7 +144,7 @@ def document(plan: Plan) -> dict:
     loss = next(s.stage for s in plan.stages if s.last == len(plan.model.layers)) \
         if plan.stages else None
     doc = {"schema": SCHEMA_V2, "plan_digest": plan_digest(plan), "conventions": CONVENTIONS,
-           "model": architecture(plan.model), "precision": PRECISION,
+           "model": architecture(plan.model), "precision": precision(plan),
            "layers": layers(plan.model)}
     doc["cluster"] = base.pop("cluster")
     doc["parallel"] = base.pop("parallel")
