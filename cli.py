@@ -179,6 +179,9 @@ def solve(
                                               "deepspeed, torchtitan, torchrun (comma list)."),
     out_dir: Optional[Path] = typer.Option(None, "--out", help="Directory for --export."),
     force: bool = typer.Option(False, "--force", help="Overwrite exported files."),
+    torchtitan_version: str = typer.Option("0.3.0", "--torchtitan-version",
+                                           help="torchtitan release for --export torchtitan: "
+                                                "0.3.0 (arguments) or 0.2 (TOML)."),
     profile_file: Optional[Path] = typer.Option(None, "--profile",
                                                 help="Plan from measured layer times "
                                                      "(plan profile --out FILE)."),
@@ -232,7 +235,8 @@ def solve(
         if csv_file is not None:
             write_text(csv_file, plans_csv(result.plans), force=force)
         if targets:
-            written = export_plan(result.plans[0], targets, out_dir, force=force)
+            written = export_plan(result.plans[0], targets, out_dir, force=force,
+                                  torchtitan_version=torchtitan_version)
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
             doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,

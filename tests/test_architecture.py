@@ -16,7 +16,7 @@ FLOORS = {
     "cost": 2, "pipeline": 2, "partition": 2, "profile": 2,
     "predict": 3,
     "launchers": 4,
-    "search": 5,
+    "search": 5, "engine": 5,
     "fidelity": 6,
     "report": 7,
 }

@@ -613,16 +613,26 @@ def _plan(name: str, gpu_name: str = "a100-80gb", launcher: str = "megatron"):
 
     spec = replace(PRESETS["llama3-8b"], name=name)
     hw = replace(load_hardware("a100-80gb"), name=gpu_name)
-    pins = Pins(tp=2, pp=2, dp=4, micro_batch=1, schedule="1f1b", recompute="full", zero=1,
-                sequence_parallel=True)
+    # FSDP2 has no ZeRO-1 (torchtitan's exporter refuses it): torchtitan plans shard at ZeRO-2
+    pins = Pins(tp=2, pp=2, dp=4, micro_batch=1, schedule="1f1b", recompute="full",
+                zero=2 if launcher == "torchtitan" else 1, sequence_parallel=True)
     req = Request(model=spec, cluster=make_cluster(hw, 16, 2), pins=pins, refine=1, top=1,
                   launcher=launcher, options=load_stack(None, launcher))
     return search(req).plans[0]
 
 
-# a plan is priced on one launcher's stack and exported for that launcher (plus json, torchrun)
+# a plan is priced on one launcher's stack and exported for that launcher (plus json, torchrun);
+# torchtitan twice: 0.3.0's shell arguments and 0.2's TOML
 LAUNCHER_TARGETS = {"megatron": ["json", "megatron", "torchrun"], "deepspeed": ["deepspeed"],
                     "torchtitan": ["torchtitan"]}
+TORCHTITAN_VERSIONS = ("0.3.0", "0.2")
+
+
+def _exports(launcher: str):
+    """(torchtitan version, out-dir suffix) for each export of ``launcher``'s plan."""
+    if launcher != "torchtitan":
+        return [(TORCHTITAN_VERSIONS[0], launcher)]
+    return [(v, f"{launcher}-{v}") for v in TORCHTITAN_VERSIONS]
 INJECTIONS = {**{k: v for k, v in HOSTILE_NAMES.items() if k not in ("too-long", "empty")},
               **MARKUP_NAMES,
               "python-docstring": 'x\n"""\nimport os; os.system("touch SENTINEL")\n"""',
@@ -635,7 +645,8 @@ def benign_export(tmp_path_factory):
 
     files = {}
     for launcher, targets in LAUNCHER_TARGETS.items():
-        files.update(render_all(_plan("benign", launcher=launcher), targets))
+        for version, _ in _exports(launcher):
+            files.update(render_all(_plan("benign", launcher=launcher), targets, version))
     return files
 
 
@@ -661,11 +672,16 @@ def test_names_in_exports_are_data_never_code(tmp_path, label, benign_export):
 
     sentinel = tmp_path / "SENTINEL"
     name = INJECTIONS[label].replace("SENTINEL", str(sentinel))
-    out = tmp_path / "run"
+    out, titan_dir = tmp_path / "run", tmp_path / "run-torchtitan"
     for launcher, targets in LAUNCHER_TARGETS.items():
-        for path in export_plan(_plan(name, name, launcher), targets, tmp_path / launcher):
-            out.mkdir(exist_ok=True)
-            (out / path.name).symlink_to(path)  # one place to read every file from
+        plan = _plan(name, name, launcher)
+        for version, where in _exports(launcher):
+            for path in export_plan(plan, targets, tmp_path / where, torchtitan_version=version):
+                # one place to read every file from; torchtitan's apart, as launch.sh runs
+                # one framework
+                place = titan_dir if launcher == "torchtitan" else out
+                place.mkdir(exist_ok=True)
+                (place / path.name).symlink_to(path)
     env = {**os.environ, "PATH": f"{_stub_bin(tmp_path)}:{os.environ['PATH']}",
            "MASTER_ADDR": "127.0.0.1", "SLURM_JOB_NODELIST": "n1", "SLURM_SUBMIT_DIR": str(out),
            "SLURM_NODEID": "0"}
@@ -675,6 +691,11 @@ def test_names_in_exports_are_data_never_code(tmp_path, label, benign_export):
                            text=True, timeout=30, cwd=tmp_path)
     assert not sentinel.exists(), f"{label}: sourcing megatron_args.sh ran injected code"
     assert probe.returncode == 0, probe.stderr
+    titan = subprocess.run(["bash", "-c", 'source "$1" && printf "%s\\n" "${TORCHTITAN_ARGS[@]}"',
+                            "_", titan_dir / "torchtitan_args.sh"], env=env, capture_output=True,
+                           text=True, timeout=30, cwd=tmp_path)
+    assert not sentinel.exists(), f"{label}: sourcing torchtitan_args.sh ran injected code"
+    assert titan.returncode == 0, titan.stderr
     for script in ("launch.sh", "job.sbatch"):
         done = subprocess.run(["bash", out / script], env=env, capture_output=True, text=True,
                               timeout=30, cwd=tmp_path)
@@ -707,16 +728,20 @@ def test_names_in_exports_are_data_never_code(tmp_path, label, benign_export):
             ["bash", "-c", 'eval "$1"; printf "%s\\n" "${MEGATRON_ARGS[@]}"', "_",
              benign_export["megatron_args.sh"]], capture_output=True, text=True).stdout
         .splitlines()]
-    assert tomllib.loads((out / "torchtitan.toml").read_text()) == \
+    assert tomllib.loads((titan_dir / "torchtitan.toml").read_text()) == \
         tomllib.loads(benign_export["torchtitan.toml"])
+    assert titan.stdout.splitlines() == subprocess.run(
+        ["bash", "-c", 'eval "$1"; printf "%s\\n" "${TORCHTITAN_ARGS[@]}"', "_",
+         benign_export["torchtitan_args.sh"]], capture_output=True, text=True).stdout.splitlines()
     assert json.loads((out / "ds_config.json").read_text()) == \
         json.loads(benign_export["ds_config.json"])
     assert json.loads((out / "plan.json").read_text())["model"]["name"] == name
     assert namespace["PARTS"] == ast.literal_eval(
         next(line for line in benign_export["deepspeed_pipeline.py"].splitlines()
              if line.startswith("PARTS =")).split("=", 1)[1])
-    for text in (out / f for f in ("megatron_args.sh", "launch.sh", "job.sbatch",
-                                   "deepspeed_pipeline.py", "torchtitan.toml")):
+    for text in [out / f for f in ("megatron_args.sh", "launch.sh", "job.sbatch",
+                                   "deepspeed_pipeline.py")] + \
+            [titan_dir / f for f in ("torchtitan.toml", "torchtitan_args.sh")]:
         for line in text.read_text().splitlines():
             assert line.isprintable() or "\t" in line, repr(line)
 
@@ -732,11 +757,10 @@ def _writer(args):
 
 
 def _consistent(files: dict[str, str]) -> bool:
-    """Every header's plan digest is the digest of the plan.json in the same set."""
-    import hashlib
+    """Every header's plan digest is the plan_digest of the plan.json in the same set."""
     import re
 
-    digest = hashlib.sha256(files["plan.json"].encode()).hexdigest()[:12]
+    digest = json.loads(files["plan.json"])["plan_digest"]
     seen = {m for text in files.values() for m in re.findall(r"sha256 ([0-9a-f]{12})", text)}
     return seen == {digest}
 

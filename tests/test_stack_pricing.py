@@ -2,6 +2,7 @@
 same stack (issue 14)."""
 
 import json
+from dataclasses import replace
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,7 +15,7 @@ from planner.hardware.profiles import load_hardware, make_cluster
 from planner.launchers import render_all
 from planner.launchers.common import ExportError
 from planner.launchers.megatron import parse_megatron_args
-from planner.model.spec import ModelSpec
+from planner.model.spec import PRESETS, ModelSpec
 from planner.search.engine import explain, search
 from planner.search.space import Pins, Request
 from planner.stack import LAUNCHER_STACKS, bundled_names, load_stack, with_overrides
@@ -107,8 +108,14 @@ def test_exports_carry_the_stack_and_refuse_another_launchers_stack():
     assert ("data_types" in config) is load_stack("deepspeed").fp32_accumulation(ds.parallel.zero)
     titan = search(Request(model=model, cluster=cluster, global_batch=16, top=1,
                            launcher="torchtitan", options=load_stack("torchtitan"))).plans[0]
+    # torchtitan builds only its own Llama 3 flavors: check the stack's keys on the same plan
+    # with llama3-8b's layers (an even split over the same stages)
+    n, k = len(PRESETS["llama3-8b"].layers), len(titan.stages)
+    titan = replace(titan, model=PRESETS["llama3-8b"], stages=tuple(
+        replace(s, first=i * n // k, last=(i + 1) * n // k) for i, s in enumerate(titan.stages)))
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    toml = tomllib.loads(render_all(titan, ["torchtitan"])["torchtitan.toml"])
+    toml = tomllib.loads(render_all(titan, ["torchtitan"],
+                                    torchtitan_version="0.2")["torchtitan.toml"])
     assert toml["parallelism"]["tensor_parallel_degree"] == titan.parallel.tp
     assert toml["parallelism"]["pipeline_parallel_degree"] == titan.parallel.pp
     assert toml["training"]["mixed_precision_reduce"] == "float32"  # fp32 gradients, as priced

@@ -26,22 +26,30 @@ PARALLEL = {
     "sequence_parallel": Bool(),
 }
 
-STAGE = {
+# The plan formats `--plan` reads: v1 (``plan solve --json``, plan.json before v2) gives each
+# stage's full backward ``bwd_s`` and its weight part ``wgrad_s``; v2 (plan.json) gives the two
+# parts, ``bwd_input_s`` and ``bwd_weight_s``.
+PLAN_SCHEMAS = ("plan3d/plan/v1", "plan3d/plan/v2")
+
+_STAGE_COMMON = {
     "stage": Int(0, MAX_CHUNKS),
     "rank": Int(0, MAX_CHUNKS),
     "layers": Free(),
     "recompute": Text(),
     "time_s": Num(0, MAX_SECONDS),
     "fwd_s": Num(0, MAX_SECONDS, required=True),
-    "bwd_s": Num(0, MAX_SECONDS, required=True),
-    "wgrad_s": Num(0, MAX_SECONDS, required=True),
     "send_s": Num(0, MAX_SECONDS),
     "memory_bytes": Num(0, 2**60),
 }
+STAGE = {"plan3d/plan/v1": {**_STAGE_COMMON, "bwd_s": Num(0, MAX_SECONDS, required=True),
+                            "wgrad_s": Num(0, MAX_SECONDS, required=True)},
+         "plan3d/plan/v2": {**_STAGE_COMMON, "bwd_input_s": Num(0, MAX_SECONDS, required=True),
+                            "bwd_weight_s": Num(0, MAX_SECONDS, required=True)}}
 
 
-def check_plan_document(doc, origin: str) -> tuple[dict, list[dict]]:
-    """(parallel, stages) of a plan JSON, or of the best plan of ``plan solve --json`` output."""
+def check_plan_document(doc, origin: str) -> tuple[str, dict, list[dict]]:
+    """(schema, parallel, stages) of a plan JSON, or of the best plan of ``plan solve --json``
+    output."""
     if isinstance(doc, dict) and "plans" in doc:
         plans = doc["plans"]
         if not isinstance(plans, list) or not plans:
@@ -55,6 +63,10 @@ def check_plan_document(doc, origin: str) -> tuple[dict, list[dict]]:
     if not isinstance(schema, str) or not schema.startswith("plan3d/plan/"):
         raise PlanInputError(f"{origin}: not a plan3d plan JSON (its 'schema' is not "
                              "plan3d/plan/...); write one with plan solve --export json --out DIR")
+    if schema not in PLAN_SCHEMAS:
+        raise PlanInputError(f"{origin}: plan schema {schema!r} is not one this plan3d reads "
+                             f"({', '.join(PLAN_SCHEMAS)}); export the plan again with "
+                             "plan solve --export json")
     for key in ("parallel", "stages"):
         if key not in doc:
             raise PlanInputError(f"{origin}: missing '{key}'; write the plan again with "
@@ -66,9 +78,9 @@ def check_plan_document(doc, origin: str) -> tuple[dict, list[dict]]:
         raise PlanInputError(f"{origin}: pp x virtual_stages = {chunks} chunks; at most "
                              f"{MAX_CHUNKS}")
     stages = check_list(doc["stages"], f"{origin}: 'stages'", "stage objects", MAX_CHUNKS)
-    checked = [check_object(s, STAGE, f"{origin}: stages[{i}]", "plan stage", tolerant=True)
+    checked = [check_object(s, STAGE[schema], f"{origin}: stages[{i}]", "plan stage", tolerant=True)
                for i, s in enumerate(stages)]
     if len(checked) != chunks:
         raise PlanInputError(f"{origin}: {len(checked)} stages, but pp x virtual_stages = "
                              f"{chunks}; the plan is inconsistent")
-    return par, checked
+    return schema, par, checked

@@ -79,16 +79,24 @@ def stack_problems(plan: Plan, target: str) -> list[str]:
             f"--launcher {target} (or --stack with a {target} stack) and export that plan"]
 
 
-def render_all(plan: Plan, targets: list[str]) -> dict[str, str]:
+def render_all(plan: Plan, targets: list[str],
+               torchtitan_version: str = torchtitan.DEFAULT_VERSION) -> dict[str, str]:
     """Check every target, then render: {filename: text}. Raises ExportError on a broken rule."""
+    targets = list(dict.fromkeys(targets))
+    for target in targets:
+        _exporter(target)
+    clash = torchrun.conflicts(targets)
+    if clash:
+        raise ExportError(f"cannot export for torchrun: {clash}")
     files: dict[str, str] = {}
-    for target in dict.fromkeys(targets):
+    for target in targets:
         module = _exporter(target)
-        problems = stack_problems(plan, target) + module.check(plan)
+        version = (torchtitan_version,) if target == "torchtitan" else ()
+        problems = stack_problems(plan, target) + module.check(plan, *version)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ExportError(f"cannot export for {target}: {problems[0]}{more}")
-        files.update(module.render(plan))
+        files.update(module.render(plan, *version))
     return files
 
 
@@ -105,11 +113,11 @@ def parse_targets(text: str | None) -> list[str]:
     return list(dict.fromkeys(targets))
 
 
-def export_plan(plan: Plan, targets: list[str], out_dir: str | Path,
-                force: bool = False) -> list[Path]:
+def export_plan(plan: Plan, targets: list[str], out_dir: str | Path, force: bool = False,
+                torchtitan_version: str = torchtitan.DEFAULT_VERSION) -> list[Path]:
     """Write the files of every target into ``out_dir`` as one set, all or nothing, one writer
     at a time (core/fileset.py); returns their paths in write order."""
-    files = render_all(plan, targets)
+    files = render_all(plan, targets, torchtitan_version)
     return write_set(out_dir, [OutFile(name, text, Path(name).suffix in (".sh", ".sbatch"))
                                for name, text in files.items()],
                      force=force, tag=plan_digest(plan))

@@ -211,6 +211,17 @@ def render(plan: Plan) -> dict[str, str]:
     return {FILENAME: "".join(lines)}
 
 
+
+def entry(plan: Plan) -> dict:
+    """plan.json's ``engines.megatron``: the layout string, or the rule the plan breaks."""
+    problems = check(plan)
+    if problems:
+        return {"target": TARGET, "supported": False, "rule": problems[0]}
+    return {"target": TARGET, "supported": True,
+            "pipeline_model_parallel_layout": layout_string(plan),
+            "split_flags": [flag if value is None else f"{flag} {value}"
+                            for flag, value in pipeline_flags(plan)]}
+
 # --- parsing back ---------------------------------------------------------------------------------
 
 def _tokens(text: str) -> list[str]:

@@ -5,10 +5,12 @@ Targets torchrun from PyTorch 2.1+ (``--nnodes --nproc-per-node --node-rank --rd
 agents agree on node order themselves; every node still gets a contiguous block of
 ``nproc-per-node`` ranks, which is all the node-local TP layout needs.
 
-The training command is the user's: ``TRAIN_SCRIPT`` (default by what was exported beside it:
-``pretrain_gpt.py`` with megatron_args.sh, ``-m torchtitan.train`` with torchtitan.toml, else
-``train.py``) followed by ``TRAIN_ARGS``; the Megatron arguments and torchtitan config found next
-to launch.sh are appended.
+The entry point is chosen by what was exported beside launch.sh: ``pretrain_gpt.py`` with
+megatron_args.sh, ``-m torchtitan.train`` with torchtitan_args.sh (0.3.0) or torchtitan.toml
+(0.2.x), else ``train.py``; ``TRAIN_ARGS`` (data, tokenizer, checkpoints) follow. The framework's
+arguments go only to the framework's own entry point: with ``TRAIN_SCRIPT`` set (your own
+script) none are passed, and launch.sh refuses to start when both frameworks' files are beside
+it (one exporter run refuses to write both, see :func:`conflicts`).
 """
 
 from __future__ import annotations
@@ -17,10 +19,19 @@ from planner.launchers.common import Facts, header, structure_problems
 from planner.launchers.quoting import sh_token
 from planner.predict.plan import Plan
 
-TARGET = "torchrun (PyTorch 2.1+) with c10d rendezvous"
+TARGET = "torchrun (PyTorch 2.1+, checked with 2.13) with c10d rendezvous"
 NAME = "torchrun"
 SBATCH_TARGET = "Slurm 21.08+ sbatch (one task per node running launch.sh)"
 DEFAULT_PORT = 29500
+
+
+def conflicts(targets: list[str]) -> str | None:
+    """Why these targets cannot be exported together, if they cannot: launch.sh runs one
+    framework's entry point."""
+    if "torchrun" in targets and "megatron" in targets and "torchtitan" in targets:
+        return ("launch.sh runs one framework's entry point; export it with megatron or with "
+                "torchtitan, not both")
+    return None
 
 
 def check(plan: Plan) -> list[str]:
@@ -50,25 +61,41 @@ def _launch(plan: Plan) -> str:
         f'MASTER_PORT="${{MASTER_PORT:-{DEFAULT_PORT}}}"\n'
         'RDZV_ID="${RDZV_ID:-${SLURM_JOB_ID:-plan3d}}"\n'
         + tp_env
-        + "\nEXTRA_ARGS=()\n"
-        'if [[ -f "$HERE/megatron_args.sh" ]]; then\n'
-        '  source "$HERE/megatron_args.sh"\n'
-        '  EXTRA_ARGS+=("${MEGATRON_ARGS[@]}")\n'
-        '  DEFAULT_SCRIPT="pretrain_gpt.py"\n'
-        'elif [[ -f "$HERE/torchtitan.toml" ]]; then\n'
-        '  EXTRA_ARGS+=(--job.config_file "$HERE/torchtitan.toml")\n'
-        '  DEFAULT_SCRIPT="-m torchtitan.train"\n'
-        "else\n"
-        '  DEFAULT_SCRIPT="train.py"\n'
+        + "\n# The framework's arguments go only to its own entry point (TRAIN_SCRIPT unset).\n"
+        'FRAMEWORKS=()\n'
+        '[[ -f "$HERE/megatron_args.sh" ]] && FRAMEWORKS+=(megatron_args.sh)\n'
+        '[[ -f "$HERE/torchtitan_args.sh" ]] && FRAMEWORKS+=(torchtitan_args.sh)\n'
+        '[[ -f "$HERE/torchtitan.toml" ]] && FRAMEWORKS+=(torchtitan.toml)\n'
+        'if (( ${#FRAMEWORKS[@]} > 1 )); then\n'
+        '  echo "launch.sh: ${FRAMEWORKS[*]} are all here; keep one framework\'s file" >&2\n'
+        "  exit 2\n"
         "fi\n"
-        "# TRAIN_SCRIPT: your entry point; TRAIN_ARGS: data, tokenizer, optimizer, checkpoints.\n"
-        'read -r -a SCRIPT <<< "${TRAIN_SCRIPT:-$DEFAULT_SCRIPT}"\n'
+        "FRAMEWORK_ARGS=()\n"
+        "FRAMEWORK_TAIL=()\n"
+        'if [[ -n "${TRAIN_SCRIPT:-}" ]]; then\n'
+        '  read -r -a SCRIPT <<< "$TRAIN_SCRIPT"  # your entry point: pass your own arguments\n'
+        'elif [[ -f "$HERE/megatron_args.sh" ]]; then\n'
+        '  source "$HERE/megatron_args.sh"\n'
+        "  SCRIPT=(pretrain_gpt.py)\n"
+        '  FRAMEWORK_ARGS=("${MEGATRON_ARGS[@]}")\n'
+        'elif [[ -f "$HERE/torchtitan_args.sh" ]]; then\n'
+        '  source "$HERE/torchtitan_args.sh"\n'
+        "  SCRIPT=(-m torchtitan.train)\n"
+        '  FRAMEWORK_ARGS=("${TORCHTITAN_ARGS[@]}")\n'
+        '  FRAMEWORK_TAIL=("${TORCHTITAN_TAIL[@]}")  # tyro subcommand: last\n'
+        'elif [[ -f "$HERE/torchtitan.toml" ]]; then\n'
+        "  SCRIPT=(-m torchtitan.train)\n"
+        '  FRAMEWORK_ARGS=(--job.config_file "$HERE/torchtitan.toml")\n'
+        "else\n"
+        "  SCRIPT=(train.py)\n"
+        "fi\n"
+        "# TRAIN_ARGS: data, tokenizer, optimizer, checkpoints.\n"
         'read -r -a USER_ARGS <<< "${TRAIN_ARGS:-}"\n\n'
         'exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" '
         '--node-rank "$NODE_RANK" \\\n'
         '  --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$RDZV_ID" '
         "\\\n"
-        '  "${SCRIPT[@]}" "${EXTRA_ARGS[@]}" "${USER_ARGS[@]}"\n')
+        '  "${SCRIPT[@]}" "${FRAMEWORK_ARGS[@]}" "${USER_ARGS[@]}" "${FRAMEWORK_TAIL[@]}"\n')
 
 
 def _sbatch(plan: Plan) -> str:

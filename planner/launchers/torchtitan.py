@@ -1,116 +1,269 @@
-"""torchtitan: ``torchtitan.toml`` job config (TOML-config releases, e.g. v0.1/v0.2).
+"""torchtitan: launch arguments for torchtitan 0.3.0 (``torchtitan_args.sh``), or a TOML job config
+for torchtitan 0.2.x (``torchtitan.toml``), chosen by ``--torchtitan-version``.
 
-Field names checked against ``torchtitan/config/job_config.py`` (dataclasses Parallelism,
-Training, ActivationCheckpoint) and ``torchtitan/distributed/pipeline.py``:
-``[parallelism] tensor_parallel_degree, pipeline_parallel_degree, data_parallel_shard_degree,
-data_parallel_replicate_degree, pipeline_parallel_schedule, pipeline_parallel_microbatch_size,
-pipeline_parallel_split_points`` (module names where each stage after the first begins, e.g.
-"layers.4"); ``[training] local_batch_size, global_batch_size, seq_len``;
-``[activation_checkpoint] mode``. Schedule names are those of
-``torch.distributed.pipelining.schedules.get_schedule_class``.
+torchtitan 0.3.0 reads no TOML (``torchtitan/config/manager.py``: ``--module`` and ``--config``
+pick a function of ``torchtitan/models/<module>/config_registry.py``, then tyro parses
+``--<section>.<field> value`` overrides; a ``list[str]`` field takes one comma-separated token, so
+``module_fqns_per_model_part`` takes one token per model part; the activation-checkpoint policy
+is a tyro subcommand, ``activation-checkpoint:{none,selective,full}``, given last; with pp > 1 its
+trainer raises unless ``--training.disable_cuda_graphs`` is set). The output projection is
+``lm_head``. torchtitan 0.2.0-0.2.2 read ``--job.config_file`` TOML
+(``torchtitan/config/job_config.py``): ``[model] name, flavor``, ``[parallelism]
+module_fqns_per_model_part`` (a list of lists; ``pipeline_parallel_split_points`` is gone), and
+name the output projection ``output``. Both were checked by parsing the exported arguments with
+each release's ConfigManager (see tests/test_torchtitan_export.py).
 
-Mapping notes: torchtitan's TP always shards norms/dropout along the sequence (sequence parallel
-is implied by tp > 1); DDP (replicate) composes with no other parallelism, so data parallelism
-with TP or PP is FSDP2 (shard) -- ZeRO-3 keeps the default resharding, ZeRO-0/1/2 use
-``fsdp_reshard_after_forward = "never"`` (parameters stay gathered from forward to backward, the
-ZeRO-2-like setting; it stores no more than the plan counted). ZB-H1 has no single-stage schedule
-in torch.distributed.pipelining; the closest is "InterleavedZeroBubble".
+Rules, each refused with its reason:
+- the model must be one of the release's Llama 3 configs (shapes below); torchtitan builds its
+  own model, so any other shape would train a different model than the one planned;
+- ZeRO maps onto FSDP2's ``reshard_after_forward`` (``torchtitan/distributed/fsdp.py``):
+  ZeRO-3 -> "always", ZeRO-2 -> "never" (parameters stay gathered from forward to backward;
+  gradients and optimizer state sharded). FSDP2 always shards gradients with the optimizer state,
+  so ZeRO-1 has no equivalent; ZeRO-0 is replication (``data_parallel_replicate_degree``), which
+  0.2.x runs only as 1-D DDP ("DDP has not supported > 1D parallelism" in parallelize.py);
+- schedules are ``torch.distributed.pipelining``'s; a multi-stage class (interleaved, zero
+  bubble) needs at least 2 stages per rank in torchtitan, and torch has no single-stage
+  zero-bubble class, so a one-stage-per-rank ZB-H1 plan is refused here (torch itself runs it;
+  see plan.json's ``engines.torch_pipelining``).
 """
 
 from __future__ import annotations
 
-from planner.launchers.common import (Facts, header, is_standard_gpt, schedule_basics,
-                                   strongest_recompute, structure_problems, tp_divisibility)
-from planner.launchers.quoting import comment, toml_list, toml_str
+from dataclasses import dataclass
+
+from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
+from planner.launchers.common import (ExportError, Facts, header, is_standard_gpt, schedule_basics,
+                                      strongest_recompute, structure_problems, tp_divisibility)
+from planner.launchers.quoting import comment, sh_word, toml_str
+from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 
-TARGET = "torchtitan v0.1+ TOML job config (torchrun -m torchtitan.train --job.config_file)"
 NAME = "torchtitan"
-SCHEDULES = {"gpipe": "GPipe", "1f1b": "1F1B", "interleaved": "Interleaved1F1B",
-             "zb-h1": "InterleavedZeroBubble"}
-FLAVORS = {"llama3-8b": ("llama3", "8B"), "llama3-70b": ("llama3", "70B"),
-           "llama3-405b": ("llama3", "405B")}
+DEFAULT_VERSION = "0.3.0"
+VERSIONS = {"0.3.0": "0.3.0", "0.3": "0.3.0", "0.2": "0.2.x", "0.2.x": "0.2.x",
+            "0.2.0": "0.2.x", "0.2.1": "0.2.x", "0.2.2": "0.2.x"}
+TARGETS = {
+    "0.3.0": "torchtitan 0.3.0 (torchrun -m torchtitan.train --module --config + overrides)",
+    "0.2.x": "torchtitan 0.2.0-0.2.2 TOML job config (torchrun -m torchtitan.train "
+             "--job.config_file)",
+}
+FILES = {"0.3.0": "torchtitan_args.sh", "0.2.x": "torchtitan.toml"}
+OUTPUT_MODULE = {"0.3.0": "lm_head", "0.2.x": "output"}
+RESHARD = {3: "always", 2: "never"}
 
 
-def parallel_rules(f: Facts) -> list[str]:
+@dataclass(frozen=True)
+class Flavor:
+    """A Llama 3 shape torchtitan ships: (blocks, hidden, heads, kv heads, FFN, vocabulary)."""
+
+    flavor: str
+    config: str  # the 0.3.0 config_registry function
+    shape: tuple[int, int, int, int, int, int]
+
+
+# torchtitan/models/llama3/__init__.py (0.2.x llama3_args, 0.3.0 _8b/_70b/_405b): dim, n_layers,
+# n_heads, n_kv_heads, vocab 128256, FFN = compute_ffn_hidden_dim(dim, multiple_of, multiplier):
+# 8B 1024/1.3 -> 14336, 70B 4096/1.3 -> 28672, 405B 4096/1.2 -> 53248. All SwiGLU, RMSNorm, RoPE,
+# no biases, untied. (0.3.0's 1B and 3B flavors have no config function, so --config cannot
+# name them.)
+FLAVORS = (
+    Flavor("8B", "llama3_8b", (32, 4096, 32, 8, 14336, 128256)),
+    Flavor("70B", "llama3_70b", (80, 8192, 64, 8, 28672, 128256)),
+    Flavor("405B", "llama3_405b", (126, 16384, 128, 8, 53248, 128256)),
+)
+
+
+def version_key(version: str) -> str:
+    try:
+        return VERSIONS[version.strip().lower().removeprefix("v")]
+    except KeyError:
+        raise ExportError(f"{NAME}: unknown --torchtitan-version {version!r}; choose 0.3.0 or "
+                          "0.2 (0.2.0-0.2.2)") from None
+
+
+def flavor(model: ModelSpec) -> Flavor | None:
+    """The torchtitan Llama 3 flavor with exactly this model's shape, if any."""
+    if (model.mlp, model.norm, model.bias, model.tie_embeddings, model.position_embeddings) != \
+            ("swiglu", "rmsnorm", False, False, 0):
+        return None
+    shape = (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_kv_heads,
+             model.ffn_hidden_size, model.vocab_size)
+    return next((f for f in FLAVORS if f.shape == shape), None)
+
+
+def parallel_rules(f: Facts, version: str = DEFAULT_VERSION) -> list[str]:
     """torchtitan's rules; it pads nothing, so the vocabulary must split evenly over TP too."""
+    key = version_key(version)
     out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, f.vocab, NAME)
     out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
-    if f.pp > 1 and f.schedule not in SCHEDULES:
-        out.append(f"{NAME}: no pipeline schedule for '{f.schedule}'")
-    if f.pp > 1 and f.num_blocks is not None and f.pp * f.virtual_stages > f.num_blocks + 1:
-        out.append(f"{NAME}: {f.pp * f.virtual_stages} stages need that many split points among "
-                   f"{f.num_blocks} blocks")
+    if f.pp > 1:
+        out += schedule_rules(f, NAME)
+        if f.schedule in ("interleaved", "zb-h1") and f.virtual_stages < 2:
+            out.append(f"{NAME}: {f.schedule} runs a multi-stage schedule class, which torchtitan "
+                       f"allows with at least 2 stages per rank (virtual_stages={f.virtual_stages}"
+                       "); torch has no single-stage zero-bubble class")
+    if f.dp > 1:
+        if f.zero == 1:
+            out.append(f"{NAME}: FSDP2 shards gradients together with the optimizer state, so "
+                       "there is no ZeRO-1; plan with --zero 2 (reshard never) or --zero 0 "
+                       "(replicate)")
+        if f.zero == 0 and key == "0.2.x" and (f.tp > 1 or f.pp > 1):
+            out.append(f"{NAME} 0.2.x: ZeRO-0 is DDP, which it runs only without TP or PP "
+                       "(\"DDP has not supported > 1D parallelism\"); plan with --zero 2 or 3")
     return out
 
 
-def check(plan: Plan) -> list[str]:
+def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     par, m = plan.parallel, plan.model
-    out = structure_problems(plan) + parallel_rules(Facts.of(par, m))
+    out = structure_problems(plan) + parallel_rules(Facts.of(par, m), version)
+    stack = plan.stack
+    if stack is not None and stack.param_dtype != "bf16":
+        out.append(f"{NAME}: training.mixed_precision_param is bfloat16 or float32; the plan's "
+                   f"{stack.name} stack computes in {stack.param_dtype}")
+    if stack is not None and stack.grad_dtype != "fp32":
+        out.append(f"{NAME}: training.mixed_precision_reduce is float32 only; the plan's "
+                   f"{stack.name} stack reduces gradients in {stack.grad_dtype}")
     if not is_standard_gpt(plan):
-        out.append(f"{NAME}: split points name tok_embeddings / layers.i / norm + output; this "
-                   "model has other layer kinds")
+        out.append(f"{NAME}: model parts name tok_embeddings / layers.i / norm + the output; "
+                   "this model has other layer kinds")
+    elif flavor(m) is None:
+        out.append(f"{NAME}: no Llama 3 flavor has this model's shape ({m.num_layers} blocks, "
+                   f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.num_kv_heads} KV, "
+                   f"FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}); torchtitan builds only "
+                   f"{', '.join(f.flavor for f in FLAVORS)}")
     return out
 
 
-def split_points(plan: Plan) -> list[str]:
-    """Module where each stage after the first begins: "layers.{i}" or "norm" (head-only)."""
-    layers = plan.model.layers
-    points = []
-    for s in plan.stages[1:]:
-        kind = layers[s.first].kind
-        points.append("norm" if kind == "head" else f"layers.{s.first - 1}")
-    return points
+def module_fqns_per_model_part(plan: Plan, version: str = DEFAULT_VERSION) -> list[list[str]]:
+    """The modules of each model chunk, in stage order (torchtitan's Llama names)."""
+    output = OUTPUT_MODULE[version_key(version)]
+    n = len(plan.model.layers)
+    parts = []
+    for s in plan.stages:
+        names = []
+        for i in range(s.first, s.last):
+            if i == 0:
+                names.append("tok_embeddings")
+            elif i == n - 1:
+                names += ["norm", output]
+            else:
+                names.append(f"layers.{i - 1}")
+        parts.append(names)
+    return parts
 
 
-def _stack_training_keys(plan: Plan) -> list[str]:
-    """The gradient reduction dtype the plan's stack priced (FSDP2's reduce dtype)."""
-    if plan.stack is None:
-        return []
-    reduce = "float32" if plan.stack.grad_dtype == "fp32" else "bfloat16"
-    return [f"mixed_precision_reduce = {toml_str(reduce)}\n"]
-
-
-def render(plan: Plan) -> dict[str, str]:
+def _settings(plan: Plan, key: str) -> dict:
+    """The values both formats set, by torchtitan section and field. The local batch is one
+    pipeline step (split into microbatches) with pp > 1; without a pipeline it is one microbatch
+    and global_batch_size > local * dp makes torchtitan accumulate gradients."""
     par, m = plan.parallel, plan.model
-    shard = par.zero >= 3 or par.tp > 1 or par.pp > 1
-    local_batch = par.micro_batch * par.num_microbatches if par.pp > 1 else par.micro_batch
-    model_name, flavor = FLAVORS.get(m.name, ("llama3", "SET-ME"))
-    recompute = strongest_recompute(plan)
-    lines = [header(plan, TARGET)]
-    lines.append(f"# Model: {comment(m.name)}, {m.num_layers} blocks, hidden {m.hidden_size}, "
-                 f"{m.num_attention_heads} heads ({m.num_kv_heads} KV), FFN {m.ffn_hidden_size}.\n")
-    if par.tp > 1 and not par.sequence_parallel:
-        lines.append("# Note: torchtitan's TP implies sequence parallelism (less activation "
-                     "memory than this plan counted).\n")
-    lines += ["\n[model]\n", f"name = {toml_str(model_name)}\n",
-              f"flavor = {toml_str(flavor)}" + ("  # pick the flavor matching the model above"
-                                        if flavor == "SET-ME" else "") + "\n",
-              "\n[training]\n",
-              f"local_batch_size = {local_batch}\n",
-              f"global_batch_size = {par.global_batch}"
-              + ("  # > local_batch_size*dp: gradient accumulation over the microbatches"
-                 if par.pp == 1 and par.num_microbatches > 1 else "") + "\n",
-              f"seq_len = {m.seq_length}\n",
-              'mixed_precision_param = "bfloat16"\n',
-              *_stack_training_keys(plan),
-              "\n[parallelism]\n",
-              f"tensor_parallel_degree = {par.tp}\n",
-              f"pipeline_parallel_degree = {par.pp}\n",
-              f"data_parallel_shard_degree = {par.dp if shard else 1}\n",
-              f"data_parallel_replicate_degree = {1 if shard else par.dp}\n"]
-    if shard and par.zero < 3 and par.dp > 1:
-        lines.append(f'fsdp_reshard_after_forward = "never"  # ZeRO-{par.zero} plan: keep '
-                     "parameters gathered between forward and backward\n")
+    shard = par.dp if par.zero >= 2 else 1
+    local = par.micro_batch * par.num_microbatches if par.pp > 1 else par.micro_batch
+    settings = {
+        "training": {"local_batch_size": local,
+                     "global_batch_size": par.global_batch, "seq_len": m.seq_length,
+                     "mixed_precision_param": "bfloat16"},  # check() refuses other stacks
+        "parallelism": {"tensor_parallel_degree": par.tp, "pipeline_parallel_degree": par.pp,
+                        "data_parallel_shard_degree": shard,
+                        "data_parallel_replicate_degree": par.dp // shard},
+    }
+    if plan.stack is not None:  # the gradient reduction the stack priced (FSDP2's reduce dtype)
+        settings["training"]["mixed_precision_reduce"] = "float32"
+    if par.pp > 1 and key == "0.3.0":  # trainer.py: "CUDA graphs do not support pipeline
+        settings["training"]["disable_cuda_graphs"] = True  # parallelism yet"
+    p = settings["parallelism"]
+    if par.tp > 1 and key == "0.3.0":  # 0.2.x always shards norms along the sequence under TP
+        p["enable_sequence_parallel"] = par.sequence_parallel
+    if par.dp > 1 and par.zero >= 2:
+        p["fsdp_reshard_after_forward"] = RESHARD[par.zero]
     if par.pp > 1:
-        sched = SCHEDULES.get(par.schedule, par.schedule)
-        note = "  # closest to ZB-H1 available" if par.schedule == "zb-h1" else ""
-        lines += [f"pipeline_parallel_schedule = {toml_str(sched)}{note}\n",
-                  f"pipeline_parallel_microbatch_size = {par.micro_batch}\n",
-                  f"pipeline_parallel_split_points = {toml_list(split_points(plan))}\n"]
-    lines += ["\n[activation_checkpoint]\n", f"mode = {toml_str(recompute)}\n"]
+        p["pipeline_parallel_schedule"] = TORCH_SCHEDULES[par.schedule][1]
+        p["pipeline_parallel_microbatch_size"] = par.micro_batch
     if plan.stack is not None:  # eager element-wise kernels unless the stack compiled them
-        lines += ["\n[compile]\n", f"enable = {str(plan.stack.fused_elementwise).lower()}\n"]
+        settings["compile"] = {"enable": plan.stack.fused_elementwise}
+    return settings
+
+
+def entry(plan: Plan, version: str = DEFAULT_VERSION) -> dict:
+    """plan.json's ``engines.torchtitan``: the names it takes, or the rule the plan breaks."""
+    key = version_key(version)
+    problems = check(plan, version)
+    if problems:
+        return {"target": TARGETS[key], "supported": False, "rule": problems[0]}
+    f = flavor(plan.model)
+    settings = _settings(plan, key)
+    out = {"target": TARGETS[key], "supported": True, "module": "llama3", "config": f.config,
+           "flavor": f.flavor, **settings["parallelism"]}
+    if "compile" in settings:
+        out["compile"] = settings["compile"]["enable"]
+    if plan.parallel.pp > 1:
+        out["module_fqns_per_model_part"] = module_fqns_per_model_part(plan, version)
+    return out
+
+
+def _args_sh(plan: Plan) -> str:
+    f = flavor(plan.model)
+    words = [("--module", "llama3"), ("--config", f.config)]
+    for section, values in _settings(plan, "0.3.0").items():
+        for field, value in values.items():
+            if isinstance(value, bool):
+                words.append((f"--{section}.{'' if value else 'no_'}{field}", None))
+            else:
+                words.append((f"--{section}.{field}", str(value)))
+    if plan.parallel.pp > 1:
+        parts = module_fqns_per_model_part(plan, "0.3.0")
+        words.append(("--parallelism.module_fqns_per_model_part",
+                       " ".join(sh_word(",".join(p)) for p in parts)))
+    lines = [header(plan, TARGETS["0.3.0"]),
+             "# Source this file and run, on every node (launch.sh does):\n"
+             "#   torchrun ... -m torchtitan.train \"${TORCHTITAN_ARGS[@]}\" [your overrides] "
+             "\"${TORCHTITAN_TAIL[@]}\"\n"
+             "# TORCHTITAN_TAIL is tyro's activation-checkpoint subcommand, which must come last.\n",
+             f"# Model: torchtitan llama3 flavor {f.flavor} ({comment(plan.model.name)}).\n",
+             "TORCHTITAN_ARGS=(\n"]
+    for flag, value in words:
+        if flag == "--parallelism.module_fqns_per_model_part":  # one word per part, quoted
+            lines.append(f"  {flag} {value}\n")
+        else:
+            lines.append(f"  {flag}" + (f" {sh_word(value)}" if value is not None else "")
+                         + "\n")
+    lines += [")\n", f"TORCHTITAN_TAIL=(activation-checkpoint:{strongest_recompute(plan)})\n"]
+    return "".join(lines)
+
+
+def _toml_value(value) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    return toml_str(value)
+
+
+def _toml(plan: Plan) -> str:
+    f = flavor(plan.model)
+    lines = [header(plan, TARGETS["0.2.x"])]
+    if plan.parallel.tp > 1 and not plan.parallel.sequence_parallel:
+        lines.append("# Note: torchtitan 0.2.x's TP implies sequence parallelism (less activation "
+                     "memory than this plan counted).\n")
+    lines += ["\n[model]\n", 'name = "llama3"\n',
+              f"flavor = {toml_str(f.flavor)}  # {comment(plan.model.name)}\n"]
+    for section, values in _settings(plan, "0.2.x").items():
+        lines.append(f"\n[{section}]\n")
+        lines += [f"{field} = {_toml_value(value)}\n" for field, value in values.items()]
+        if section == "parallelism" and plan.parallel.pp > 1:
+            lines.append("module_fqns_per_model_part = "
+                         f"{_toml_value(module_fqns_per_model_part(plan, '0.2.x'))}\n")
+    recompute = strongest_recompute(plan)
+    lines += ["\n[activation_checkpoint]\n", f"mode = {toml_str(recompute)}\n"]
     if recompute == "selective":
         lines.append('selective_ac_option = "op"\n')
-    return {"torchtitan.toml": "".join(lines)}
+    return "".join(lines)
+
+
+def render(plan: Plan, version: str = DEFAULT_VERSION) -> dict[str, str]:
+    key = version_key(version)
+    if key == "0.3.0":
+        return {FILES[key]: _args_sh(plan)}
+    return {FILES[key]: _toml(plan)}

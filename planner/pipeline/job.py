@@ -86,16 +86,24 @@ def _times(text: str, chunks: int) -> tuple[float, ...]:
     return values
 
 
+def _backward(stage: dict, schema: str) -> tuple[float, float]:
+    """(full backward, weight-gradient part) of one stage entry."""
+    if schema == "plan3d/plan/v2":
+        return stage["bwd_input_s"] + stage["bwd_weight_s"], stage["bwd_weight_s"]
+    return stage["bwd_s"], stage["wgrad_s"]
+
+
 def _from_plan(path: Path) -> SimulationJob:
     doc = read_json(path, "plan file", "write one with plan solve --export json --out DIR")
     problem = verify_set(path.parent) if path.name == "plan.json" else None
     if problem:  # an export set cut short or mixed: its plan.json may not be the launch files'
         raise PlanInputError(problem)
-    par, stages = check_plan_document(doc, str(path))  # types, ranges: core/plan_schema.py
+    schema, par, stages = check_plan_document(doc, str(path))  # types, ranges: core/plan_schema.py
+    backward = [_backward(s, schema) for s in stages]
     return SimulationJob(
         schedule=par["schedule"], p=par["pp"], m=par["num_microbatches"],
         v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
-        bwd_s=tuple(s["bwd_s"] for s in stages), wgrad_s=tuple(s["wgrad_s"] for s in stages),
+        bwd_s=tuple(b for b, _ in backward), wgrad_s=tuple(w for _, w in backward),
         comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]))
 
 

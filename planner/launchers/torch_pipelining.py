@@ -1,0 +1,64 @@
+"""``torch.distributed.pipelining``: the schedule class, stage placement and microbatching a plan
+runs with (torch 2.13; checked in ``torch/distributed/pipelining/schedules.py``).
+
+Schedule classes: ``ScheduleGPipe`` and ``Schedule1F1B`` are ``PipelineScheduleSingle`` (exactly
+one stage per rank); ``ScheduleInterleaved1F1B`` and ``ScheduleInterleavedZeroBubble`` are
+``_PipelineScheduleRuntime`` classes that take a list of stages. torch has no single-stage
+zero-bubble class: a one-stage-per-rank ZB-H1 plan runs ``ScheduleInterleavedZeroBubble`` with a
+one-element stage list (its ZB1P order with v = 1 is ZB-H1); the round-trip test runs it so.
+Both runtime classes split the microbatches into ``rounds = max(1, n_microbatches // pp)`` and
+raise ValueError unless ``n_microbatches % rounds == 0``. Stage s runs on rank ``s mod pp`` (the
+"loop" style; ``get_schedule_class`` names are what torchtitan's ``pipeline_parallel_schedule``
+takes).
+"""
+
+from __future__ import annotations
+
+from planner.launchers.common import Facts, schedule_basics, structure_problems
+from planner.predict.plan import Plan
+
+TARGET = "torch.distributed.pipelining (torch 2.13)"
+NAME = "torch.distributed.pipelining"
+# plan3d schedule -> (class in torch.distributed.pipelining.schedules, get_schedule_class name)
+SCHEDULES = {"gpipe": ("ScheduleGPipe", "GPipe"), "1f1b": ("Schedule1F1B", "1F1B"),
+             "interleaved": ("ScheduleInterleaved1F1B", "Interleaved1F1B"),
+             "zb-h1": ("ScheduleInterleavedZeroBubble", "InterleavedZeroBubble")}
+SINGLE_STAGE = ("gpipe", "1f1b")
+
+
+def schedule_rules(f: Facts, launcher: str = NAME) -> list[str]:
+    """The rules of torch's schedule classes, named for ``launcher`` (torchtitan uses them too)."""
+    if f.schedule not in SCHEDULES:
+        return [f"{launcher}: no torch.distributed.pipelining schedule for '{f.schedule}'"]
+    rounds = max(1, f.num_microbatches // f.pp)
+    if f.pp > 1 and f.schedule not in SINGLE_STAGE and f.num_microbatches % rounds:
+        return [f"{launcher}: {SCHEDULES[f.schedule][0]} needs microbatches "
+                f"({f.num_microbatches}) divisible by max(1, microbatches // pp) = {rounds}"]
+    return []
+
+
+def parallel_rules(f: Facts) -> list[str]:
+    return (schedule_basics(f.pp, f.schedule, f.virtual_stages, False, f.tp, NAME)
+            + schedule_rules(f))
+
+
+def check(plan: Plan) -> list[str]:
+    return structure_problems(plan) + parallel_rules(Facts.of(plan.parallel, plan.model))
+
+
+def stage_ids_per_rank(pp: int, num_stages: int) -> list[list[int]]:
+    """The "loop" placement: rank r holds stages r, r + pp, r + 2 pp, ..."""
+    return [list(range(r, num_stages, pp)) for r in range(pp)]
+
+
+def entry(plan: Plan) -> dict:
+    """What plan.json's ``engines.torch_pipelining`` holds: the names torch takes verbatim."""
+    problems = check(plan)
+    if problems:
+        return {"target": TARGET, "supported": False, "rule": problems[0]}
+    par = plan.parallel
+    cls, name = SCHEDULES[par.schedule]
+    return {"target": TARGET, "supported": True, "schedule_class": cls, "schedule_name": name,
+            "n_microbatches": par.num_microbatches, "microbatch_size": par.micro_batch,
+            "stages_per_rank": par.virtual_stages, "stage_to_rank": "loop",
+            "stage_ids_per_rank": stage_ids_per_rank(par.pp, len(plan.stages))}
