@@ -17,6 +17,7 @@ state; the timeline it returns is then the short run's, a compressed picture of 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
 from planner.pipeline import periodic
@@ -161,11 +162,13 @@ def _extrapolated(name, p, m, v, keep_timeline, **args) -> SimResult | None:
     return None
 
 
+@lru_cache(maxsize=64)
 def _steady_cut(name, p, v, short, group):
     """The short run's ops, labels, the last cut in its periodic part and the state's
-    components there, or None."""
+    components there, or None.  A function of the schedule's shape only, so memoised: the
+    planner simulates many configurations of the same shape."""
     ops = build_schedule(name, p, short, v)
-    labels = periodic.group_labels(ops, group, v)
+    labels = tuple(tuple(lab) for lab in periodic.group_labels(ops, group, v))
     keys = periodic.cut_keys(ops, labels, p, v, group)
     if keys is None:
         return None

@@ -12,18 +12,21 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
+import numpy as np
+
 from planner.cost import constants
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.predict.step import (CostTable, Stages, evaluate, even_split, layer_costs, predict,
-                              split_stages)
+                              split_stages, stage_transfer_s)
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.partition.problem import PartitionError
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
+from planner.search.bound import Bound, layer_times, step_bound
 from planner.search.space import (Pins, Request, enumerate_configs, launcher_rule, microbatches,
                            schedule_rule, tp_rule, validate_pins)
-from planner.predict.stages import allowed_modes, best_split
+from planner.predict.stages import allowed_modes, best_split, partition_problem
 
 __all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_configs",
            "validate_pins", "tp_rule"]
@@ -36,6 +39,7 @@ class SearchResult:
     screened: int
     elapsed_s: float
     notes: tuple[str, ...] = field(default=())
+    refined: int = 0  # configurations partitioned and simulated
 
 
 def capacity_bytes(cluster: Cluster) -> float:
@@ -62,6 +66,31 @@ class _Costs:
         self.tables: dict = {}
         self.stages: dict = {}
         self.simulations: dict = {}
+        self.bounds: dict = {}
+        self.layer_times: dict = {}
+        self.refinements = 0  # configurations refined
+        self.refined_groups = 0  # of them, distinct up to ZeRO
+
+    def bound(self, par: Parallel, with_memory: bool = False) -> Bound:
+        """A lower bound on the refined step time of ``par`` (planner/search/bound.py);
+        ``with_memory`` adds what memory forces, which costs building the partition problem."""
+        r = self.req
+        modes = allowed_modes(par, r.options, r.pins.recompute is not None)
+        key = (par, with_memory)
+        if key not in self.bounds:
+            times_key = (par.tp, par.sequence_parallel, par.micro_batch, modes)
+            if times_key not in self.layer_times:
+                self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
+            even = transfer = problem = None
+            if par.virtual_stages > 1:
+                even = self.even_stages(par)
+                transfer = np.array(stage_transfer_s(r.model, par, r.cluster, r.options))
+            elif with_memory:
+                problem = partition_problem(r.model, r.cluster, par, r.options,
+                                            {m: self.table(par, m) for m in modes})
+            self.bounds[key] = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
+                                          even, transfer, problem)
+        return self.bounds[key]
 
     def table(self, par: Parallel, mode: str) -> CostTable:
         key = (par.tp, par.sequence_parallel, par.micro_batch, mode)
@@ -83,6 +112,7 @@ class _Costs:
         """Partition (compute-balanced under memory) and simulate one configuration; a
         rejection reason when no split fits."""
         r = self.req
+        self.refinements += 1
         known = {m: self.table(par, m) for m in allowed_modes(par, r.options,
                                                                r.pins.recompute is not None)}
         try:
@@ -118,38 +148,82 @@ def search(req: Request, progress=None) -> SearchResult:
     if progress:
         progress(len(configs), len(configs))
     kept.sort(key=lambda item: item[0])
-    refined = []
-    for par in _best_groups([par for _, par in kept], max(req.refine, req.top)):
-        plan = costs.refined(par)
-        if isinstance(plan, str):
-            rejected[plan] += 1
-        elif plan.metrics.peak_memory_bytes > capacity:
-            rejected["memory (simulated in-flight)"] += 1
-        elif req.max_bubble is not None and plan.metrics.bubble_fraction > req.max_bubble:
-            rejected["bubble above limit"] += 1
-        else:
-            refined.append(plan)
+    refined, notes = _branch_and_bound(req, costs, [par for _, par in kept], rejected, capacity)
     if not refined:
         raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
     refined.sort(key=_plan_key)
     plans, hidden = _distinct_beyond_zero(refined)
+    if hidden:
+        notes.append(f"{hidden} plans that differ from a better one only in ZeRO stage are not "
+                     "shown")
     return SearchResult(plans=tuple(plans[: req.top]), rejected=dict(sorted(rejected.items())),
                         screened=len(configs), elapsed_s=time.perf_counter() - start,
-                        notes=(f"{hidden} plans that differ from a better one only in ZeRO stage "
-                               "are not shown",) if hidden else ())
+                        notes=tuple(notes), refined=costs.refinements)
 
 
-def _best_groups(ranked: list[Parallel], groups: int) -> list[Parallel]:
-    """The configurations of the ``groups`` best configurations-up-to-ZeRO, with every ZeRO
-    stage of each (refinement may reorder them: the simulated memory decides which fit)."""
-    chosen: dict = {}
+ORDER = "screen"
+
+
+def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rejected: Counter,
+                      capacity: float) -> tuple[list[Plan], list[str]]:
+    """Branch and bound over the screened configurations, each refined with every ZeRO stage
+    (the simulated memory decides which fit).  A configuration is skipped when its lower bound
+    (planner/search/bound.py) exceeds the ``top``-th best step refined so far: it cannot enter
+    the top list, so the top list is the one refining every screened configuration would give.
+    Candidates go best bound first (the screen, which charges every stage the configuration's
+    recompute, ranks poorly the ones the partition frees from it), so the search stops at the
+    first whose cheap bound exceeds the incumbent.  ``req.refine`` caps how many are refined;
+    hitting it is said in a note, since the guarantee is then lost."""
+    groups = [(min(costs.bound(par).cheap_s for par in variants), n, variants)
+              for n, variants in enumerate(_zero_groups(ranked))]
+    if ORDER == "bound":
+        groups.sort(key=lambda g: g[:2])
+    refined: list[Plan] = []
+    best_of_group: list[float] = []  # best refined step of each configuration-up-to-ZeRO
+    capped = 0
+    for cheap, _, variants in groups:
+        best = sorted(best_of_group)
+        incumbent = best[req.top - 1] if len(best) >= req.top else float("inf")
+        if cheap > incumbent:
+            if ORDER == "bound":
+                break  # every later candidate's bound is larger still
+            continue
+        alive = [par for par in variants if not costs.bound(par).exceeds(incumbent)
+                 and not costs.bound(par, with_memory=True).exceeds(incumbent)]
+        if not alive:
+            continue
+        if costs.refined_groups >= req.refine:
+            capped += 1
+            continue
+        costs.refined_groups += 1
+        steps = []
+        for par in alive:
+            plan = costs.refined(par)
+            if isinstance(plan, str):
+                rejected[plan] += 1
+            elif plan.metrics.peak_memory_bytes > capacity:
+                rejected["memory (simulated in-flight)"] += 1
+            elif req.max_bubble is not None and plan.metrics.bubble_fraction > req.max_bubble:
+                rejected["bubble above limit"] += 1
+            else:
+                refined.append(plan)
+                steps.append(plan.metrics.step_time_s)
+        if steps:
+            best_of_group.append(min(steps))
+    notes = []
+    if capped:
+        notes.append(f"refinement stopped at --refine {req.refine}: {capped} configurations "
+                     "whose lower bound does not rule them out were not refined, so a faster "
+                     "plan may exist (raise --refine)")
+    return refined, notes
+
+
+def _zero_groups(ranked: list[Parallel]) -> list[list[Parallel]]:
+    """The configurations grouped up to their ZeRO stage, groups in the order of their best."""
+    groups: dict = {}
     for par in ranked:
-        key = replace(par, zero=0)
-        if key in chosen:
-            chosen[key].append(par)
-        elif len(chosen) < groups:
-            chosen[key] = [par]
-    return [par for variants in chosen.values() for par in variants]
+        groups.setdefault(replace(par, zero=0), []).append(par)
+    return list(groups.values())
 
 
 def _distinct_beyond_zero(plans: list[Plan]) -> tuple[list[Plan], int]:
