@@ -103,8 +103,10 @@ def steady_cuts(short, longer, labels, keys: dict[int, tuple], group: int,
     renumbered by one group; (ii) leaves the state with the same components; (iii) frees on
     every rank the activations it stores (F stores, ``release`` frees)."""
     ok = None
-    for s, l, lab in zip(short, longer, labels):
-        moved = [Op(op.kind, op.microbatch + group, op.chunk, op.peer) for op in s]
+    for s_ops, l_ops, lab in zip(short, longer, labels):
+        s = [(op.kind, op.microbatch, op.chunk) for op in s_ops]
+        l = [(op.kind, op.microbatch, op.chunk) for op in l_ops]
+        moved = [(kind, mb + group, chunk) for kind, mb, chunk in s]
         prefix = 0  # longest common prefix of l and s
         while prefix < min(len(s), len(l)) and s[prefix] == l[prefix]:
             prefix += 1
@@ -113,11 +115,11 @@ def steady_cuts(short, longer, labels, keys: dict[int, tuple], group: int,
             suffix += 1
         start: dict[int, int] = {}
         balance: dict[int, dict[int, int]] = {}
-        for i, (op, x) in enumerate(zip(s, lab)):
+        for i, ((kind, _, chunk), x) in enumerate(zip(s, lab)):
             start.setdefault(x, i)
-            if op.kind in ("F", release):
+            if kind in ("F", release):
                 held = balance.setdefault(x, {})
-                held[op.chunk] = held.get(op.chunk, 0) + (1 if op.kind == "F" else -1)
+                held[chunk] = held.get(chunk, 0) + (1 if kind == "F" else -1)
         here = set()
         for j in start:
             a, b = start[j], start.get(j + 1)
