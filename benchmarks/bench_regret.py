@@ -28,8 +28,8 @@ from planner.core.errors import NoFeasiblePlan
 from planner.core.parallel import SCHEDULES
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.spec import load_model
-from planner.search.engine import (Pins, Request, _Costs, _rank_key, capacity_bytes,
-                                   enumerate_configs, predict, search)
+from planner.search.engine import (Pins, Request, _Costs, capacity_bytes, enumerate_configs,
+                                   screen, search)
 
 CASES = [  # (model, gpus, nodes, global batch)
     ("megatron-1.7b", 8, 1, 64),
@@ -46,15 +46,8 @@ MEMORY = {"tight": "a100-40gb", "loose": "a100-80gb"}
 def screen_order(req: Request) -> tuple[list, _Costs]:
     """The screened configurations grouped up to ZeRO, in the search's screen order."""
     costs = _Costs(req)
-    cap = capacity_bytes(req.cluster)
-    kept = []
-    for par in enumerate_configs(req, Counter()):
-        pred = predict(req.model, req.cluster, par, req.options, costs.even_stages(par))
-        if pred.peak_memory_bytes <= cap:
-            kept.append((_rank_key(par, pred.step_s, pred.peak_memory_bytes), par))
-    kept.sort(key=lambda item: item[0])
     groups: dict = {}
-    for _, par in kept:
+    for par in screen(req, costs, list(enumerate_configs(req, Counter())), Counter()):
         groups.setdefault(replace(par, zero=0), []).append(par)
     return list(groups.values()), costs
 

@@ -12,7 +12,7 @@ from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.spec import PRESETS
 from planner.search.bound import relaxed_bound, split_bound, split_fits
 from planner.search.engine import (Request, _Costs, capacity_bytes, enumerate_configs, predict,
-                                   search)
+                                   screen, search)
 
 MODELS = ["megatron-1.7b", "llama2-7b", "megatron-7.5b"]
 
@@ -20,13 +20,9 @@ MODELS = ["megatron-1.7b", "llama2-7b", "megatron-7.5b"]
 def _screened(req):
     """Every configuration the screen keeps, with its screen estimate."""
     costs = _Costs(req)
-    cap = capacity_bytes(req.cluster)
-    out = []
-    for par in enumerate_configs(req, Counter()):
-        pred = predict(req.model, req.cluster, par, req.options, costs.even_stages(par))
-        if pred.peak_memory_bytes <= cap:
-            out.append((par, pred.step_s))
-    return costs, out
+    kept = screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
+    return costs, [(par, predict(req.model, req.cluster, par, req.options,
+                                 costs.even_stages(par)).step_s) for par in kept]
 
 
 def _request(model, nodes, per_node, batch, gpu):

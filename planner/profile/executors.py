@@ -13,6 +13,9 @@ gradient; ``backward_weight`` then turns those into weight gradients.
 ``dense`` part (work proportional to tokens) and, for a block, the ``attention`` core (proportional
 to tokens x seq_len), so the profiler can scale the two separately. The executors run exactly the
 kernels these costs describe.
+
+Why one file of ~420 lines: the costs and the executors of a layer kind must agree kernel for
+kernel (tests/test_layer_exec.py checks it); keeping them together keeps that visible.
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ def shard_dims(layer: Layer, tp: int) -> Dims:
     """Divide heads, KV heads, FFN and vocabulary by tp (KV heads are replicated when tp > kv)."""
     if tp < 1:
         raise PlanInputError(f"--tp must be at least 1, got {tp}")
-    vocab = -(-layer.vocab_size // tp) if layer.vocab_size else 0  # Megatron pads the vocab
+    vocab = layer.padded_vocab(tp) // tp  # Megatron pads the vocab (0 stays 0)
     if layer.kind != "block":
         out = -(-layer.out_features // tp) if layer.out_features else 0
         return Dims(hidden=layer.hidden_size, vocab=vocab, out_features=out)
