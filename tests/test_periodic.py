@@ -5,7 +5,7 @@ from hypothesis import given, settings, strategies as st
 
 from planner.pipeline import periodic
 from planner.pipeline.schedule import SCHEDULES, build_schedule
-from planner.pipeline.simulate import simulate
+from planner.pipeline.simulate import FULL_UP_TO, simulate
 
 REL = 1e-9
 
@@ -33,9 +33,10 @@ def test_steady_period_equals_full_simulation(data, name, p, v, equal):
     v = v if name == "interleaved" else 1
     n = p * v
     if name == "interleaved":
-        m = p * data.draw(st.integers(13, max(13, 300 // p)))
+        low = max(13, FULL_UP_TO // p + 1)
+        m = p * data.draw(st.integers(low, max(low, 300 // p)))
     else:
-        m = data.draw(st.integers(4 * p + 9, 300))
+        m = data.draw(st.integers(max(4 * p + 9, FULL_UP_TO + 1), 300))
     fwd = [1.0] * n if equal else _times(data, n)
     bwd = [2.0] * n if equal else _times(data, n)
     wgrad = [b * data.draw(st.floats(0.0, 1.0)) for b in bwd]
@@ -52,11 +53,15 @@ def test_steady_period_equals_full_simulation(data, name, p, v, equal):
 def test_repeated_squaring_is_exact(monkeypatch, name, p, m, v):
     """Near-tied slow stages delay the steady state; past STEP_LIMIT steps T^k is taken by
     repeated squaring, which must give the same step."""
-    monkeypatch.setattr(periodic, "STEP_LIMIT", 2)
+    monkeypatch.setattr(periodic, "STEP_LIMIT", 0)
+    products = []
+    square = periodic._product
+    monkeypatch.setattr(periodic, "_product", lambda a, b: products.append(1) or square(a, b))
     n = p * v
     fwd = [1.0 + 0.001 * ((7 * k) % n) for k in range(n)]
     args = dict(fwd_s=fwd, bwd_s=[2 * f for f in fwd], comm_s=[0.05 * (k % 3) for k in range(n - 1)])
     _same(simulate(name, p, m, v, **args), simulate(name, p, m, v, method="full", **args))
+    assert products  # T^k was taken by squaring
 
 
 @pytest.mark.parametrize("name,v", [("1f1b", 1), ("zb-h1", 1), ("interleaved", 2), ("gpipe", 1)])
@@ -80,7 +85,8 @@ def test_long_run_keeps_a_short_timeline():
 
 
 def test_short_runs_use_the_full_simulation():
-    assert simulate("1f1b", 4, 8, fwd_s=1.0, bwd_s=2.0).timeline_m is None
+    assert simulate("1f1b", 4, FULL_UP_TO, fwd_s=1.0, bwd_s=2.0).timeline_m is None
+    assert simulate("gpipe", 1, FULL_UP_TO, fwd_s=1.0, bwd_s=2.0).timeline_m is None
 
 
 def test_gpipe_closed_form_by_hand():

@@ -110,7 +110,7 @@ def simulate(
         raise ScheduleError(f"unknown simulation method {method!r}; choose auto or full")
     check_args(name, p, m, v)
     args = dict(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s, comm_s=comm_s, act_bytes=act_bytes)
-    if method == "auto":
+    if method == "auto" and m > FULL_UP_TO:
         if name == "gpipe" and m > _gpipe_drawn(p):
             return _gpipe(p, m, timeline, **args)
         if name != "gpipe" and m > 2 * _first_short_run(name, p, v):
@@ -118,6 +118,9 @@ def simulate(
             if fast is not None:
                 return fast
     return simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline, **args)
+
+
+FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, and drawn in full
 
 
 def _first_short_run(name: str, p: int, v: int) -> int:
