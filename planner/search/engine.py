@@ -189,11 +189,10 @@ def screen(req: Request, costs: "_Costs", configs: list[Parallel], rejected: Cou
 def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rejected: Counter,
                       capacity: float) -> tuple[list[Plan], list[str]]:
     """Branch and bound over the screened configurations, each refined with every ZeRO stage
-    (the simulated memory decides which fit).  Once ``top`` configurations are refined (to fill
-    the list), one is skipped when its lower bound (planner/search/bound.py) exceeds the best
-    step refined so far: it cannot be faster, so plan 1 is the plan refining every screened
-    configuration would give (the rest of the list is the best of those refined; proving their
-    order too would refine several times more).  Candidates go in screen order: the screen finds a near-best incumbent early, and so proves
+    (the simulated memory decides which fit).  A configuration is skipped when its lower bound
+    (planner/search/bound.py) exceeds the ``top``-th best step refined so far: it cannot enter
+    the list, so the list is the one refining every screened configuration would give (ties
+    aside).  Candidates go in screen order: the screen finds a near-best incumbent early, and so proves
     the best with fewer refinements than going best bound first (measured: 4 against 19 for
     llama3-8b on 16 GPUs, 41 against 75 for llama3-405b on 1,024).  The cheap bound is tried
     before the one with memory, which builds the partition problem.  ``req.refine`` caps how
@@ -204,7 +203,8 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
     best_of_group: list[float] = []  # best refined step of each configuration-up-to-ZeRO
     capped: list[list[Parallel]] = []  # not refined for the cap alone
     for cheap, variants in groups:
-        incumbent = min(best_of_group) if len(best_of_group) >= req.top else float("inf")
+        best = sorted(best_of_group)
+        incumbent = best[req.top - 1] if len(best) >= req.top else float("inf")
         if cheap > incumbent:
             continue
         alive = [par for par in variants if not costs.bound(par).exceeds(incumbent)
@@ -237,6 +237,9 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
         notes.append(f"refinement stopped at --refine {req.refine}: {len(open_best)} "
                      "configurations whose lower bound is below plan 1 were not refined, so a "
                      "faster plan may exist (raise --refine)")
+    elif capped:
+        notes.append(f"plan 1 is proven the fastest of all screened configurations; the rest "
+                     f"of the list is the best of the {req.refine} refined (--refine)")
     return refined, notes
 
 
