@@ -3,25 +3,29 @@
 The screen (closed forms on Megatron's even split) orders the configurations but is not a bound:
 the refinement may balance the stages better, recompute less where memory allows, and the
 simulated schedule may beat the closed form (tests/test_bound.py finds such cases).  This bound
-holds for every split the refinement can choose:
+holds for every split the refinement can choose (tests/test_bound.py checks it against refined
+plans of random cases):
 
 Pipeline.  Let t_k be chunk k's time for one microbatch (F + B + W) and f_k its forward time.
 Rank r runs m microbatches of its chunk after the first microbatch's forwards through chunks
 0..r-1, and (GPipe, 1F1B) its last backward is followed by the backwards of chunks r-1..0, so
-    step >= a·sum_{k<r} t_k + m·t_r   for every rank r,
-with a = 1 for GPipe and 1F1B, and for ZB-H1 (whose W ops need not come last) a = the smallest
-forward share f/t of any layer (so sum_{k<r} f_k >= a·sum_{k<r} t_k).  Over all splits with
-sum t_k = T, the smallest possible max over r is reached when every rank's term is equal (if all
-were below that value, the partial sums would stay below the equal split's and could not reach
-T), which gives C = a·T / (1 - (1 - a/m)^p).  T is the sum over layers of each layer's fastest
-allowed recompute mode, and C grows with every t_k, so no split does better.  Interleaved splits
-stay even (planner/predict/stages.py), so there the same inequality is evaluated on the actual
-chunks, rank r holding chunks r, r + p, ... and the prefix over chunks 0..r-1 (its last op is
-the backward of chunk r, followed by those of chunks r-1..0), with the transfers on that path.
+    step >= sum_{k<r} t_k + m·t_r   for every rank r    (ZB-H1: sum_{k<r} f_k + m·t_r,
+plus its backward chain, `families_of`).  Whole layers make the chunks: `split_fits` decides,
+greedily, whether any contiguous split keeps every such term under a value, each layer at its
+fastest allowed recompute mode.  Memory narrows the modes: each rank's capacity, relaxed with a
+Lagrange multiplier (`memory_families`), and all ranks' capacity summed (`memory_bound_total`).
+A cheaper relaxation comes first: over real-valued splits with sum t_k = T, the smallest max over
+r is reached when every rank's term is equal (if all were below that value, the partial sums
+would stay below the equal split's and could not reach T): C = a·T / (1 - (1 - a/m)^p), a = 1,
+or for ZB-H1 the smallest forward share f/t of any layer.  Interleaved splits stay even
+(planner/predict/stages.py), so there the inequality is evaluated on the actual chunks, rank r
+holding chunks r, r + p, ... and the prefix over chunks 0..r-1 (its last op is the backward of
+chunk r, followed by those of chunks r-1..0), with the transfers on that path.
 
-Optimizer.  The rank with the most parameters holds at least total / p of them, so the optimizer
-step is at least that share's time (the formula of planner/predict/step.py).  The data-parallel
-sync is bounded below by 0.
+Data-parallel sync and optimizer.  The rank with the most parameters holds at least total / p of
+them; its sync costs at least the interference share of the collective even with all of it hidden
+(all of it without overlap), and its optimizer step that share's time (the formulas of
+planner/predict/step.py).  Per-action overheads and transfers of v = 1 splits are left out (>= 0).
 """
 
 from __future__ import annotations
