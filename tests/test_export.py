@@ -9,6 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from typer.testing import CliRunner
+
+from cli import app
 
 from planner.core.errors import PlanInputError
 from planner.launchers import (EXPORTERS, ExportError, Facts, export_plan, launcher_allows,
@@ -249,3 +252,36 @@ def test_nonstandard_model_refused_by_megatron_and_torchtitan(tmp_path):
     p = replace(base, model=replace(base.model, layers=layers))
     assert any("other layer kinds" in x for x in megatron.check(p))
     assert any("other layer kinds" in x for x in torchtitan.check(p))
+
+
+HF = Path(__file__).parent / "hf_configs"
+
+
+@pytest.mark.parametrize("config,flags", [
+    ("qwen3-0.6b.json", ["--qk-layernorm", "--kv-channels 128"]),
+    ("qwen2.5-7b.json", ["--add-qkv-bias"]),
+    ("llama-3.1-8b.json", ["--use-rope-scaling", "--rope-scaling-factor 8", "--rotary-base 500000",
+                           "--make-vocab-size-divisible-by 128"]),
+])
+def test_megatron_export_builds_the_planned_architecture(tmp_path, config, flags):
+    """What the HF import priced (head width, Q/K norm, QKV bias, RoPE scaling, vocab padding)
+    reaches Megatron's arguments, so the launched model is the planned one."""
+    res = CliRunner().invoke(app, ["solve", "--model", str(HF / config), "--gpus", "8",
+                                   "--nodes", "1", "--seq-len", "2048", "--export", "megatron",
+                                   "--out", str(tmp_path)])
+    assert res.exit_code == 0, res.output
+    text = (tmp_path / "megatron_args.sh").read_text()
+    for flag in flags:
+        assert flag in text
+
+
+@pytest.mark.parametrize("config,why", [
+    ("olmo-2-1124-7b.json", "whole Q and K"),
+    ("gemma-2-9b.json", "4 norms"),
+])
+def test_megatron_export_refuses_what_it_cannot_build(tmp_path, config, why):
+    res = CliRunner().invoke(app, ["solve", "--model", str(HF / config), "--gpus", "8",
+                                   "--nodes", "1", "--seq-len", "2048", "--export", "megatron",
+                                   "--out", str(tmp_path)])
+    assert res.exit_code != 0 and why in res.output
+    assert not (tmp_path / "megatron_args.sh").exists()

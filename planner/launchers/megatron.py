@@ -61,6 +61,24 @@ def check(plan: Plan) -> list[str]:
         out.append(f"{NAME} builds embedding + transformer blocks + head only; this model has "
                    "other layer kinds")
     out += parallel_rules(Facts.of(par, m))
+    out += architecture_problems(m)
+    return out
+
+
+def architecture_problems(m) -> list[str]:
+    """Parts of the model that Megatron's GPT builder has no flag for: exporting them anyway
+    would train a different model than the one planned."""
+    out = []
+    if m.qk_norm == "full":
+        out.append(f"{NAME}: --qk-layernorm normalises each head; this model normalises the whole "
+                   "Q and K projections (OLMo 2 style)")
+    if m.block_norms != 2:
+        out.append(f"{NAME}: blocks with {m.block_norms} norms (Gemma 2/3 style) have no "
+                   "Megatron GPT flag")
+    kind = (m.rope_scaling or {}).get("rope_type") or (m.rope_scaling or {}).get("type")
+    if m.rope_scaling and kind != "llama3":
+        out.append(f"{NAME}: RoPE scaling '{kind}' has no flag here (--use-rope-scaling is "
+                   "Llama 3's)")
     return out
 
 
@@ -114,6 +132,12 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
             ("--num-attention-heads", str(m.num_attention_heads))]
     if m.num_kv_heads < m.num_attention_heads:
         out += [("--group-query-attention", None), ("--num-query-groups", str(m.num_kv_heads))]
+    if m.head_dim and m.head_dim * m.num_attention_heads != m.hidden_size:
+        out.append(("--kv-channels", str(m.head_dim)))  # Megatron's default is hidden / heads
+    if m.qkv_bias:
+        out.append(("--add-qkv-bias", None))
+    if m.qk_norm == "head":
+        out.append(("--qk-layernorm", None))
     out += [("--ffn-hidden-size", str(m.ffn_hidden_size)),
             ("--seq-length", str(m.seq_length)),
             ("--max-position-embeddings", str(max(m.seq_length, m.position_embeddings)))]
@@ -127,6 +151,12 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
         out += [("--position-embedding-type", "rope")]
     if m.rope_theta is not None:  # Megatron's default base is 10000
         out.append(("--rotary-base", f"{m.rope_theta:.0f}"))
+    if m.rope_scaling:  # Megatron-LM arguments.py: "Apply rope scaling as used in llama3.x";
+        # other kinds are refused by architecture_problems
+        out += [("--use-rope-scaling", None),
+                ("--rope-scaling-factor", f"{float(m.rope_scaling['factor']):g}")]
+    # the padding the plan priced (Megatron's default is 128)
+    out.append(("--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)))
     if not m.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
     recompute = strongest_recompute(plan)

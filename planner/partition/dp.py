@@ -13,28 +13,28 @@ For v > 1 a rank's time is a sum over v interleaved chunks and the recursion
 above no longer holds; :func:`partition_dp` then enumerates every split and
 mode assignment (exponential: tiny cases only, as a test oracle).
 
-:func:`canonical` implements step 3 of the tie-break rule documented in
-:mod:`planner.partition.problem`: given caps ``B*`` and ``T*`` it returns the
-lexicographically first ``(end_0, mode_0, end_1, mode_1, ...)`` that meets
-them.  The ILP calls it with its own optimum, the DP with the DP's.
+:func:`canonical` implements steps 2 and 3 of the tie-break rule documented in
+:mod:`planner.partition.problem` for v = 1: given the cap ``B*`` it returns the
+lexicographically first ``(end_0, mode_0, end_1, mode_1, ...)`` among the splits
+of least compute time.  The MILP proves the same rule on its own; this module is
+its test oracle and its labelled fallback, never its seed.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-import time
 
 import numpy as np
 
 from planner.core.units import GIB
+from planner.partition.baselines import _upper_bound
 from planner.partition.problem import (
     TIE_RTOL,
     Partition,
     PartitionError,
     PartitionProblem,
     Prepared,
-    _upper_bound,
     score_split,
     prepare,
 )
@@ -155,130 +155,53 @@ def _canonical_v1(prep: Prepared, b_cap: float, t_cap: float | None) -> tuple[li
     return ends, modes
 
 
-def _canonical_search(
-    prep: Prepared, b_cap: float, t_cap: float, node_limit: int, deadline: float | None = None
-) -> tuple[list[int], list[int]] | None:
-    """Depth-first lexicographic search for any v; returns the first split meeting the caps.
-
-    Prunes on per-rank time and memory, the total-time budget, and the
-    aggregate spare time of all ranks.  Gives up (None) after ``node_limit``
-    nodes.
-    """
-    L, K, p, R = prep.L, prep.K, prep.p, prep.R
-    tmin = np.concatenate([np.cumsum(prep.problem.time_s.min(axis=1)[::-1])[::-1], [0.0]])
-    bnd_left = np.concatenate([np.cumsum(prep.bnd[::-1])[::-1], [0.0]])  # boundary time of chunks k..
-    mem_cap = _cap(prep.cap)
-    rank_t = [0.0] * p
-    rank_m = [float(x) for x in prep.extra]
-    ends: list[int] = []
-    modes: list[int] = []
-    nodes = 0
-
-    def rec(k: int, i: int, spent: float) -> bool:
-        nonlocal nodes
-        if k == K:
-            return i == L
-        nodes += 1
-        if nodes > node_limit or (deadline is not None and nodes % 512 == 0 and time.monotonic() > deadline):
-            raise TimeoutError
-        rho = k % p
-        # every rank has b_cap; what is left must hold the remaining work
-        spare = sum(b_cap - t for t in rank_t)
-        if spare < tmin[i] + bnd_left[k] - TIE_RTOL * b_cap * p:
-            return False
-        last = L if k == K - 1 else L - (K - 1 - k)
-        first = L if k == K - 1 else i + 1
-        for e in range(first, last + 1):
-            if spent + tmin[i] > t_cap:  # even the fastest modes overspend
-                return False
-            for r in range(R):
-                t = prep.chunk_time(k, i, e, r)
-                if rank_t[rho] + t > b_cap:
-                    continue
-                c = t - prep.bnd[k]
-                if spent + c + tmin[e] > t_cap:
-                    continue
-                m = prep.chunk_mem(k, i, e, r)
-                if rank_m[rho] + m > mem_cap:
-                    continue
-                rank_t[rho] += t
-                rank_m[rho] += m
-                ends.append(e)
-                modes.append(r)
-                if rec(k + 1, e, spent + c):
-                    return True
-                ends.pop()
-                modes.pop()
-                rank_t[rho] -= t
-                rank_m[rho] -= m
-            # a longer chunk only adds time and memory on this rank
-            if all(prep.chunk_time(k, i, e, r) + rank_t[rho] > b_cap for r in range(R)):
-                return False
-        return False
-
-    try:
-        return (ends, modes) if rec(0, 0, 0.0) else None
-    except TimeoutError:
-        return None
-
-
-def canonical(
-    prep: Prepared, b_star: float, t_star: float | None, *, node_limit: int = 200_000, deadline: float | None = None
-) -> tuple[list[int], list[int]] | None:
-    """Lexicographically first split with bottleneck <= b_star and compute time <= t_star.
-
-    ``t_star=None`` (v = 1 only) means "the least compute time under b_star".
-    Returns (ends, modes) or None when nothing meets the caps (or, for v > 1,
-    the search exceeded ``node_limit``).
-    """
-    b_cap = _cap(b_star)
-    if prep.K == prep.p:
-        return _canonical_v1(prep, b_cap, None if t_star is None else _cap(t_star))
-    if t_star is None:
-        raise ValueError("v > 1 needs t_star")
-    return _canonical_search(prep, b_cap, _cap(t_star), node_limit, deadline)
+def canonical(prep: Prepared, b_star: float, t_star: float | None = None) -> tuple[list[int], list[int]] | None:
+    """v = 1: the lexicographically first split with bottleneck <= b_star and compute time <=
+    t_star (None: the least compute time under b_star). Returns (ends, modes), or None when
+    nothing meets the caps."""
+    if prep.K != prep.p:
+        raise ValueError("canonical() is the v = 1 recursion; v > 1 uses the exhaustive search")
+    return _canonical_v1(prep, _cap(b_star), None if t_star is None else _cap(t_star))
 
 
 # ---------------------------------------------------------------- memory bound for messages
 
 
-def min_peak_memory(prep: Prepared) -> tuple[float, int]:
-    """Smallest achievable max per-rank memory and the rank that holds it.
+def min_peak_memory(prep: Prepared) -> tuple[float, int, float]:
+    """The split closest to fitting: (its peak bytes, the rank, that rank's capacity).
 
-    Exact for v = 1 (min-max DP over memory, every chunk at its lightest
-    mode); for v > 1 a lower bound (average over ranks of the lightest layout).
+    Exact for v = 1: a min-max DP over each chunk's excess over its mode's capacity, every
+    chunk at its least-excess mode (with one capacity: the smallest achievable peak). For
+    v > 1 a lower bound (average over ranks of the lightest layout, the largest capacity).
     """
     L, K, p = prep.L, prep.K, prep.p
     if K == p:
         f = np.full(L + 1, INF)
         f[0] = 0.0
         arg = []
+        idx = np.arange(L + 1)
         for k in range(K):
             mem = (prep.ps[None, :] - prep.ps[:, None])[:, :, None] + prep.inflight[k] * (
                 prep.pa[None, :, :] - prep.pa[:, None, :]
             )
-            c = mem.min(axis=2) + prep.extra[k]
-            idx = np.arange(L + 1)
+            c = (mem + prep.extra[k] - prep.cap).min(axis=2)  # excess of the best mode
             c = np.where(idx[None, :] > idx[:, None], c, INF)
             m = np.maximum(f[:, None], c)
             arg.append(m.argmin(axis=0))
             f = m.min(axis=0)
             f[: k + 1] = INF
         # walk back to find which chunk is the peak
-        j, best_rank, best = L, 0, -INF
+        j, best = L, (-INF, 0.0, 0, 0.0)
         for k in range(K - 1, -1, -1):
             i = int(arg[k][j])
-            mem_k = float(
-                (prep.ps[j] - prep.ps[i])
-                + min(prep.inflight[k] * (prep.pa[j, r] - prep.pa[i, r]) for r in range(prep.R))
-                + prep.extra[k]
-            )
-            if mem_k >= best:
-                best, best_rank = mem_k, k
+            mem = [prep.chunk_mem(k, i, j, r) + prep.extra[k] for r in range(prep.R)]
+            r = int(np.argmin([m - c for m, c in zip(mem, prep.cap)]))
+            if mem[r] - prep.cap[r] >= best[0]:
+                best = (mem[r] - prep.cap[r], mem[r], k, float(prep.cap[r]))
             j = i
-        return float(f[L]), best_rank
+        return best[1], best[2], best[3]
     light = prep.ps[L] + prep.inflight.min() * float(prep.problem.act_bytes.min(axis=1).sum())
-    return float((light + prep.extra.sum()) / p), int(np.argmax(prep.extra))
+    return float((light + prep.extra.sum()) / p), int(np.argmax(prep.extra)), prep.cap_max
 
 
 # ---------------------------------------------------------------- the reference
@@ -298,14 +221,16 @@ def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
         for modes in itertools.product(range(R), repeat=K):
             rank_t = [0.0] * p
             rank_m = [float(x) for x in prep.extra]
+            rank_cap = [prep.cap_max] * p
             comp, i = 0.0, 0
             for k, (e, r) in enumerate(zip(ends, modes)):
                 t = prep.chunk_time(k, i, e, r)
                 rank_t[k % p] += t
                 rank_m[k % p] += prep.chunk_mem(k, i, e, r)
+                rank_cap[k % p] = min(rank_cap[k % p], prep.cap[r])
                 comp += t - prep.bnd[k]
                 i = e
-            if max(rank_m) <= _cap(prep.cap):
+            if all(m <= _cap(c) for m, c in zip(rank_m, rank_cap)):
                 key = [x for pair in zip(ends, modes) for x in pair]
                 cands.append((max(rank_t), comp, key, ends, list(modes)))
     if not cands:
@@ -337,9 +262,11 @@ def partition_dp(problem: PartitionProblem, num_chunks: int, p: int) -> Partitio
 
 
 def infeasible_error(prep: Prepared) -> PartitionError:
-    """The 'does not fit' message, with the smallest achievable peak memory."""
-    peak, rank = min_peak_memory(prep)
+    """The 'does not fit' message, with the smallest achievable peak memory and the capacity
+    of the mode that peak uses."""
+    peak, rank, cap = min_peak_memory(prep)
+    exact = "" if prep.K == prep.p else "at least "  # v > 1: a lower bound only
     return PartitionError(
-        f"no split fits in {prep.cap / GIB:.1f} GiB per GPU: the smallest possible peak is "
-        f"{peak / GIB:.1f} GiB on rank {rank}; add recompute, pipeline stages or ZeRO"
+        f"no split fits in {cap / GIB:.1f} GiB per GPU: the smallest possible peak is "
+        f"{exact}{peak / GIB:.1f} GiB on rank {rank}; add recompute, pipeline stages or ZeRO"
     )

@@ -1,17 +1,16 @@
-"""The stage-partition MILPs (PuLP; HiGHS or CBC) behind :func:`planner.partition.solve.partition`.
+"""The stage-partition MILP (PuLP; HiGHS or CBC): what every formulation shares, and the
+boundary formulation for any layer sequence.
 
-Two formulations of the same problem: :class:`BoundaryModel` places chunk boundaries among the
-layers of any sequential model; :class:`CountModel` counts blocks per chunk when the model is an
-embedding, identical blocks and a head, which is far smaller. Both minimise the bottleneck rank
-time under each rank's memory, with one recompute mode per chunk.
+:class:`BoundaryModel` places chunk boundaries among the layers of any sequential model; the usual
+LLM (embedding, identical blocks, head) gets the far stronger formulations of
+:mod:`planner.partition.options`. Every formulation carries the per-mode memory capacity (a rank is
+held to the smallest capacity among the modes its chunks use) and any number of chunks per rank
+(interleaved, v > 1, chunks of different sizes). :mod:`planner.partition.lexicographic` solves
+them.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import sys
-import warnings
 from typing import Sequence
 
 import numpy as np
@@ -19,8 +18,7 @@ import numpy as np
 from planner.partition.problem import PartitionError, Prepared, _lower_bound
 
 MAX_BINARIES = 20_000
-"""Above this many boundary binaries PuLP model building alone takes seconds."""
-
+"""Above this many binaries PuLP model building alone takes seconds."""
 
 def windows(prep: Prepared, ub: float | None) -> tuple[list[int], list[int]]:
     """Range [lo_k, hi_k] of each chunk end, tightened with an upper bound on B.
@@ -50,8 +48,83 @@ def windows(prep: Prepared, ub: float | None) -> tuple[list[int], list[int]]:
     return lo, hi
 
 
-class BoundaryModel:
-    """The boundary-position MILP (see :func:`partition` for the formulation)."""
+def uniform_blocks(prep: Prepared) -> bool:
+    """True when every layer but the first and the last is the same (embedding, N identical
+    blocks, head: the usual LLM), so a split is fully described by blocks per chunk."""
+    pr = prep.problem
+    if prep.L < 3:
+        return False
+    mid = slice(1, prep.L - 1)
+    return bool((pr.time_s[mid] == pr.time_s[1]).all() and (pr.act_bytes[mid] == pr.act_bytes[1]).all()
+                and (pr.state_bytes[mid] == pr.state_bytes[1]).all())
+
+
+def _lin(pairs):
+    """A linear expression from (variable, coefficient) pairs, repeated variables summed."""
+    import pulp
+
+    acc: dict = {}
+    for v, c in pairs:
+        if c:
+            acc[v] = acc.get(v, 0.0) + float(c)
+    return pulp.LpAffineExpression(list(acc.items()))
+
+
+class _Model:
+    """What both formulations share: the PuLP problem, the bottleneck variable, scales, the
+    chunk end and mode expressions, and the capacity rows."""
+
+    prep: Prepared
+    prob: object
+    B: object
+    tscale: float
+    end_lo: list[int]
+    end_hi: list[int]
+
+    def compute_time(self):
+        """Total compute time (boundaries excluded), in units of ``tscale``."""
+        raise NotImplementedError
+
+    def end(self, k: int):
+        raise NotImplementedError
+
+    def mode(self, k: int):
+        raise NotImplementedError
+
+    def solution(self) -> tuple[list[int], list[int]]:
+        raise NotImplementedError
+
+    def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
+        raise NotImplementedError
+
+    def count(self, k: int):
+        """Layers in chunk k."""
+        return self.end(k) - self.end(k - 1) if k > 0 else self.end(0)
+
+    def count_range(self, k: int) -> tuple[int, int]:
+        before_lo, before_hi = (self.end_lo[k - 1], self.end_hi[k - 1]) if k > 0 else (0, 0)
+        return max(1, self.end_lo[k] - before_hi), self.end_hi[k] - before_lo
+
+    def key(self, k: int):
+        """``R * layers_k + mode_k``: with the chunks before k fixed, the chunk's place in the
+        tie-break order (a shorter chunk ends earlier), an integer in a narrow range."""
+        return self.prep.R * self.count(k) + self.mode(k)
+
+    def key_range(self, k: int) -> tuple[int, int]:
+        R = self.prep.R
+        lo, hi = self.count_range(k)
+        return R * lo, R * hi + R - 1
+
+
+class BoundaryModel(_Model):
+    """Any layer sequence: binary ``x[k, j] = 1`` iff chunk k ends after layer j, only for j
+    inside a window ``[lo_k, hi_k)`` derived from a heuristic upper bound (outside it x is a
+    constant); ``x[k, j] >= x[k, j+1]`` (monotone) and ``x[k+1, j+1] >= x[k, j]`` (chunks
+    non-empty, in order). Any per-layer quantity ``w`` summed over chunk k is
+    ``sum_j w_j (x[k, j] - x[k-1, j])``. A one-hot ``z[k, r]`` picks the mode; chunk time
+    ``t_k >= T_k^r(x) - M (1 - z[k, r])`` and activations likewise, with M the largest chunk the
+    window allows. A rank's memory is held to the capacity of every mode one of its chunks uses
+    (a big-M row per chunk and mode whose capacity is below the largest)."""
 
     def __init__(self, prep: Prepared, ub: float | None) -> None:
         import pulp
@@ -59,11 +132,12 @@ class BoundaryModel:
         self.prep = prep
         K, p, R = prep.K, prep.p, prep.R
         lo, hi = self.lo, self.hi = windows(prep, ub)
+        self.end_lo, self.end_hi = lo, hi
         if any(lo[k] > hi[k] for k in range(K)):
             raise PartitionError("internal: empty window")  # ub came from a feasible split
         # time in units of the bound, memory in units of the capacity: O(1) coefficients
         self.tscale = ts = ub if ub else max(_lower_bound(prep), 1e-12)
-        ms = prep.cap if prep.cap > 0 else 1.0
+        ms = prep.cap_max if prep.cap_max > 0 else 1.0
         prob = pulp.LpProblem("partition", pulp.LpMinimize)
         x = {}
         for k in range(K - 1):
@@ -141,15 +215,44 @@ class BoundaryModel:
                 float(s[start(k) : hi[k]].sum() + prep.inflight[k] * a[start(k) : hi[k]].max(axis=1).sum())
                 for k in ks
             ) + prep.extra[rho] / ms
-            if worst > prep.cap / ms:  # skip ranks that fit whatever happens
-                prob += pulp.lpSum(mk[k] for k in ks) <= (prep.cap - prep.extra[rho]) / ms
+            if worst <= prep.cap.min() / ms:  # skip ranks that fit whatever happens
+                continue
+            room = (prep.cap_max - prep.extra[rho]) / ms
+            mem = pulp.lpSum(mk[k] for k in ks)
+            prob += mem <= room
+            for k in ks:
+                for r in range(R):
+                    short = (prep.cap_max - prep.cap[r]) / ms
+                    if short > 0:  # a chunk in mode r holds its rank to mode r's capacity
+                        prob += mem + short * self.z[k, r] <= room
         if ub is not None:
             self.B.upBound = ub * (1 + 1e-7) / ts
         prob += self.B
         self.prob = prob
 
+    def compute_time(self):
+        import pulp
+
+        return pulp.lpSum(self.tk)
+
+    def end(self, k: int):
+        import pulp
+
+        if k == self.prep.K - 1:
+            return pulp.LpAffineExpression() + self.prep.L
+        return pulp.lpSum(self.x[k, j] for j in range(self.lo[k], self.hi[k])) + self.lo[k]
+
+    def mode(self, k: int):
+        import pulp
+
+        if self.prep.R == 1:
+            return pulp.LpAffineExpression()
+        return _lin((self.z[k, r], r) for r in range(self.prep.R))
+
+    def binaries(self) -> int:
+        return len(self.x) + len(self.z)
+
     def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
-        """Give the solver a known feasible split (used by CBC)."""
         for (k, j), var in self.x.items():
             var.setInitialValue(1 if ends[k] > j else 0)
         for (k, r), var in self.z.items():
@@ -169,145 +272,9 @@ class BoundaryModel:
         return ends, modes
 
 
-def uniform_blocks(prep: Prepared) -> bool:
-    """True when every layer but the first and the last is the same (embedding, N identical
-    blocks, head: the usual LLM), so a split is fully described by blocks per chunk."""
-    pr = prep.problem
-    if prep.L < 3:
-        return False
-    mid = slice(1, prep.L - 1)
-    return bool((pr.time_s[mid] == pr.time_s[1]).all() and (pr.act_bytes[mid] == pr.act_bytes[1]).all()
-                and (pr.state_bytes[mid] == pr.state_bytes[1]).all())
-
-
-class CountModel:
-    """The same MILP for a uniform model, over block counts instead of boundary positions.
-
-    Chunk k holds ``n[k]`` of the N identical blocks (the first chunk also the first layer, the
-    last chunk also the last one; middle chunks at least one block), ``sum n = N``. Integer
-    ``m[k, r]`` counts the blocks under mode r (``m <= N z``, ``sum_r m = n``), so every time
-    and memory term is linear. A few integers per chunk instead of one binary per candidate
-    boundary: 512 layers over 64 stages solves in well under a second, where the boundary
-    formulation cannot prove optimality in minutes. Same interface as :class:`BoundaryModel`."""
-
-    def __init__(self, prep: Prepared, ub: float | None) -> None:
-        import pulp
-
-        self.prep = prep
-        K, p, R, L = prep.K, prep.p, prep.R, prep.L
-        N = L - 2
-        pr = prep.problem
-        self.tscale = ts = ub if ub else max(_lower_bound(prep), 1e-12)
-        ms = prep.cap if prep.cap > 0 else 1.0
-        t, a, s = pr.time_s / ts, pr.act_bytes / ms, pr.state_bytes / ms
-        prob = pulp.LpProblem("partition_counts", pulp.LpMinimize)
-        self.n = [prob.add_variable(f"n_{k}", lowBound=0 if k in (0, K - 1) else 1, upBound=N,
-                                    cat="Integer") for k in range(K)]
-        prob += pulp.lpSum(self.n) == N
-        self.z, self.m = {}, {}
-        self.tk, mem = [], []
-        for k in range(K):
-            z = [prob.add_variable(f"z_{k}_{r}", cat="Binary") for r in range(R)]
-            m = [prob.add_variable(f"m_{k}_{r}", lowBound=0, upBound=N, cat="Integer")
-                 for r in range(R)]
-            self.z.update({(k, r): z[r] for r in range(R)})
-            self.m.update({(k, r): m[r] for r in range(R)})
-            prob += pulp.lpSum(z) == 1
-            prob += pulp.lpSum(m) == self.n[k]
-            for r in range(R):
-                prob += m[r] <= N * z[r]
-            edges = ([0] if k == 0 else []) + ([L - 1] if k == K - 1 else [])
-            time_k = pulp.lpSum(float(t[1, r]) * m[r] for r in range(R)) + pulp.lpSum(
-                float(t[e, r]) * z[r] for e in edges for r in range(R))
-            act_k = pulp.lpSum(float(a[1, r]) * m[r] for r in range(R)) + pulp.lpSum(
-                float(a[e, r]) * z[r] for e in edges for r in range(R))
-            self.tk.append(time_k)
-            mem.append(float(s[1]) * self.n[k] + float(sum(s[e] for e in edges))
-                       + float(prep.inflight[k]) * act_k)
-        self.B = prob.add_variable("B", lowBound=0)
-        bnd = prep.bnd / ts
-        for rho in range(p):
-            ks = range(rho, K, p)
-            prob += self.B >= pulp.lpSum(self.tk[k] for k in ks) + float(sum(bnd[k] for k in ks))
-            prob += pulp.lpSum(mem[k] for k in ks) <= (prep.cap - prep.extra[rho]) / ms
-        if ub is not None:
-            self.B.upBound = ub * (1 + 1e-7) / ts
-        prob += self.B
-        self.prob = prob
-
-    def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
-        start = 1
-        for k, end in enumerate(ends):
-            blocks = (end - (1 if k == self.prep.K - 1 else 0)) - start
-            start += blocks
-            self.n[k].setInitialValue(blocks)
-            for r in range(self.prep.R):
-                self.z[k, r].setInitialValue(1 if modes[k] == r else 0)
-                self.m[k, r].setInitialValue(blocks if modes[k] == r else 0)
-
-    def solution(self) -> tuple[list[int], list[int]]:
-        K, R, L = self.prep.K, self.prep.R, self.prep.L
-        ends, end = [], 1
-        for k in range(K):
-            end += int(round(_val(self.n[k])))
-            ends.append(L if k == K - 1 else end)
-        modes = [int(np.argmax([_val(self.z[k, r]) for r in range(R)])) for k in range(K)]
-        return ends, modes
-
-
-@contextlib.contextmanager
-def _quiet_stdout():
-    """Silence C-level stdout (solver banners) for the duration of the block."""
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):  # captured / not a real file
-        yield
-        return
-    sys.stdout.flush()
-    saved = os.dup(fd)
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(devnull, fd)
-        yield
-    finally:
-        sys.stdout.flush()
-        os.dup2(saved, fd)
-        os.close(saved)
-        os.close(devnull)
+class _Infeasible(Exception):
+    """No option of some chunk fits: the instance has no split."""
 
 
 def _val(v) -> float:
     return float(v) if isinstance(v, (int, float)) else float(v.varValue or 0.0)
-
-
-def _make_solver(name: str, time_limit_s: float):
-    import pulp
-
-    tl = max(float(time_limit_s), 0.01)
-    if name == "highs":
-        return pulp.HiGHS(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1)
-    with warnings.catch_warnings():  # bundled CBC: deprecated name, still the one that ships
-        warnings.simplefilter("ignore", DeprecationWarning)
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True)
-
-
-def solve(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
-    """Run the solver; returns ('optimal'|'feasible'|'infeasible'|'none', dual bound in scaled units)."""
-    import pulp
-
-    solver = _make_solver(name, time_limit_s)
-    with _quiet_stdout():  # HiGHS prints a banner before msg=False takes effect
-        model.prob.solve(solver)
-    bound = None
-    if name == "highs":
-        try:
-            bound = float(model.prob.solverModel.getInfo().mip_dual_bound)
-        except Exception:  # noqa: BLE001 - the bound is informative only
-            bound = None
-    if model.prob.status == pulp.LpStatusInfeasible:
-        return "infeasible", bound
-    if model.prob.sol_status == pulp.LpSolutionOptimal and model.prob.status == pulp.LpStatusOptimal:
-        return "optimal", bound
-    if model.prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
-        return "feasible", bound
-    return "none", bound

@@ -5,7 +5,10 @@ non-empty chunks in order; chunk k runs on rank ``k % p`` (v virtual stages
 per rank, v = 1 is the plain pipeline).  Every chunk picks one recompute mode
 for all its layers.  We minimise the pipeline bottleneck: the largest per-rank
 sum of chunk times (plus one boundary transfer for every chunk but the last),
-subject to a per-rank memory capacity.
+subject to a per-rank memory capacity.  The capacity may depend on the recompute
+mode (recomputing rebuilds activations: a larger transient and more allocator
+fragmentation): a rank fits when its memory is within the capacity of every mode
+its chunks use, i.e. ``min(capacity[r] for r used on the rank)``.
 
 Tie-break rule (identical in the ILP and in the DP, so both return the same
 partition, not only the same objective):
@@ -18,28 +21,24 @@ partition, not only the same objective):
 
 Values within a relative tolerance of ``TIE_RTOL`` count as equal in 1 and 2.
 
-The ILP proves 1 and 2; step 3 is done by :func:`planner.partition.dp.canonical`,
-an exact lexicographic search restricted to ``B <= B*`` and ``T <= T*``, shared
-by both methods.  This module holds the problem, the result and the entry point;
-the MILP formulations are in :mod:`planner.partition.milp` and the DP reference
-in :mod:`planner.partition.dp`.
+The MILP proves all three itself (2 with ``B <= B*``, 3 with ``T <= T*`` too,
+chunk by chunk: :mod:`planner.partition.lexicographic`) and never sees the DP's
+answer; the DP (:mod:`planner.partition.dp`) is the test oracle and, labelled as
+such, the fallback when a solver fails.  This module holds the problem, the
+result and their scoring; the entry point is :mod:`planner.partition.solve`.
 """
 
 from __future__ import annotations
 
-import math
-import os
-import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Sequence
 
 import numpy as np
+
 from planner.core.units import GIB
 
 TIE_RTOL = 1e-9
 """Relative tolerance under which two bottlenecks / total times are a tie."""
-
-
 
 class PartitionError(ValueError):
     """An instance that has no valid partition (or is malformed)."""
@@ -61,7 +60,8 @@ class PartitionProblem:
         state_bytes: (L,) model-state bytes (weights, grads, optimizer).
         act_bytes: (L, R) activation bytes held per in-flight microbatch.
         inflight: (K,) microbatches whose activations chunk k holds at peak.
-        capacity_bytes: memory per GPU.
+        capacity_bytes: bytes per GPU for states and activations: one number, or
+            one per mode (R,) when recomputing leaves less room.
         modes: names of the R recompute modes, in preference order (index 0
             wins ties after time).
         boundary_s: seconds to ship one microbatch across a chunk boundary;
@@ -105,7 +105,13 @@ class PartitionProblem:
         object.__setattr__(self, "boundary_s", float(b) if b.ndim == 0 else _readonly(b.reshape(-1)))
         if self.extra_bytes is not None:
             object.__setattr__(self, "extra_bytes", _readonly(np.asarray(self.extra_bytes).reshape(-1)))
-        object.__setattr__(self, "capacity_bytes", float(self.capacity_bytes))
+        cap = np.asarray(self.capacity_bytes, dtype=float)
+        if cap.ndim == 0:
+            object.__setattr__(self, "capacity_bytes", float(cap))
+        elif cap.shape != (t.shape[1],) or not np.all(np.isfinite(cap)):
+            raise PartitionError(f"capacity_bytes needs one finite number or one per mode ({t.shape[1]})")
+        else:
+            object.__setattr__(self, "capacity_bytes", _readonly(cap))
 
     @property
     def num_layers(self) -> int:
@@ -114,6 +120,11 @@ class PartitionProblem:
     @property
     def num_modes(self) -> int:
         return int(self.time_s.shape[1])
+
+    @property
+    def mode_capacity(self) -> np.ndarray:
+        """(R,) capacity when a rank uses mode r."""
+        return np.broadcast_to(np.asarray(self.capacity_bytes, dtype=float), (self.num_modes,))
 
 
 @dataclass(frozen=True)
@@ -144,6 +155,12 @@ class Partition:
     optimal: bool
     gap: float = 0.0
     note: str = ""
+    rank_capacity_bytes: tuple[float, ...] = ()
+
+    @property
+    def label(self) -> str:
+        """How the split was found, for output: ``ilp-highs``, ``dp (solver failed: ...)``."""
+        return f"{self.method} ({self.note})" if self.note else self.method
 
     @property
     def boundaries(self) -> tuple[int, ...]:
@@ -175,7 +192,11 @@ class Prepared:
     bnd: np.ndarray  # (K,) boundary seconds per chunk (0 for the last)
     inflight: np.ndarray  # (K,)
     extra: np.ndarray  # (p,)
-    cap: float
+    cap: np.ndarray  # (R,) capacity of a rank that uses mode r
+
+    @property
+    def cap_max(self) -> float:
+        return float(self.cap.max())
 
     @property
     def L(self) -> int:
@@ -191,6 +212,10 @@ class Prepared:
 
     def chunk_mem(self, k: int, i: int, j: int, r: int) -> float:
         return float(self.ps[j] - self.ps[i] + self.inflight[k] * (self.pa[j, r] - self.pa[i, r]))
+
+    def rank_capacity(self, modes: Sequence[int]) -> float:
+        """Capacity of a rank whose chunks use ``modes``: the smallest of theirs."""
+        return float(min(self.cap[r] for r in modes)) if len(modes) else self.cap_max
 
 
 def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
@@ -233,7 +258,7 @@ def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
         bnd=bnd,
         inflight=np.asarray(inflight, dtype=float),
         extra=extra,
-        cap=problem.capacity_bytes,
+        cap=np.array(problem.mode_capacity, dtype=float),
     )
 
 
@@ -259,6 +284,7 @@ def score_split(
     chunks = []
     rank_t = [0.0] * p
     rank_m = [float(x) for x in prep.extra]
+    rank_modes: list[list[int]] = [[] for _ in range(p)]
     start = 0
     for k, (e, r) in enumerate(zip(ends, modes)):
         t = prep.chunk_time(k, start, e, r)
@@ -266,13 +292,16 @@ def score_split(
         chunks.append(Chunk(start, int(e), names[r], t, m))
         rank_t[k % p] += t
         rank_m[k % p] += m
+        rank_modes[k % p].append(int(r))
         start = e
+    rank_cap = tuple(prep.rank_capacity(ms) for ms in rank_modes)
     if check_memory:
-        worst = int(np.argmax(rank_m))
-        if rank_m[worst] > prep.cap * (1 + TIE_RTOL):
+        over = [m - c for m, c in zip(rank_m, rank_cap)]
+        worst = int(np.argmax(over))
+        if not le_tol(rank_m[worst], rank_cap[worst]):
             raise PartitionError(
                 f"this split needs {rank_m[worst] / GIB:.1f} GiB on rank {worst}, "
-                f"more than {prep.cap / GIB:.1f} GiB per GPU"
+                f"more than {rank_cap[worst] / GIB:.1f} GiB per GPU"
             )
     return Partition(
         chunks=tuple(chunks),
@@ -283,7 +312,13 @@ def score_split(
         optimal=optimal,
         gap=gap,
         note=note,
+        rank_capacity_bytes=rank_cap,
     )
+
+
+def fits(part: Partition) -> bool:
+    """Every rank within the capacity of the modes it uses (up to the tie tolerance)."""
+    return all(le_tol(m, c) for m, c in zip(part.rank_memory_bytes, part.rank_capacity_bytes))
 
 
 def total_compute_s(prep: Prepared, ends: Sequence[int], modes: Sequence[int]) -> float:
@@ -295,115 +330,7 @@ def total_compute_s(prep: Prepared, ends: Sequence[int], modes: Sequence[int]) -
     return tot
 
 
-# ---------------------------------------------------------------- baselines
-
-
-def _resolve_mode(problem: PartitionProblem, recompute: str | int | None) -> int | None:
-    if recompute is None:
-        return None
-    if isinstance(recompute, int):
-        return recompute
-    if recompute not in problem.modes:
-        raise PartitionError(f"unknown recompute mode {recompute!r}; known: {', '.join(problem.modes)}")
-    return problem.modes.index(recompute)
-
-
-def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, method: str) -> Partition:
-    """Evaluate given ends; with recompute=None pick per chunk the fastest mode that fits."""
-    mode = _resolve_mode(prep.problem, recompute)
-    if mode is not None:
-        return score_split(prep, ends, [mode] * prep.K, method=method)
-    modes = []
-    start = 0
-    for k, e in enumerate(ends):
-        order = np.argsort(prep.pt[e] - prep.pt[start], kind="stable")
-        # fastest mode whose chunk alone fits next to the rank's extra bytes
-        pick = next(
-            (int(r) for r in order if prep.chunk_mem(k, start, e, int(r)) + prep.extra[k % prep.p] <= prep.cap),
-            int(order[-1]),
-        )
-        modes.append(pick)
-        start = e
-    return score_split(prep, ends, modes, method=method)
-
-
-def _balanced_ends(weights: np.ndarray, K: int) -> list[int]:
-    """Contiguous cut of ``weights`` into K non-empty parts of ~equal sum."""
-    L = len(weights)
-    cum = np.concatenate([[0.0], np.cumsum(weights)])
-    total = cum[-1]
-    ends = []
-    prev = 0
-    for k in range(1, K):
-        target = total * k / K
-        e = int(np.searchsorted(cum, target))
-        if e > 0 and abs(cum[e - 1] - target) <= abs(cum[min(e, L)] - target):
-            e -= 1
-        e = min(max(e, prev + 1), L - (K - k))
-        ends.append(e)
-        prev = e
-    ends.append(L)
-    return ends
-
-
-def fixed_split(problem: PartitionProblem, ends: Sequence[int], p: int,
-                recompute: str | int | None = None) -> Partition:
-    """A given split (chunk ends), with ``recompute`` or, for None, each chunk's fastest mode
-    that fits: the comparison point for splits users make by hand."""
-    prep = prepare(problem, len(ends), p)
-    return _fixed_split(prep, list(ends), recompute, "fixed")
-
-
-def even_split(problem: PartitionProblem, num_chunks: int, p: int, recompute: str | int | None = None) -> Partition:
-    """Equal number of layers per chunk (remainder spread over the first chunks).
-
-    ``recompute`` names one mode for every chunk; ``None`` picks per chunk the
-    fastest mode whose memory fits.  Memory is not enforced: the result is a
-    comparison point and may exceed capacity (see ``rank_memory_bytes``).
-    """
-    prep = prepare(problem, num_chunks, p)
-    q, rem = divmod(prep.L, prep.K)
-    sizes = [q + (1 if k < rem else 0) for k in range(prep.K)]
-    return _fixed_split(prep, np.cumsum(sizes).tolist(), recompute, "even")
-
-
-def equal_param_split(
-    problem: PartitionProblem,
-    num_chunks: int,
-    p: int,
-    param_counts: Sequence[float],
-    recompute: str | int | None = None,
-) -> Partition:
-    """Chunks with ~equal parameter counts (the common hand-made heuristic).
-
-    Same ``recompute`` semantics as :func:`even_split`.
-    """
-    prep = prepare(problem, num_chunks, p)
-    w = np.asarray(param_counts, dtype=float).reshape(-1)
-    if w.shape[0] != prep.L:
-        raise PartitionError(f"param_counts has {w.shape[0]} entries, model has {prep.L} layers")
-    return _fixed_split(prep, _balanced_ends(w, prep.K), recompute, "equal-params")
-
-
-# ---------------------------------------------------------------- the ILP
-
-
-def _heuristic_ends(prep: Prepared) -> list[list[int]]:
-    """Cheap candidate splits used as the ILP's upper bound (time-balanced, even)."""
-    q, rem = divmod(prep.L, prep.K)
-    even = np.cumsum([q + (1 if k < rem else 0) for k in range(prep.K)]).tolist()
-    tmin = prep.problem.time_s.min(axis=1)
-    return [_balanced_ends(tmin, prep.K), [int(e) for e in even]]
-
-
-def _upper_bound(prep: Prepared) -> Partition | None:
-    """Best memory-feasible heuristic split, or None."""
-    best = None
-    for ends in _heuristic_ends(prep):
-        cand = _fixed_split(prep, ends, None, "heuristic")
-        if max(cand.rank_memory_bytes) <= prep.cap and (best is None or cand.bottleneck_s < best.bottleneck_s):
-            best = cand
-    return best
+# ---------------------------------------------------------------- bounds
 
 
 def _lower_bound(prep: Prepared) -> float:
@@ -414,7 +341,3 @@ def _lower_bound(prep: Prepared) -> float:
 
 def _gap(value: float, lower: float) -> float:
     return max(0.0, (value - lower) / value) if value > 0 else 0.0
-
-
-def _replace(part: Partition, **kw) -> Partition:
-    return replace(part, **kw)

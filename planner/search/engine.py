@@ -132,8 +132,7 @@ class _Costs:
         plan = evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
                         recompute_per_chunk=list(split.recompute), tables=known,
                         profile=r.profile, simulated=True, sim_cache=self.simulations)
-        how = split.partition.method if split.partition else "even (interleaved chunks)"
-        return replace(plan, notes=plan.notes + (f"stage split: {how}",))
+        return replace(plan, notes=plan.notes + (f"stage split: {split.how}",))
 
 
 def search(req: Request, progress=None) -> SearchResult:

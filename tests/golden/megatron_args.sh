@@ -25,6 +25,7 @@ MEGATRON_ARGS=(
   --disable-bias-linear
   --position-embedding-type rope
   --rotary-base 500000
+  --make-vocab-size-divisible-by 128
   --untie-embeddings-and-output-weights
   --recompute-granularity full
   --recompute-method uniform

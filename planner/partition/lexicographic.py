@@ -1,0 +1,245 @@
+"""Solving the partition MILP: the tie-break rule of :mod:`planner.partition.problem` proven
+by the solver alone, and the solver interface (PuLP; HiGHS or CBC).
+
+Minimise the bottleneck B; then, with B <= B*, the total compute time T; then, with T <= T* too,
+the chunk keys ``R * layers_k + mode_k`` in chunk order (with the earlier chunks fixed, a
+shorter chunk is an earlier end), several chunks per solve (a mixed-radix weighted sum over their
+key ranges is minimal exactly at the lexicographic minimum).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Sequence
+
+from planner.partition.milp import MAX_BINARIES, BoundaryModel, _Infeasible, _Model, uniform_blocks, windows
+from planner.partition.options import OptionModel, RankModel
+from planner.partition.problem import TIE_RTOL, PartitionError, Prepared, _lower_bound, score_split, total_compute_s
+
+LEX_RADIX_LIMIT = 1 << 20
+"""Largest objective range of one tie-break solve: keeps the weighted keys exact integers well
+inside the solvers' tolerances (double precision, absolute gap below one unit)."""
+
+CAP_SLACK = 1e-7
+"""Relative slack on the B and T caps handed to the solver (its feasibility tolerance is ~1e-6 on
+O(1) rows); every split it returns is re-checked exactly with ``TIE_RTOL``."""
+
+
+def build(prep: Prepared, ub: float | None) -> _Model | None:
+    """The formulation for this instance, or None when no split can fit (a chunk has no option
+    that fits its mode's capacity). Raises PartitionError when the boundary model would be too
+    large to build within a time limit."""
+    try:
+        if uniform_blocks(prep):
+            return OptionModel(prep, ub)
+    except _Infeasible:
+        return None
+    lo, hi = windows(prep, ub)
+    n_binaries = sum(h - l for l, h in zip(lo, hi)) + prep.K * prep.R
+    if n_binaries > MAX_BINARIES:
+        raise PartitionError(f"MILP too large ({n_binaries} binaries > {MAX_BINARIES})")
+    return BoundaryModel(prep, ub)
+
+
+# ---------------------------------------------------------------- solving
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What :func:`solve_lexicographic` reached.
+
+    ``status``: 'optimal' (all three tie-break steps proven), 'feasible' (a split, B not proven
+    optimal: ``bound_s`` is the solver's lower bound), 'infeasible', or 'none' (no split within
+    the time). ``note`` says which tie-break step, if any, ran out of time."""
+
+    status: str
+    ends: tuple[int, ...] = ()
+    modes: tuple[int, ...] = ()
+    bound_s: float = 0.0
+    note: str = ""
+    kept: bool = False
+
+
+def solve_lexicographic(model: _Model, name: str, deadline: float,
+                        keep: tuple[Sequence[int], Sequence[int], float] | None = None,
+                        steps: int = 3) -> Outcome:
+    """The three steps of the tie-break rule, each proven by the solver (see module docstring).
+
+    ``keep`` = (ends, modes, bottleneck) of a fitting split the caller prefers on a tie: when
+    step 1 proves no split has a smaller bottleneck, it is returned (``kept``) instead of
+    running steps 2 and 3. ``steps`` < 3 stops after that step (said in ``note``)."""
+    import pulp
+
+    prep = model.prep
+    if isinstance(model, OptionModel) and prep.K > prep.p:
+        try:  # interleaved: steps 1 and 2 on the per-rank master (same optimum, exact)
+            model = RankModel(model)
+        except _Infeasible:
+            return Outcome("infeasible")
+    status, bound = solve(model, name, deadline - time.monotonic())
+    if status in ("infeasible", "none"):
+        return Outcome(status)
+    ends, modes = model.solution()
+    b_star = score_split(prep, ends, modes, method="ilp").bottleneck_s
+    if status == "feasible":
+        lb = max(_lower_bound(prep), (bound or 0.0) * model.tscale,
+                 getattr(model, "rank_bound_s", 0.0))
+        return Outcome("feasible", tuple(ends), tuple(modes), min(lb, b_star))
+    if keep is not None and keep[2] <= b_star * (1 + TIE_RTOL):
+        return Outcome("optimal", tuple(keep[0]), tuple(keep[1]), b_star, kept=True)
+    if steps <= 1:
+        return Outcome("optimal", tuple(ends), tuple(modes), b_star, "ties not broken")
+    # step 2 (least compute time; with one mode T is a constant) on the master for v > 1, on
+    # the model rebuilt with B* as its bound (far fewer options / a narrower window) otherwise;
+    # step 3 on that rebuilt model
+    master = model if isinstance(model, RankModel) else None
+    fallback_model = model.om if master is not None else model
+    if master is None:
+        model = build(prep, b_star) or model
+    t_star = None
+    step2 = master or model
+    step2.B.upBound = b_star * (1 + CAP_SLACK) / step2.tscale
+    if prep.R > 1:
+        step2.warm_start(ends, modes)
+        step2.prob.setObjective(step2.compute_time())
+        status, _ = solve(step2, name, deadline - time.monotonic())
+        if status != "optimal":
+            return Outcome("optimal", tuple(ends), tuple(modes), b_star,
+                           "least-recompute step timed out; ties may differ from the DP")
+        ends, modes = step2.solution()
+        t_star = total_compute_s(prep, ends, modes)
+    if steps == 2:
+        return Outcome("optimal", tuple(ends), tuple(modes), b_star,
+                       "ties broken by least recompute only" if prep.R > 1 else "ties not broken")
+    if master is not None:
+        model = build(prep, b_star) or fallback_model
+        model.B.upBound = b_star * (1 + CAP_SLACK) / model.tscale
+    if t_star is not None:
+        model.prob += model.compute_time() <= (t_star * (1 + CAP_SLACK) + 1e-300) / model.tscale
+    if prep.K == prep.p and prep.R == 1:
+        # One chunk per rank, one mode: a chunk inside a feasible chunk is feasible, so the
+        # chunk-wise smallest ends of two feasible splits are feasible, and the least element
+        # (the lexicographic minimum) is the one unique minimiser of the sum of the ends.
+        if prep.K > 1:
+            model.warm_start(ends, modes)
+            model.prob.setObjective(pulp.lpSum(model.end(k) for k in range(prep.K - 1)))
+            status, _ = solve(model, name, deadline - time.monotonic())
+            if status != "optimal":
+                return Outcome("optimal", tuple(ends), tuple(modes), b_star,
+                               "tie-break step timed out; ties may differ from the DP")
+            ends, modes = model.solution()
+        return Outcome("optimal", tuple(ends), tuple(modes), b_star)
+    return _lexicographic_keys(model, name, deadline, ends, modes, b_star)
+
+
+def _lexicographic_keys(model: _Model, name: str, deadline: float, ends: list[int],
+                        modes: list[int], b_star: float) -> Outcome:
+    """Step 3: fix the chunk keys in order, each window of chunks by one solve of a mixed-radix
+    objective; a chunk whose key in the incumbent is already the smallest possible after the
+    fixed prefix is fixed without a solve."""
+    prep = model.prep
+    K, R = prep.K, prep.R
+
+    def key(ends, modes, j):  # R * layers + mode, as model.key(j)
+        return R * (ends[j] - (ends[j - 1] if j else 0)) + modes[j]
+
+    k = 0
+    while k < K:
+        floor, top = model.key_range(k)
+        if key(ends, modes, k) == floor or top == floor:
+            model.prob += model.key(k) == key(ends, modes, k)
+            k += 1
+            continue
+        window, radix = [k], top - floor + 1
+        while window[-1] + 1 < K:
+            lo, hi = model.key_range(window[-1] + 1)
+            if radix * (hi - lo + 1) > LEX_RADIX_LIMIT:
+                break
+            window.append(window[-1] + 1)
+            radix *= hi - lo + 1
+        weights, w = [], 1
+        for j in reversed(window):
+            weights.append(w)
+            lo, hi = model.key_range(j)
+            w *= hi - lo + 1
+        weights.reverse()
+        model.warm_start(ends, modes)
+        model.prob.setObjective(sum((wt * model.key(j) for wt, j in zip(weights, window)), 0))
+        status, _ = solve(model, name, deadline - time.monotonic())
+        if status != "optimal":
+            return Outcome("optimal", tuple(ends), tuple(modes), b_star,
+                           f"tie-break stopped at chunk {k} (time limit); ties may differ from the DP")
+        ends, modes = model.solution()
+        for j in window:
+            model.prob += model.key(j) == key(ends, modes, j)
+        k = window[-1] + 1
+    return Outcome("optimal", tuple(ends), tuple(modes), b_star)
+
+
+@contextlib.contextmanager
+def _quiet_stdout():
+    """Silence C-level stdout (solver banners) for the duration of the block."""
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):  # captured / not a real file
+        yield
+        return
+    sys.stdout.flush()
+    saved = os.dup(fd)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+        yield
+    finally:
+        sys.stdout.flush()
+        os.dup2(saved, fd)
+        os.close(saved)
+        os.close(devnull)
+
+
+def _make_solver(name: str, time_limit_s: float):
+    import pulp
+
+    tl = max(float(time_limit_s), 0.01)
+    if name == "highs":
+        return pulp.HiGHS(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1)
+    with warnings.catch_warnings():  # bundled CBC: deprecated name, still the one that ships
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True)
+
+
+def solve(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
+    """Run the solver; returns ('optimal'|'feasible'|'infeasible'|'none', dual bound in scaled units)."""
+    import pulp
+
+    if time_limit_s <= 0:
+        return "none", None
+    solver = _make_solver(name, time_limit_s)
+    try:
+        with _quiet_stdout():  # HiGHS prints a banner before msg=False takes effect
+            model.prob.solve(solver)
+    except pulp.PulpSolverError:
+        if time_limit_s < 1.0:  # CBC killed at its limit leaves no solution file: a timeout
+            return "none", None
+        raise
+    bound = None
+    if name == "highs":
+        try:
+            bound = float(model.prob.solverModel.getInfo().mip_dual_bound)
+        except Exception:  # noqa: BLE001 - the bound is informative only
+            bound = None
+        if bound is not None and not math.isfinite(bound):
+            bound = None
+    if model.prob.status == pulp.LpStatusInfeasible:
+        return "infeasible", bound
+    if model.prob.sol_status == pulp.LpSolutionOptimal and model.prob.status == pulp.LpStatusOptimal:
+        return "optimal", bound
+    if model.prob.sol_status in (pulp.LpSolutionOptimal, pulp.LpSolutionIntegerFeasible):
+        return "feasible", bound
+    return "none", bound

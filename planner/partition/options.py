@@ -1,0 +1,289 @@
+"""The MILP formulations for the usual LLM: an embedding, N identical blocks and a head.
+
+:class:`OptionModel`: one binary per (chunk, block count, recompute mode) option, so every chunk's
+time and memory are exact in the LP relaxation and a chunk that cannot fit is never a variable.
+:class:`RankModel`: for interleaved schedules, a master over the ranks (ranks interact only
+through the block total), each rank's least time per block count from a Pareto recursion over
+its chunks (:meth:`OptionModel._rank_bound`, a decomposition).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import numpy as np
+
+from planner.partition.milp import _Infeasible, _lin, _Model, _val
+from planner.partition.problem import TIE_RTOL, Prepared, _lower_bound
+
+class OptionModel(_Model):
+    """Embedding + N identical blocks + head: binary ``y[k, n, r]`` = chunk k holds n blocks
+    under mode r (chunk 0 also the embedding, chunk K-1 also the head; middle chunks at least
+    one block). ``sum_{n,r} y[k, n, r] = 1``, ``sum n y = N``; a rank's time and memory are
+    linear in y, and an option that overruns the bound B or its mode's capacity even with the
+    rank's other chunks at their smallest is not created. The LP relaxation of each chunk is the
+    convex hull of its options, which is what makes it far stronger than counting blocks with
+    big-M mode switches."""
+
+    def __init__(self, prep: Prepared, ub: float | None) -> None:
+        import pulp
+
+        self.prep = prep
+        K, p, R, L = prep.K, prep.p, prep.R, prep.L
+        N = L - 2
+        pr = prep.problem
+        self.tscale = ts = ub if ub else max(_lower_bound(prep), 1e-12)
+        ms = prep.cap_max if prep.cap_max > 0 else 1.0
+        t, a, s = pr.time_s, pr.act_bytes, pr.state_bytes
+        nmin = [0 if k in (0, K - 1) else 1 for k in range(K)]
+        if K == 1:
+            nmin = [N]
+        edges = [([0] if k == 0 else []) + ([L - 1] if k == K - 1 else []) for k in range(K)]
+
+        def cost(k: int, n: int, r: int) -> tuple[float, float]:
+            e = edges[k]
+            tm = float(sum(t[i, r] for i in e) + n * t[1, r] + prep.bnd[k])
+            mem = float(sum(s[i] for i in e) + n * s[1]
+                        + prep.inflight[k] * (sum(a[i, r] for i in e) + n * a[1, r]))
+            return tm, mem
+
+        least = [min(cost(k, nmin[k], r) for r in range(R)) for k in range(K)]
+        least_mem = [min(cost(k, nmin[k], r)[1] for r in range(R)) for k in range(K)]
+        prob = pulp.LpProblem("partition_options", pulp.LpMinimize)
+        self.B = prob.add_variable("B", lowBound=0)
+        self.y: dict[tuple[int, int, int], object] = {}
+        self.cost: dict[tuple[int, int, int], tuple[float, float]] = {}
+        for k in range(K):
+            rho = k % p
+            others = [j for j in range(rho, K, p) if j != k]
+            t_rest = sum(least[j][0] for j in others)
+            m_rest = sum(least_mem[j] for j in others) + prep.extra[rho]
+            nmax = N - (sum(nmin) - nmin[k])
+            for r in range(R):
+                for n in range(nmin[k], nmax + 1):
+                    tm, mem = cost(k, n, r)
+                    if ub is not None and tm + t_rest > ub * (1 + 1e-7):
+                        break
+                    if mem + m_rest > prep.cap[r] * (1 + TIE_RTOL):
+                        break
+                    self.y[k, n, r] = prob.add_variable(f"y_{k}_{n}_{r}", cat="Binary")
+                    self.cost[k, n, r] = (tm, mem)
+        self.by_chunk: list[list[tuple[int, int, int]]] = [[] for _ in range(K)]
+        for key in self.y:
+            self.by_chunk[key[0]].append(key)
+        if any(not opts for opts in self.by_chunk):
+            raise _Infeasible
+        for k in range(K):
+            prob += pulp.lpSum(self.y[o] for o in self.by_chunk[k]) == 1
+        prob += _lin((self.y[o], o[1]) for o in self.y) == N
+        for rho in range(p):
+            ks = range(rho, K, p)
+            opts = [o for k in ks for o in self.by_chunk[k]]
+            prob += _lin([(self.y[o], self.cost[o][0] / ts) for o in opts] + [(self.B, -1.0)]) <= 0
+            if len(ks) == 1:
+                continue  # one chunk: its options already fit its mode's capacity
+            mem = [(self.y[o], self.cost[o][1] / ms) for o in opts]
+            room = (prep.cap_max - prep.extra[rho]) / ms
+            worst = sum(max(self.cost[o][1] for o in self.by_chunk[k]) for k in ks)
+            if worst + prep.extra[rho] > prep.cap.min():
+                prob += _lin(mem) <= room
+                for k in ks:
+                    for r in range(R):
+                        short = (prep.cap_max - prep.cap[r]) / ms
+                        if short > 0:  # using mode r on this rank lowers its capacity
+                            prob += _lin(mem + [(self.y[o], short) for o in self.by_chunk[k]
+                                                if o[2] == r]) <= room
+        if ub is not None:
+            self.B.upBound = ub * (1 + 1e-7) / ts
+        self.rank_bound_s = self._rank_bound()
+        self.B.lowBound = self.rank_bound_s / ts
+        prob += self.B
+        self.prob = prob
+        # chunk ends reachable: prefix sums of the smallest / largest block counts
+        cnt_lo = [min(o[1] for o in self.by_chunk[k]) for k in range(K)]
+        cnt_hi = [max(o[1] for o in self.by_chunk[k]) for k in range(K)]
+        self.end_lo = [min(1 + sum(cnt_lo[: k + 1]), L) for k in range(K)]
+        self.end_hi = [min(1 + sum(cnt_hi[: k + 1]), L - (K - 1 - k)) for k in range(K)]
+        self.end_lo[-1] = self.end_hi[-1] = L
+
+    def _rank_bound(self) -> float:
+        """A lower bound on B from the ranks one at a time (a decomposition). Blocks are
+        identical, so ranks interact only through the total N: rank rho can take c blocks within
+        time b exactly when tau_rho(c) <= b, where tau_rho(c) is the least time of its chunks
+        holding c blocks within its memory (per capacity level: the modes whose capacity is at
+        least that level, memory within it). Moving a block out of a chunk only saves time and
+        memory, so the c a rank can take at b form an interval, and the least b with
+        sum_rho max{c : tau_rho(c) <= b} >= N bounds B* from below (and meets it when the
+        block-count minimums leave room). The LP relaxation alone is off by up to a block per
+        rank, which with several chunks per rank (interleaved) costs the solver long branching.
+        tau_rho comes from a Pareto recursion over the rank's chunks on (blocks, time, memory)."""
+        prep = self.prep
+        K, p, N = prep.K, prep.p, prep.L - 2
+        ms = prep.cap_max if prep.cap_max > 0 else 1.0
+        tau, self.patterns = [], []
+        for rho in range(p):
+            ks = list(range(rho, K, p))
+            best = np.full(N + 1, math.inf)
+            how: dict[int, tuple] = {}  # c -> ((n_k, r_k) per chunk of the rank)
+            for level in sorted(set(prep.cap.tolist())):
+                ok = [r for r in range(prep.R) if prep.cap[r] >= level]
+                cap = level / ms * (1 + TIE_RTOL)
+                # columns: blocks, seconds, memory, then (n, r) of each chunk so far
+                states = np.array([[0.0, 0.0, prep.extra[rho] / ms]])
+                for k in ks:
+                    opts = np.array([(o[1], self.cost[o][0], self.cost[o][1] / ms, o[1], o[2])
+                                     for o in self.by_chunk[k] if o[2] in ok]).reshape(-1, 5)
+                    S, O = len(states), len(opts)
+                    both = np.concatenate([
+                        (states[:, None, :3] + opts[None, :, :3]).reshape(-1, 3),
+                        np.repeat(states[:, 3:], O, axis=0),
+                        np.tile(opts[:, 3:], (S, 1))], axis=1)
+                    states = _pareto(both[(both[:, 2] <= cap) & (both[:, 0] <= N)])
+                    if not len(states):
+                        break
+                else:
+                    for row in states:
+                        c = int(row[0])
+                        if row[1] < best[c]:
+                            best[c] = row[1]
+                            how[c] = tuple((int(row[3 + 2 * i]), int(row[4 + 2 * i]))
+                                           for i in range(len(ks)))
+            tau.append(best)
+            self.patterns.append(how)
+        tau = self.tau = np.array(tau)  # (p, N+1)
+        cand = np.unique(tau[np.isfinite(tau)])
+
+        def enough(b: float) -> bool:
+            ok = tau <= b
+            most = np.where(ok.any(axis=1), (N - np.argmax(ok[:, ::-1], axis=1)), -1)
+            return bool((most >= 0).all() and most.sum() >= N)
+
+        lo, hi = 0, len(cand) - 1
+        if hi < 0 or not enough(cand[hi]):
+            return 0.0
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if enough(cand[mid]):
+                hi = mid
+            else:
+                lo = mid + 1
+        return float(cand[lo]) * (1 - 1e-9)
+
+    def compute_time(self):
+        ts = self.tscale
+        return _lin((v, (self.cost[o][0] - self.prep.bnd[o[0]]) / ts) for o, v in self.y.items())
+
+    def end(self, k: int):
+        if k == self.prep.K - 1:
+            return _lin([]) + self.prep.L
+        return _lin((self.y[o], o[1]) for j in range(k + 1) for o in self.by_chunk[j]) + 1
+
+    def mode(self, k: int):
+        return _lin((self.y[o], o[2]) for o in self.by_chunk[k])
+
+    def _edges(self, k: int) -> int:
+        return int(k == 0) + int(k == self.prep.K - 1)
+
+    def count(self, k: int):
+        return _lin((self.y[o], o[1]) for o in self.by_chunk[k]) + self._edges(k)
+
+    def count_range(self, k: int) -> tuple[int, int]:
+        ns = [o[1] for o in self.by_chunk[k]]
+        return min(ns) + self._edges(k), max(ns) + self._edges(k)
+
+    def binaries(self) -> int:
+        return len(self.y)
+
+    def solution(self) -> tuple[list[int], list[int]]:
+        K, L = self.prep.K, self.prep.L
+        ends, modes, end = [], [], 1
+        for k in range(K):
+            o = max(self.by_chunk[k], key=lambda o: _val(self.y[o]))
+            end += o[1]
+            ends.append(L if k == K - 1 else end)
+            modes.append(o[2])
+        return ends, modes
+
+    def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
+        start = 1
+        for k, (e, r) in enumerate(zip(ends, modes)):
+            n = (e - (1 if k == self.prep.K - 1 else 0)) - start
+            start += n
+            for o in self.by_chunk[k]:
+                self.y[o].setInitialValue(1 if o == (k, n, r) else 0)
+
+
+def _pareto(states: np.ndarray) -> np.ndarray:
+    """Rows (blocks, time, memory) that no row with the same blocks beats in both time and
+    memory."""
+    if not len(states):
+        return states
+    order = np.lexsort((states[:, 2], states[:, 1], states[:, 0]))
+    s = states[order]
+    span = float(s[:, 2].max() - s[:, 2].min()) + 1.0
+    shifted = s[:, 2] - s[:, 0] * 2 * span  # later block counts sort below: the running
+    prior = np.minimum.accumulate(shifted)  # minimum restarts at every block count
+    keep = np.ones(len(s), dtype=bool)
+    keep[1:] = shifted[1:] < prior[:-1]
+    return s[keep]
+
+
+class RankModel(_Model):
+    """The interleaved master over the decomposition of :meth:`OptionModel._rank_bound`: binary
+    ``u[rho, c]`` = rank rho holds c blocks, at its least time tau_rho(c) (its chunks arranged
+    as the Pareto recursion found, within the rank's memory). ``sum_c u[rho, c] = 1``,
+    ``sum c u = N``, ``B >= sum_c tau_rho(c) u[rho, c]``. Ranks interact only through N, so
+    this is exact for steps 1 and 2 of the tie-break (least B, then least total time: for a
+    given c the least-time arrangement is best for both); step 3 needs every arrangement and
+    runs on the option model. Its LP relaxation is nearly integral where the option model's
+    leaves the solver to branch over many ranks' fractional blocks."""
+
+    def __init__(self, om: OptionModel) -> None:
+        import pulp
+
+        self.prep = prep = om.prep
+        self.om = om
+        K, p, N = prep.K, prep.p, prep.L - 2
+        ub = om.B.upBound * om.tscale if om.B.upBound is not None else math.inf
+        self.tscale = ts = om.tscale
+        prob = pulp.LpProblem("partition_ranks", pulp.LpMinimize)
+        self.B = prob.add_variable("B", lowBound=om.rank_bound_s / ts,
+                                   upBound=None if om.B.upBound is None else om.B.upBound)
+        self.u = {}
+        bnd = [float(sum(prep.bnd[k] for k in range(rho, K, p))) for rho in range(p)]
+        for rho in range(p):
+            for c in np.flatnonzero(np.isfinite(om.tau[rho])):
+                if om.tau[rho, c] <= ub * (1 + 1e-7):
+                    self.u[rho, int(c)] = prob.add_variable(f"u_{rho}_{c}", cat="Binary")
+        for rho in range(p):
+            mine = [(v, c) for (r, c), v in self.u.items() if r == rho]
+            if not mine:
+                raise _Infeasible
+            prob += pulp.lpSum(v for v, _ in mine) == 1
+            prob += _lin([(v, om.tau[rho, c] / ts) for v, c in mine] + [(self.B, -1.0)]) <= 0
+        prob += _lin((v, c) for (_, c), v in self.u.items()) == N
+        self._compute = _lin((v, (om.tau[rho, c] - bnd[rho]) / ts) for (rho, c), v in self.u.items())
+        prob += self.B
+        self.prob = prob
+        self.end_lo, self.end_hi = om.end_lo, om.end_hi
+
+    def compute_time(self):
+        return self._compute
+
+    def solution(self) -> tuple[list[int], list[int]]:
+        prep = self.prep
+        K, p, L = prep.K, prep.p, prep.L
+        n, modes = [0] * K, [0] * K  # chunk k holds n[k] blocks
+        for (rho, c), v in self.u.items():
+            if _val(v) > 0.5:
+                for i, (nk, rk) in enumerate(self.om.patterns[rho][c]):
+                    n[rho + i * p], modes[rho + i * p] = nk, rk
+        ends, end = [], 1
+        for k in range(K):
+            end += n[k]
+            ends.append(L if k == K - 1 else end)
+        return ends, modes
+
+    def warm_start(self, ends: Sequence[int], modes: Sequence[int]) -> None:
+        pass  # the master is solved from scratch: its LP relaxation is nearly integral
