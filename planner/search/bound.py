@@ -17,10 +17,10 @@ Lagrange multiplier (`memory_families`), and all ranks' capacity summed (`memory
 A cheaper relaxation comes first: over real-valued splits with sum t_k = T, the smallest max over
 r is reached when every rank's term is equal (if all were below that value, the partial sums
 would stay below the equal split's and could not reach T): C = a·T / (1 - (1 - a/m)^p), a = 1,
-or for ZB-H1 the smallest forward share f/t of any layer.  Interleaved splits stay even
-(planner/predict/stages.py), so there the inequality is evaluated on the actual chunks, rank r
-holding chunks r, r + p, ... and the prefix over chunks 0..r-1 (its last op is the backward of
-chunk r, followed by those of chunks r-1..0), with the transfers on that path.
+or for ZB-H1 the smallest forward share f/t of any layer.  Interleaved ranks hold several
+chunks, which the partitioner may size unevenly, so there only what holds for any split is used:
+the busiest rank runs m microbatches of at least T / p, and microbatch 0's chain of forwards
+and input-gradient backwards runs through every layer.
 
 Data-parallel sync and optimizer.  The rank with the most parameters holds at least total / p of
 them; its sync costs at least the interference share of the collective even with all of it hidden
@@ -38,14 +38,6 @@ from planner.core.parallel import Parallel
 from planner.cost import constants
 from planner.partition.problem import TIE_RTOL
 from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, CostTable, Stages, _dp_exposed_s
-
-
-def interleaved_bound(stages: Stages, p: int, m: int, transfer_s: np.ndarray) -> float:
-    """max over ranks of: forwards, backwards and transfers of the chunks before the rank's first
-    chunk, plus m microbatches of all its chunks (the actual even split)."""
-    t = stages.time_s
-    before = np.concatenate(([0.0], np.cumsum(t[:p - 1] + 2 * transfer_s[:p - 1])))
-    return float((before + m * stages.by_rank(t, p)).max())
 
 
 def split_fits(c: float, families: list[tuple[np.ndarray, np.ndarray]]) -> bool:
@@ -134,6 +126,12 @@ def layer_times(tables: dict[str, CostTable]) -> LayerTimes:
                       np.maximum(times - forwards - inputs, 0.0).min(axis=0), share, params)
 
 
+def _largest_capacity(problem) -> float:
+    """The problem's capacity (the largest of its per-mode capacities: a chunk in any mode fits
+    within it), with the partitioner's tie tolerance."""
+    return float(np.max(problem.capacity_bytes)) * (1 + TIE_RTOL)
+
+
 def memory_bound_total(problem, ranks: int) -> float:
     """Least total per-microbatch time of the layers over the recompute modes any split that
     fits can use (inf when none fits).  Every split the partitioner may return keeps each rank
@@ -145,8 +143,7 @@ def memory_bound_total(problem, ranks: int) -> float:
     lies at lambda = 0 or where some layer's best mode changes (taken exactly, all candidates)."""
     t, act = np.asarray(problem.time_s), np.asarray(problem.act_bytes)
     extra = 0.0 if problem.extra_bytes is None else float(np.sum(problem.extra_bytes))
-    room = ranks * problem.capacity_bytes * (1 + TIE_RTOL) - extra - float(np.sum(
-        problem.state_bytes))
+    room = ranks * _largest_capacity(problem) - extra - float(np.sum(problem.state_bytes))
     budget = room / float(np.min(problem.inflight))
     if budget < float(act.min(axis=1).sum()):
         return float("inf")  # no mode choice fits: the refinement finds no split
@@ -172,7 +169,7 @@ def memory_families(problem, m: int, before: np.ndarray,
     t, act = np.asarray(problem.time_s), np.asarray(problem.act_bytes)
     states = np.asarray(problem.state_bytes)
     inflight = np.asarray(problem.inflight)
-    cap = problem.capacity_bytes * (1 + TIE_RTOL)
+    cap = _largest_capacity(problem)
     dt = t[:, :, None] - t[:, None, :]
     da = act[:, None, :] - act[:, :, None]
     with np.errstate(divide="ignore", invalid="ignore"):
@@ -190,12 +187,10 @@ def memory_families(problem, m: int, before: np.ndarray,
     return out
 
 
-def dp_bound(par: Parallel, cluster, opts, params: float, even: Stages | None) -> float:
-    """The data-parallel sync's lower bound: exact on the interleaved even split; otherwise the
-    rank with the most parameters (at least params / pp) with an unbounded window to hide behind,
-    which still pays the interference share of the hidden time (or all of it without overlap)."""
-    if even is not None:
-        return float(_dp_exposed_s(par, cluster, opts, even).max())
+def dp_bound(par: Parallel, cluster, opts, params: float) -> float:
+    """The data-parallel sync's lower bound: the rank with the most parameters (at least
+    params / pp) with an unbounded window to hide behind, which still pays the interference
+    share of the hidden time (or all of it without overlap)."""
     n = par.num_chunks
     zeros, unbounded = np.zeros(n), np.full(n, np.inf)
     ideal = Stages(first=zeros, last=zeros, recompute=("none",) * n, fwd_s=unbounded,
@@ -227,22 +222,21 @@ class Bound:
         return max(self.cheap_s, split_bound(self.families) + self.rest_s)
 
 
-def step_bound(par: Parallel, cluster, opts, layers: LayerTimes, even: Stages | None,
-               transfer_s: np.ndarray | None, problem=None) -> Bound:
+def step_bound(par: Parallel, cluster, opts, layers: LayerTimes, problem=None) -> Bound:
     """Lower bound on the refined step time of ``par``, whose stages may use the layer times
-    ``layers``; ``even`` and ``transfer_s`` (per boundary) are the interleaved split's stages.
-    ``problem`` (the configuration's partition problem, v = 1) adds what memory forces
-    (`memory_bound_total`)."""
+    ``layers``.  ``problem`` (the configuration's partition problem) adds what memory forces
+    (`memory_bound_total`, and for v = 1 `memory_families`)."""
     m, p = par.num_microbatches, par.pp
+    total = float(layers.time_s.sum())
+    if problem is not None:  # the modes memory leaves open
+        total = max(total, memory_bound_total(problem, p))
+    # any split: the busiest rank runs m microbatches of at least a p-th of the work and of
+    # the slowest layer; microbatch 0's forwards and input-gradient backwards form one chain
+    pipeline = max(m * total / p, m * float(layers.time_s.max()), float(layers.fb_s.sum()))
     families = None
-    if par.virtual_stages > 1:
-        pipeline = interleaved_bound(even, p, m, transfer_s)
-    else:
+    if par.virtual_stages == 1:  # a rank is one contiguous block of layers
         a = layers.forward_share if par.schedule == "zb-h1" else 1.0
-        total = float(layers.time_s.sum())
-        if problem is not None:  # the modes memory leaves open
-            total = max(total, memory_bound_total(problem, p))
-        pipeline = max(relaxed_bound(a, p, m, total), m * float(layers.time_s.max()))
+        pipeline = max(pipeline, relaxed_bound(a, p, m, total))
         families = families_of(par.schedule, p, m, layers)
         if problem is not None:
             families += memory_families(problem, m, layers.fwd_s if par.schedule == "zb-h1"
@@ -251,6 +245,5 @@ def step_bound(par: Parallel, cluster, opts, layers: LayerTimes, even: Stages | 
     owned = layers.params / p / (par.dp if par.zero >= 1 else 1)
     optimizer = owned * OPTIMIZER_BYTES_PER_PARAM / (
         hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY))
-    rest = dp_bound(par, cluster, opts, layers.params,
-                    even if par.virtual_stages > 1 else None) + optimizer
+    rest = dp_bound(par, cluster, opts, layers.params) + optimizer
     return Bound(pipeline + rest, rest, families)

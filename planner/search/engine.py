@@ -15,13 +15,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field, replace
 
-import numpy as np
-
 from planner.cost import constants
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.predict.step import (CostTable, Stages, evaluate, even_block_bounds,
-                                  model_layer_costs, predict, predict_plan, split_stages,
-                                  stage_transfer_s)
+                                  model_layer_costs, predict, predict_plan, split_stages)
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.partition.problem import PartitionError
@@ -85,15 +82,12 @@ class _Costs:
             times_key = (par.tp, par.sequence_parallel, par.micro_batch, modes)
             if times_key not in self.layer_times:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
-            even = transfer = problem = None
-            if par.virtual_stages > 1:
-                even = self.even_stages(par)
-                transfer = np.array(stage_transfer_s(r.model, par, r.cluster, r.options))
-            elif with_memory:
+            problem = None
+            if with_memory:
                 problem = partition_problem(r.model, r.cluster, par, r.options,
                                             {m: self.table(par, m) for m in modes})
             self.bounds[key] = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
-                                          even, transfer, problem)
+                                          problem)
         return self.bounds[key]
 
     def table(self, par: Parallel, mode: str) -> CostTable:
