@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import sys
 from contextlib import contextmanager
@@ -14,11 +15,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from planner.launchers import export_plan, implied_launcher
+from planner.launchers import export_plan, implied_launcher, parse_targets
 from planner.report.gantt import render_gantt, to_svg
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
 from planner.report.layout import render_layout
-from planner.pipeline.job import on_stack, run_simulation, simulation_job, simulation_summary
+from planner.pipeline.job import (check_sizes, on_stack, run_simulation, simulation_job,
+                                  simulation_summary)
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware.profiles import bundled_hardware, load_hardware, make_cluster
 from planner.model.spec import PRESETS, load_model, sequence_note
@@ -33,7 +35,10 @@ from planner.core.parallel import Parallel
 from planner.pipeline.schedule import ScheduleError
 from planner.profile.machine import calibrate
 from planner.core.files import refuse_overwrite, write_text
+from planner.core.text import for_rich
 from planner.profile.profiler import load_profile, profile_model, save_profile
+from planner.report.output import (INPUT_ERROR, NOTHING_FITS, error_document, error_markup,
+                                   json_text)
 from planner.report.profile import profile_table
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
 from planner.search.space import Pins, Request, tp_rule, validate_pins
@@ -61,21 +66,30 @@ err = _console(stderr=True)
 
 
 def print_json(doc) -> None:
-    """Plain JSON on stdout (no colour, stable bytes) for pipes and scripts."""
-    sys.stdout.write(json.dumps(doc, indent=2) + "\n")
+    """Plain JSON on stdout (no colour, stable bytes, never NaN) for pipes and scripts."""
+    sys.stdout.write(json_text(doc))
 
 
 @contextmanager
-def user_errors():
-    """Bad input: one line and exit 2; nothing feasible: the reasons and exit 1."""
+def user_errors(as_json: bool = False):
+    """Bad input (a file, a flag, an output that cannot be written): one line and exit 2;
+    nothing feasible: the reasons and exit 1. With --json the same as a JSON document on stdout."""
     try:
         yield
     except PlanInputError as e:
-        err.print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(2)
+        _fail("error", "input", str(e), INPUT_ERROR, as_json)
     except NoFeasiblePlan as e:
-        err.print(f"[bold red]no feasible plan:[/bold red] {e}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1)
+        _fail("no feasible plan", "infeasible", str(e), NOTHING_FITS, as_json, e.rejected)
+    except OSError as e:
+        where = f"{e.filename}: " if e.filename else ""
+        _fail("error", "output", f"{where}{e.strerror or e}", INPUT_ERROR, as_json)
+
+
+def _fail(label: str, kind: str, message: str, code: int, as_json: bool, rejected=None):
+    err.print(error_markup(label, message), highlight=False, soft_wrap=True)
+    if as_json:
+        print_json(error_document(kind, message, code, rejected))
+    raise typer.Exit(code)
 
 
 def planned_model(model: Optional[str], seq_len: Optional[int]):
@@ -84,7 +98,7 @@ def planned_model(model: Optional[str], seq_len: Optional[int]):
     spec = load_model(model).with_seq_length(seq_len)
     note = sequence_note(spec, seq_len)
     if note:
-        err.print(f"note: {note}", highlight=False, soft_wrap=True)
+        err.print(f"note: {for_rich(note)}", highlight=False, soft_wrap=True)
     return spec
 
 
@@ -186,13 +200,15 @@ def solve(
       plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/\n
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
-    with user_errors():
+    with user_errors(as_json):
+        if gpu is not None and hardware is not None:
+            raise PlanInputError("give --gpu NAME or --hardware FILE, not both")
+        targets = parse_targets(export)
         spec = planned_model(model, seq_len)
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel)
-        targets = [t.strip() for t in export.split(",") if t.strip()] if export else []
         launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
@@ -218,7 +234,7 @@ def solve(
             write_text(csv_file, plans_csv(result.plans), force=force)
         if targets:
             written = export_plan(result.plans[0], targets, out_dir, force=force)
-            err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
+            err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
             doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
                    "search": {"screened": result.screened, "returned": len(result.plans)}}
@@ -226,7 +242,7 @@ def solve(
         else:
             print_search(out, result, spec, cluster)
             if measured is not None:
-                out.print(analytical_comparison(req, result.plans[0]), highlight=False)
+                out.print(for_rich(analytical_comparison(req, result.plans[0])), highlight=False)
 
 
 def parse_range(text: Optional[str]) -> Optional[tuple[int, int]]:
@@ -266,13 +282,15 @@ def profile(
     with user_errors():
         if device not in ("cpu", "gpu"):
             raise PlanInputError(f"--device must be cpu or gpu, got {device!r}")
+        if not (math.isfinite(budget_s) and budget_s > 0):
+            raise PlanInputError(f"--budget-s must be a positive number of seconds, got {budget_s}")
         if calibrate_it:
             with progress_bar("calibrating") as progress:
                 hw = calibrate(device, progress=_three(progress))
             text = json.dumps(hw, indent=2) + "\n"
             if out_file is not None:
                 write_text(out_file, text, force=force)
-                err.print(f"wrote {out_file}", highlight=False)
+                err.print(f"wrote {for_rich(str(out_file))}", highlight=False)
             else:
                 sys.stdout.write(text)
             return
@@ -292,7 +310,7 @@ def profile(
                       "yet been checked on real hardware; sanity-check the TFLOP/s column[/dim]")
         if out_file is not None:
             save_profile(measured, out_file, force=force)
-            err.print(f"wrote {out_file}", highlight=False)
+            err.print(f"wrote {for_rich(str(out_file))}", highlight=False)
 
 
 def _three(progress):
@@ -326,7 +344,7 @@ def simulate(
       plan simulate --pp 4 --microbatches 8 --schedule interleaved --virtual-stages 2\n
       plan simulate --plan out/plan.json --svg schedule.svg
     """
-    with user_errors():
+    with user_errors(as_json):
         job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                              plan_file)
         if stack is not None:
@@ -384,6 +402,7 @@ def partition(
     solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the splits as JSON."),
+    force: bool = typer.Option(False, "--force", help="Overwrite the --lp file."),
     stack: Optional[str] = typer.Option(None, "--stack", help="Software stack NAME or FILE."),
     flash: Optional[bool] = STACK_FLAGS["flash"],
     overlap: Optional[bool] = STACK_FLAGS["overlap"],
@@ -399,12 +418,19 @@ def partition(
       plan partition --model llama3-8b --pp 4\n
       plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
     """
-    with user_errors():
+    with user_errors(as_json):
+        for name, value in (("--pp", pp), ("--tp", tp), ("--dp", dp),
+                            ("--microbatches", microbatches)):
+            if value is not None and value < 1:
+                raise PlanInputError(f"{name} must be positive, got {value}")
+        m = microbatches or 4 * pp
+        check_sizes(pp, m, virtual_stages)
+        if lp is not None:
+            refuse_overwrite([lp], force)
         spec = planned_model(model, seq_len)
         run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
-        m = microbatches or 4 * pp
         gpus = tp * pp * dp
         hw = load_hardware(gpu, hardware)
         node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
@@ -517,7 +543,7 @@ def models_show(
       plan models show llama3-8b --json > my-model.json\n
       plan models show path/to/config.json --json   (a HuggingFace config as a model.json)
     """
-    with user_errors():
+    with user_errors(as_json):
         spec = load_model(name)
         if as_json:
             print_json(model_template(spec))

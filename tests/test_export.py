@@ -187,19 +187,18 @@ def test_export_writes_all_and_refuses_overwrite(plan, tmp_path):
 
 
 def test_atomic_write_leaves_old_file_on_failure(plan, tmp_path, monkeypatch):
-    import planner.core.files as files
+    import planner.core.fileset as fileset
 
     export_plan(plan, ["json"], tmp_path)
-    before = (tmp_path / "plan.json").read_text()
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir()}
 
     def boom(src, dst):
         raise OSError("disk full")
 
-    monkeypatch.setattr(files.os, "replace", boom)
-    with pytest.raises(OSError):
+    monkeypatch.setattr(fileset.os, "replace", boom)
+    with pytest.raises(PlanInputError, match="disk full; nothing was changed"):
         export_plan(make_plan(micro_batch=2, num_microbatches=8), ["json"], tmp_path, force=True)
-    assert (tmp_path / "plan.json").read_text() == before
-    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir()} == before
 
 
 def test_unknown_target(plan, tmp_path):

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
-import json
 import os
+import shutil
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
+from planner.core.fileset import OutputError, output_error
+from planner.core.jsonfile import read_json_file
 
 
 def refuse_overwrite(paths, force: bool) -> None:
@@ -20,32 +23,40 @@ def refuse_overwrite(paths, force: bool) -> None:
 
 def write_text(path: str | Path, text: str, force: bool = False,
                executable: bool = False) -> Path:
-    """Write to a temporary file beside ``path`` and rename it over: readers never see half."""
+    """Write to a temporary file beside ``path`` and rename it over: readers never see half.
+    Any OS error (permission, disk full, a directory in the way) is one OutputError line."""
     path = Path(path)
+    if path.is_dir():
+        raise OutputError(f"{path} is a directory; give a file name")
     refuse_overwrite([path], force)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    tmp = None
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
             f.write(text)
         os.chmod(tmp, 0o755 if executable else 0o644)
         os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
+    except OSError as e:
+        raise output_error(e, path) from None
+    finally:
+        if tmp is not None and os.path.exists(tmp):
             os.unlink(tmp)
-        raise
     return path
 
 
 def read_json(path: str | Path, what: str, missing_hint: str = ""):
-    """Parse a JSON file, or one clear PlanInputError line saying what is wrong and what to do."""
-    path = Path(path)
+    """Parse a JSON input file, or one clear PlanInputError line saying what is wrong and what
+    to do (regular files of at most 16 MiB, finite numbers, bounded nesting: core/jsonfile.py)."""
+    return read_json_file(path, what, missing_hint)
+
+
+@contextmanager
+def scratch_dir(prefix: str = "plan3d-"):
+    """A private temporary directory, removed with everything in it when the block ends, also on
+    Ctrl-C (a solver's temporary model and solution files go there)."""
+    path = tempfile.mkdtemp(prefix=prefix)
     try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        hint = f"; {missing_hint}" if missing_hint else ""
-        raise PlanInputError(f"{what} {path} not found{hint}")
-    except json.JSONDecodeError as e:
-        raise PlanInputError(f"{path}: not valid JSON ({e.msg} at line {e.lineno}); fix the file")
-    except (OSError, UnicodeDecodeError) as e:
-        raise PlanInputError(f"{path}: cannot read the {what} ({e})")
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)

@@ -17,8 +17,10 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from planner.core.text import for_rich
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.fidelity.runs_schema import check_runs_document
 from planner.predict.step import evaluate
 from planner.core.units import DATA_DIR, GIB
 from planner.hardware.profiles import Cluster, Hardware, load_hardware
@@ -131,8 +133,7 @@ class ValidationSummary:
 
 def load_cases(path: str | Path = DEFAULT_FILE) -> list[dict]:
     data = read_json(path, "validation file")
-    if not isinstance(data, list):
-        raise PlanInputError(f"{path}: expected a JSON list of published runs")
+    check_runs_document(data, str(path))  # every case's keys, types, ranges: runs_schema.py
     return data
 
 
@@ -622,12 +623,13 @@ def validation_table(rows, summary: ValidationSummary):
     from rich.table import Table
 
     table = Table(title="Predictions against published runs", title_justify="left",
-                  caption="\n".join(summary_lines(summary)), caption_justify="left")
+                  caption="\n".join(for_rich(line) for line in summary_lines(summary)),
+                  caption_justify="left")
     for h in _HEADERS:
         table.add_column(h, justify="left" if h in ("case", "configuration", "stack", "note")
                          else "right")
     for r in rows:
-        table.add_row(*_cells(r))
+        table.add_row(*(for_rich(cell) for cell in _cells(r)))  # names from the runs file
     return table
 
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
 
+from planner.core.limits import MAX_GPUS
 from planner.core.units import DATA_DIR, GIB
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.hardware.schema import check_hardware_document
 
 HARDWARE_DIR = DATA_DIR / "hardware"
 DEFAULT_GPU = "a100-80gb"
@@ -68,6 +70,7 @@ _REQUIRED = ("name", "peak_tflops", "memory_gib", "memory_bandwidth_gbps", "intr
 
 
 def hardware_from_dict(data: dict, origin: str) -> Hardware:
+    check_hardware_document(data, origin)  # types, ranges, unknown keys: hardware/schema.py
     if not isinstance(data, dict):
         raise PlanInputError(f"{origin}: expected a JSON object describing the GPU")
     missing = [k for k in _REQUIRED if k not in data]
@@ -116,6 +119,8 @@ def make_cluster(hardware: Hardware, gpus: int, nodes: int) -> Cluster:
     for label, value in (("--gpus", gpus), ("--nodes", nodes)):
         if value <= 0:
             raise PlanInputError(f"{label} must be positive, got {value}")
+    if gpus > MAX_GPUS:
+        raise PlanInputError(f"--gpus {gpus}: plan3d plans at most {MAX_GPUS:,} GPUs in one job")
     if gpus % nodes:
         raise PlanInputError(f"--gpus {gpus} is not divisible by --nodes {nodes}; "
                              "every node must hold the same number of GPUs")

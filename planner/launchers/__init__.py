@@ -3,8 +3,9 @@ torchrun + Slurm.
 
 Each exporter module has ``render(plan) -> {filename: text}``, ``check(plan) -> [violation]`` and
 ``parallel_rules(Facts) -> [violation]``. :func:`export_plan` checks every target first
-and writes nothing when any rule is broken; files are written atomically (temporary file in the
-same directory, then ``os.replace``) and never over an existing file unless ``force``.
+and writes nothing when any rule is broken; the files are written as one all-or-nothing set under
+a directory lock, with a manifest of their digests written last (core/fileset.py), and never over
+an existing file unless ``force``.
 :func:`launcher_allows` is the cheap per-candidate test the search uses for ``--launcher``.
 """
 
@@ -14,9 +15,9 @@ from pathlib import Path
 from types import ModuleType
 
 from planner.core.errors import PlanInputError
-from planner.core.files import refuse_overwrite, write_text
+from planner.core.fileset import OutFile, write_set
 from planner.launchers import deepspeed, megatron, plan_json, torchrun, torchtitan
-from planner.launchers.common import ExportError, Facts
+from planner.launchers.common import ExportError, Facts, plan_digest
 from planner.launchers.megatron import parse_megatron_args
 from planner.predict.plan import Plan
 
@@ -30,7 +31,7 @@ EXPORTERS: dict[str, ModuleType] = {
 LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
 __all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "implied_launcher",
-           "launcher_allows", "parse_megatron_args", "render_all"]
+           "launcher_allows", "parse_megatron_args", "parse_targets", "render_all"]
 
 
 def _exporter(target: str) -> ModuleType:
@@ -91,13 +92,24 @@ def render_all(plan: Plan, targets: list[str]) -> dict[str, str]:
     return files
 
 
+def parse_targets(text: str | None) -> list[str]:
+    """``--export`` as a list of known targets, checked before any search runs."""
+    if text is None:
+        return []
+    targets = [t.strip() for t in text.split(",") if t.strip()]
+    if not targets:
+        raise PlanInputError(f"--export names no target (got {text!r}); give one or more of "
+                             f"{', '.join(EXPORTERS)}, separated by commas")
+    for target in targets:
+        _exporter(target)
+    return list(dict.fromkeys(targets))
+
+
 def export_plan(plan: Plan, targets: list[str], out_dir: str | Path,
                 force: bool = False) -> list[Path]:
-    """Write the files of every target into ``out_dir``; returns their paths in write order."""
+    """Write the files of every target into ``out_dir`` as one set, all or nothing, one writer
+    at a time (core/fileset.py); returns their paths in write order."""
     files = render_all(plan, targets)
-    out = Path(out_dir)
-    paths = [out / name for name in files]
-    refuse_overwrite(paths, force)
-    for path, text in zip(paths, files.values()):
-        write_text(path, text, force=True, executable=path.suffix in (".sh", ".sbatch"))
-    return paths
+    return write_set(out_dir, [OutFile(name, text, Path(name).suffix in (".sh", ".sbatch"))
+                               for name, text in files.items()],
+                     force=force, tag=plan_digest(plan))

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from planner.core.version import __version__
 from planner.core.errors import PlanInputError
+from planner.launchers.quoting import comment
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Plan
@@ -46,7 +47,7 @@ def header(plan: Plan, target: str, prefix: str = "# ") -> str:
              f"Plan: {describe(plan)}",
              f"Plan digest: sha256 {plan_digest(plan)} of its plan.json. Edit the plan, not this "
              "file, and export again."]
-    return "".join(f"{prefix}{line}\n" for line in lines)
+    return "".join(f"{prefix}{comment(line)}\n" for line in lines)  # names stay one line
 
 
 def block_counts(plan: Plan) -> list[int]:

@@ -24,6 +24,7 @@ import shlex
 
 from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt, schedule_basics,
                                    strongest_recompute, structure_problems, tp_divisibility)
+from planner.launchers.quoting import sh_word
 from planner.predict.plan import Plan
 
 TARGET = "Megatron-LM core_r0.13+ (pretrain_gpt.py arguments)"
@@ -205,7 +206,7 @@ def render(plan: Plan) -> dict[str, str]:
                  f"world size / (tp*pp) = {par.dp}\n")
     lines.append("MEGATRON_ARGS=(\n")
     for flag, value in args(plan):
-        lines.append(f"  {flag}" + (f" {shlex.quote(value)}" if value is not None else "") + "\n")
+        lines.append(f"  {flag}" + (f" {sh_word(value)}" if value is not None else "") + "\n")
     lines.append(")\n")
     return {FILENAME: "".join(lines)}
 

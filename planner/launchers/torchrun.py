@@ -13,9 +13,8 @@ to launch.sh are appended.
 
 from __future__ import annotations
 
-import re
-
 from planner.launchers.common import Facts, header, structure_problems
+from planner.launchers.quoting import sh_token
 from planner.predict.plan import Plan
 
 TARGET = "torchrun (PyTorch 2.1+) with c10d rendezvous"
@@ -74,7 +73,7 @@ def _launch(plan: Plan) -> str:
 
 def _sbatch(plan: Plan) -> str:
     cl = plan.cluster
-    name = re.sub(r"[^A-Za-z0-9_.-]", "-", f"plan3d-{plan.model.name}")
+    name = sh_token(f"plan3d-{plan.model.name}")
     return (
         "#!/bin/bash\n"
         f"#SBATCH --job-name={name}\n"

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from planner.launchers.common import (Facts, header, is_standard_gpt, schedule_basics,
                                    strongest_recompute, structure_problems, tp_divisibility)
+from planner.launchers.quoting import comment, toml_list, toml_str
 from planner.predict.plan import Plan
 
 TARGET = "torchtitan v0.1+ TOML job config (torchrun -m torchtitan.train --job.config_file)"
@@ -62,16 +63,12 @@ def split_points(plan: Plan) -> list[str]:
     return points
 
 
-def _toml_list(items: list[str]) -> str:
-    return "[" + ", ".join(f'"{x}"' for x in items) + "]"
-
-
 def _stack_training_keys(plan: Plan) -> list[str]:
     """The gradient reduction dtype the plan's stack priced (FSDP2's reduce dtype)."""
     if plan.stack is None:
         return []
     reduce = "float32" if plan.stack.grad_dtype == "fp32" else "bfloat16"
-    return [f'mixed_precision_reduce = "{reduce}"\n']
+    return [f"mixed_precision_reduce = {toml_str(reduce)}\n"]
 
 
 def render(plan: Plan) -> dict[str, str]:
@@ -81,13 +78,13 @@ def render(plan: Plan) -> dict[str, str]:
     model_name, flavor = FLAVORS.get(m.name, ("llama3", "SET-ME"))
     recompute = strongest_recompute(plan)
     lines = [header(plan, TARGET)]
-    lines.append(f"# Model: {m.name}, {m.num_layers} blocks, hidden {m.hidden_size}, "
+    lines.append(f"# Model: {comment(m.name)}, {m.num_layers} blocks, hidden {m.hidden_size}, "
                  f"{m.num_attention_heads} heads ({m.num_kv_heads} KV), FFN {m.ffn_hidden_size}.\n")
     if par.tp > 1 and not par.sequence_parallel:
         lines.append("# Note: torchtitan's TP implies sequence parallelism (less activation "
                      "memory than this plan counted).\n")
-    lines += ["\n[model]\n", f'name = "{model_name}"\n',
-              f'flavor = "{flavor}"' + ("  # pick the flavor matching the model above"
+    lines += ["\n[model]\n", f"name = {toml_str(model_name)}\n",
+              f"flavor = {toml_str(flavor)}" + ("  # pick the flavor matching the model above"
                                         if flavor == "SET-ME" else "") + "\n",
               "\n[training]\n",
               f"local_batch_size = {local_batch}\n",
@@ -108,10 +105,10 @@ def render(plan: Plan) -> dict[str, str]:
     if par.pp > 1:
         sched = SCHEDULES.get(par.schedule, par.schedule)
         note = "  # closest to ZB-H1 available" if par.schedule == "zb-h1" else ""
-        lines += [f'pipeline_parallel_schedule = "{sched}"{note}\n',
+        lines += [f"pipeline_parallel_schedule = {toml_str(sched)}{note}\n",
                   f"pipeline_parallel_microbatch_size = {par.micro_batch}\n",
-                  f"pipeline_parallel_split_points = {_toml_list(split_points(plan))}\n"]
-    lines += ["\n[activation_checkpoint]\n", f'mode = "{recompute}"\n']
+                  f"pipeline_parallel_split_points = {toml_list(split_points(plan))}\n"]
+    lines += ["\n[activation_checkpoint]\n", f"mode = {toml_str(recompute)}\n"]
     if plan.stack is not None:  # eager element-wise kernels unless the stack compiled them
         lines += ["\n[compile]\n", f"enable = {str(plan.stack.fused_elementwise).lower()}\n"]
     if recompute == "selective":

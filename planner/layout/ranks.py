@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.core.limits import MAX_GPUS
+
 ORDERS = ("tp-dp-pp", "tp-pp-dp")
 DEFAULT_ORDER = "tp-dp-pp"
 
@@ -106,6 +108,8 @@ def build_layout(tp: int, pp: int, dp: int, gpus_per_node: int,
             raise LayoutError(f"{name} must be a positive integer, got {value!r}")
     if order not in ORDERS:
         raise LayoutError(f"unknown rank order '{order}'; choose one of {', '.join(ORDERS)}")
+    if tp * pp * dp > MAX_GPUS:
+        raise LayoutError(f"tp*pp*dp = {tp * pp * dp} ranks; at most {MAX_GPUS:,}")
 
     coords: dict[int, tuple[int, int, int]] = {}
     for p in range(pp):

@@ -12,7 +12,9 @@ from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.core.text import check_name
 from planner.model.huggingface import PLANNING_SEQ_CAP, huggingface_fields
+from planner.model.schema import MAX_SEQ, check_model_document
 
 LAYER_KINDS = ("embedding", "block", "head", "linear")
 MLP_KINDS = ("gelu", "swiglu")
@@ -181,8 +183,9 @@ class ModelSpec:
         model would count full attention where the model attends to a band of the window."""
         spec = self
         if seq_length is not None:
-            if seq_length < 1:
-                raise PlanInputError(f"--seq-len must be positive, got {seq_length}")
+            if not 1 <= seq_length <= MAX_SEQ:
+                raise PlanInputError(f"--seq-len must be between 1 and {MAX_SEQ:,}, got "
+                                     f"{seq_length}")
             spec = replace(self, seq_length=seq_length)
         window = spec.sliding_window
         if 0 < window < spec.seq_length:
@@ -310,13 +313,14 @@ def load_model(source: str | Path | None) -> ModelSpec:
         raise PlanInputError(
             f"unknown model '{text}': not a file and not a preset; `plan models` lists the presets")
     data = read_json(path, "model file")
-    if not isinstance(data, dict):
-        raise PlanInputError(f"{path}: expected a JSON object describing the model")
-    return model_from_dict(data, origin=str(path))
+    spec = model_from_dict(data, origin=str(path))
+    check_name(spec.name, f"{path}: the model name (its 'name', or the file name)")
+    return spec
 
 
 def model_from_dict(data: dict, origin: str = "model") -> ModelSpec:
     """Recognise our model.json or a HuggingFace config.json and build the spec."""
+    check_model_document(data, origin)  # types, ranges, unknown keys: model/schema.py
     moe = [k for k in _MOE_KEYS if data.get(k) not in (None, 0, 1)]
     if moe:
         raise PlanInputError(

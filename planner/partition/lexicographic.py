@@ -18,6 +18,7 @@ import warnings
 from dataclasses import dataclass
 from typing import Sequence
 
+from planner.core.files import scratch_dir
 from planner.partition.milp import MAX_BINARIES, BoundaryModel, _Infeasible, _Model, uniform_blocks, windows
 from planner.partition.options import OptionModel, RankModel
 from planner.partition.problem import TIE_RTOL, PartitionError, Prepared, _lower_bound, score_split, total_compute_s
@@ -222,7 +223,8 @@ def solve(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
         return "none", None
     solver = _make_solver(name, time_limit_s)
     try:
-        with _quiet_stdout():  # HiGHS prints a banner before msg=False takes effect
+        with scratch_dir() as tmp, _quiet_stdout():  # HiGHS prints a banner before msg=False
+            solver.tmpDir = tmp  # CBC's model and solution files: removed even on Ctrl-C
             model.prob.solve(solver)
     except pulp.PulpSolverError:
         if time_limit_s < 1.0:  # CBC killed at its limit leaves no solution file: a timeout

@@ -7,6 +7,7 @@ import time
 from dataclasses import replace
 from typing import Sequence
 
+from planner.core.fileset import output_error
 from planner.partition import lexicographic
 from planner.partition.dp import infeasible_error, partition_dp
 from planner.partition.baselines import _fixed_split, _upper_bound
@@ -100,7 +101,10 @@ def partition(
     if model is None:
         raise infeasible_error(prep)
     if lp_path is not None:
-        model.prob.writeLP(os.fspath(lp_path))
+        try:
+            model.prob.writeLP(os.fspath(lp_path))
+        except OSError as e:  # the user's --lp path: one line (core/fileset.py), no fallback
+            raise output_error(e, lp_path) from None
     keep = None if kept is None else (kept.boundaries, [problem.modes.index(m) for m in kept.recompute],
                                       kept.bottleneck_s)
     try:

@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.core.fileset import verify_set
+from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
+from planner.core.plan_schema import check_plan_document
 from planner.pipeline.schedule import ScheduleError
 from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
 from planner.stack import Stack
@@ -37,13 +41,23 @@ def simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm
                         ("--virtual-stages", virtual_stages)):
         if value < 1:
             raise PlanInputError(f"{name} must be positive, got {value}")
-    if comm_time < 0:
-        raise PlanInputError(f"--comm-time must be >= 0, got {comm_time}")
+    if not math.isfinite(comm_time) or comm_time < 0:
+        raise PlanInputError(f"--comm-time must be a finite number >= 0, got {comm_time}")
+    check_sizes(pp, microbatches, virtual_stages)
     chunks = pp * virtual_stages
     fwd = _times(stage_times, chunks) if stage_times else (1.0,) * chunks
     return SimulationJob(schedule=schedule, p=pp, m=microbatches, v=virtual_stages, fwd_s=fwd,
                          bwd_s=tuple(2 * f for f in fwd), wgrad_s=tuple(f for f in fwd),
                          comm_s=comm_time)
+
+
+def check_sizes(pp: int, microbatches: int, virtual_stages: int) -> None:
+    """The caps of core/limits.py: a schedule beyond them is no real run, only a long wait."""
+    if microbatches > MAX_MICROBATCHES:
+        raise PlanInputError(f"--microbatches {microbatches}: at most {MAX_MICROBATCHES:,}")
+    if pp * virtual_stages > MAX_CHUNKS:
+        raise PlanInputError(f"--pp x --virtual-stages = {pp * virtual_stages} chunks; at most "
+                             f"{MAX_CHUNKS} (a chunk holds at least one layer)")
 
 
 def on_stack(job: SimulationJob, stack: Stack, from_plan: bool) -> SimulationJob:
@@ -66,7 +80,7 @@ def _times(text: str, chunks: int) -> tuple[float, ...]:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise PlanInputError(f"--stage-times must be numbers separated by commas, got {text!r}")
-    if len(values) != chunks or min(values) <= 0:
+    if len(values) != chunks or not all(math.isfinite(x) and x > 0 for x in values):
         raise PlanInputError(f"--stage-times needs {chunks} positive values (one per chunk: "
                              f"pp x virtual stages), got {len(values)}")
     return values
@@ -74,18 +88,15 @@ def _times(text: str, chunks: int) -> tuple[float, ...]:
 
 def _from_plan(path: Path) -> SimulationJob:
     doc = read_json(path, "plan file", "write one with plan solve --export json --out DIR")
-    try:
-        if "plans" in doc:  # the output of `plan solve --json`: take the best plan
-            doc = doc["plans"][0]
-        par, stages = doc["parallel"], doc["stages"]
-        return SimulationJob(
-            schedule=par["schedule"], p=par["pp"], m=par["num_microbatches"],
-            v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
-            bwd_s=tuple(s["bwd_s"] for s in stages), wgrad_s=tuple(s["wgrad_s"] for s in stages),
-            comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]))
-    except (KeyError, TypeError, IndexError) as e:
-        raise PlanInputError(f"{path}: not a plan3d plan JSON ({type(e).__name__}: {e}); "
-                             "write one with plan solve --export json --out DIR")
+    problem = verify_set(path.parent) if path.name == "plan.json" else None
+    if problem:  # an export set cut short or mixed: its plan.json may not be the launch files'
+        raise PlanInputError(problem)
+    par, stages = check_plan_document(doc, str(path))  # types, ranges: core/plan_schema.py
+    return SimulationJob(
+        schedule=par["schedule"], p=par["pp"], m=par["num_microbatches"],
+        v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
+        bwd_s=tuple(s["bwd_s"] for s in stages), wgrad_s=tuple(s["wgrad_s"] for s in stages),
+        comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]))
 
 
 def run_simulation(job: SimulationJob) -> SimResult:

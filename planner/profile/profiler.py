@@ -53,6 +53,7 @@ import numpy as np
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json, write_text
+from planner.profile.schema import check_profile_document
 from planner.profile.executors import (PHASES, AttentionExecutor, PhaseCosts, attention_costs,
                                 build_executor, layer_costs, shard_dims, working_set_bytes)
 from planner.model.spec import Layer, ModelSpec
@@ -208,6 +209,7 @@ def save_profile(profile: Profile, path: str | Path, force: bool = False) -> Pat
 
 def load_profile(path: str | Path) -> Profile:
     data = read_json(path, "profile", f"create one with `plan profile MODEL --out {path}`")
+    check_profile_document(data, str(path))  # top-level keys, types, ranges: profile/schema.py
     return Profile.from_dict(data, str(path))
 
 

@@ -10,6 +10,7 @@ import json
 
 from rich.table import Table
 
+from planner.core.text import for_rich
 from planner.model.template import FIELDS, model_template
 from planner.model.spec import ModelSpec
 
@@ -17,13 +18,14 @@ from planner.model.spec import ModelSpec
 def template_table(spec: ModelSpec) -> Table:
     """Every model.json field with this model's value, the loader's default and its meaning."""
     doc = model_template(spec)
-    table = Table(title=f"{spec.name} as a model.json (plan models show {spec.name} --json > "
+    name = for_rich(spec.name)  # a name from a file: printed, never read as markup
+    table = Table(title=f"{name} as a model.json (plan models show {name} --json > "
                         "model.json)", title_justify="left")
     for col in ("field", "value", "default", "meaning"):
         table.add_column(col, overflow="fold")
     for f in FIELDS:
         if f.name in doc:
-            table.add_row(f.name, json.dumps(doc[f.name]), f.default, f.meaning)
+            table.add_row(f.name, for_rich(json.dumps(doc[f.name])), f.default, f.meaning)
     if "layers" in doc:
         table.add_row("layers", f"{len(doc['layers'])} layers (see --json)", "", "")
     return table

@@ -6,6 +6,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
+from planner.core.text import for_rich
 from planner.core.units import GIB
 from planner.hardware.profiles import Hardware
 from planner.model.spec import ModelSpec
@@ -108,15 +109,15 @@ def hardware_table(gpus: dict[str, Hardware]) -> Table:
 
 def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
     nodes = f"{cluster.nodes} node" + ("s" if cluster.nodes > 1 else "")
-    title = (f"{model.name} ({_si(model.params)} params, seq {model.seq_length}) on "
-             f"{cluster.gpus} x {cluster.hardware.name} ({nodes})")
+    title = (f"{for_rich(model.name)} ({_si(model.params)} params, seq {model.seq_length}) on "
+             f"{cluster.gpus} x {for_rich(cluster.hardware.name)} ({nodes})")
     console.print(plans_table(result.plans, title))
     console.print(f"{result.screened} configurations screened in {result.elapsed_s:.2f} s; "
                   + rejected_line(result.rejected))
     for note in result.notes:
-        console.print(f"[dim]{note}[/dim]")
+        console.print(f"[dim]{for_rich(note)}[/dim]")
     for note in result.plans[0].notes:
-        console.print(f"[dim]{note}[/dim]")
+        console.print(f"[dim]{for_rich(note)}[/dim]")
     console.print("[dim]how close such predictions come to real runs: `plan validate`[/dim]")
 
 
@@ -190,7 +191,7 @@ def _memory_rows(exp) -> list[dict]:
 def print_explanation(console: Console, exp) -> None:
     """Fits or not, and by how much; the stages and their memory when it was predicted."""
     if exp.plan is None:
-        console.print(f"[bold red]not a valid configuration:[/bold red] {exp.rule}",
+        console.print(f"[bold red]not a valid configuration:[/bold red] {for_rich(exp.rule)}",
                       highlight=False)
         return
     m = exp.plan.metrics

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from planner.core.text import for_rich
 from planner.profile.profiler import LayerTiming, Profile
 
 
@@ -34,7 +35,8 @@ def profile_table(profile: Profile) -> Table:
     """Per-layer table: FLOPs, the three passes' times (ms, per layer), achieved TFLOP/s, the share
     of the whole step (all layers, forward + backward) and a marker for scaled measurements."""
     step_s = sum(t.total_s for t in profile.layers) or 1.0
-    title = (f"{profile.model_name} on {profile.device_name} ({profile.device}, {profile.dtype}) - "
+    title = (f"{for_rich(profile.model_name)} on {for_rich(profile.device_name)} "
+             f"({for_rich(profile.device)}, {for_rich(profile.dtype)}) - "
              f"tp {profile.tp}, micro-batch {profile.micro_batch}, seq {profile.seq_len}")
     table = Table(title=title, title_justify="left")
     for header in ("layers", "kind", "shape (per TP rank)", "FLOPs fwd+bwd"):

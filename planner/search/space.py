@@ -13,6 +13,8 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 from itertools import product
 
+from planner.core.divisors import divisors
+from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.core.errors import PlanInputError
 from planner.launchers import LAUNCHERS, Facts, launcher_allows
 from planner.hardware.profiles import Cluster
@@ -65,10 +67,6 @@ def default_global_batch(seq_len: int) -> int:
     return max(1, DEFAULT_TOKENS_PER_BATCH // seq_len)
 
 
-def divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
-
-
 def validate_pins(req: Request) -> None:
     """Pins that contradict each other or the GPU count: one line, before any search."""
     pins, gpus = req.pins, req.cluster.gpus
@@ -96,9 +94,9 @@ def validate_pins(req: Request) -> None:
         raise PlanInputError(f"--zero must be 0, 1, 2 or 3, got {pins.zero}")
     if pins.sequence_parallel and pins.tp == 1:
         raise PlanInputError("--sequence-parallel needs --tp > 1 (it shards what TP replicates)")
-    if pins.virtual_stages and pins.virtual_stages > 1 and pins.schedule not in (
-            None, "interleaved"):
-        raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved")
+    if pins.virtual_stages and pins.virtual_stages > 1 and pins.schedule != "interleaved":
+        raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved (the schedule "
+                             "with virtual stages); add it")
     if req.global_batch is not None and req.global_batch < 1:
         raise PlanInputError(f"--global-batch must be positive, got {req.global_batch}")
     if req.batch_range is not None:
@@ -158,6 +156,9 @@ def enumerate_configs(req: Request, rejected: Counter):
                 m = microbatches(req, mb * dp)
                 if m is None:
                     rejected["batch not divisible"] += 1
+                    continue
+                if m > MAX_MICROBATCHES:  # core/limits.py: the simulator's work grows with M
+                    rejected[f"more than {MAX_MICROBATCHES:,} microbatches"] += 1
                     continue
                 yield from _knobs(req, Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb,
                                                 num_microbatches=m), rejected)
@@ -223,6 +224,8 @@ def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:
     layers = len(model.layers)
     if par.num_chunks > layers:
         return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
+    if par.num_chunks > MAX_CHUNKS:  # core/limits.py
+        return f"{par.num_chunks} pipeline chunks; at most {MAX_CHUNKS}"
     # Blocks need not divide evenly into pp x v chunks: the partitioner splits interleaved
     # chunks unevenly, and each launcher's own rules refuse what it cannot express.
     return par.schedule_problem()

@@ -13,6 +13,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from planner.core import schema
 from planner.core.errors import PlanInputError
 from planner.core.parallel import SCHEDULES
 
@@ -158,7 +159,9 @@ def check_value(key: str, value, origin: str):
     if key in ("name", "version", "description"):
         if not isinstance(value, str) or (key != "description" and not value.strip()):
             raise PlanInputError(f"{where} must be a non-empty string, got {value!r}")
-        return value
+        # printed and exported: printable, no control characters (core/schema.py, issue #12)
+        return schema.check_value(value, schema.Text() if key == "description" else
+                                  schema.Name(), where)
     if key in _CHOICES:
         if value not in _CHOICES[key]:
             allowed = ", ".join("null" if c is None else c for c in _CHOICES[key])

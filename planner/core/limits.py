@@ -1,0 +1,29 @@
+"""Every cap on the size of the work plan3d accepts, in one place, each with its reason.
+
+Inputs beyond these are no real training run but a typo or an attack; each would make a command
+run for minutes or hours. Past a cap the command stops at once with one line naming the cap (exit
+2). benchmarks/bench_worst_case.py times each dimension at its cap.
+"""
+
+from __future__ import annotations
+
+# GPUs in one job. Llama 3 405B trained on 16,384 H100s (Llama 3 paper, sec. 3.3); 2^15 = 32,768
+# is twice that. Every plan's JSON lists each rank's place (layout/ranks.py): at 2^16 GPUs
+# `solve --json --top 10` took ~10 s of CPU, at 2^15 about half (benchmarks/bench_worst_case.py),
+# and a million GPUs with a batch that fits ran for more than 5 minutes.
+MAX_GPUS = 2**15
+# Llama 3 405B has 126 blocks, Megatron's 1T model 128; 1,024 layers bounds the partitioner.
+MAX_LAYERS = 1024
+# Pipeline chunks, pp x virtual stages. The deepest published pipelines have a few dozen (Megatron
+# 1T: pp 64; the zero-bubble runs: one layer per chunk, 30-ish); the op-by-op simulator's work grows
+# with chunks x M, and 256 chunks x 256 microbatches simulate in ~1 s of CPU.
+MAX_CHUNKS = 256
+# Microbatches per step. Not lower: issue #17 makes the simulator's cost independent of M beyond
+# its steady state, and 10^6 is the floor the project agreed on.
+MAX_MICROBATCHES = 10**6
+# Input files: the largest bundled one (a runs file) is ~100 KiB.
+MAX_FILE_BYTES = 16 * 2**20
+# JSON nesting: the deepest bundled input nests 4 levels.
+MAX_JSON_DEPTH = 32
+# Names (model, GPU, run): longer than any in use, shorter than a terminal line twice over.
+MAX_NAME = 256

@@ -1,0 +1,74 @@
+"""The schema of a saved plan (plan.json from ``--export json``, or ``plan solve --json`` output)
+as ``plan simulate --plan`` reads it: the parallel settings and per-stage times it uses, each
+checked for type, finiteness and range. Other keys (metrics, layout, notes, and whatever a newer
+plan schema adds) are not read, so they are not checked either."""
+
+from __future__ import annotations
+
+from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
+from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES
+from planner.core.schema import Bool, Free, Int, Num, OneOf, Text, check_list, check_object
+from planner.core.errors import PlanInputError
+
+MAX_SECONDS = 1e9
+
+PARALLEL = {
+    "tp": Int(1, 2**20, required=True),
+    "pp": Int(1, MAX_CHUNKS, required=True),
+    "dp": Int(1, 2**31, required=True),
+    "micro_batch": Int(1, 2**20),
+    "num_microbatches": Int(1, MAX_MICROBATCHES, required=True),
+    "global_batch": Int(1, 2**53),
+    "schedule": OneOf(*SCHEDULES, required=True),
+    "virtual_stages": Int(1, MAX_CHUNKS, required=True),
+    "recompute": OneOf(*RECOMPUTE_MODES),
+    "zero": Int(0, 3),
+    "sequence_parallel": Bool(),
+}
+
+STAGE = {
+    "stage": Int(0, MAX_CHUNKS),
+    "rank": Int(0, MAX_CHUNKS),
+    "layers": Free(),
+    "recompute": Text(),
+    "time_s": Num(0, MAX_SECONDS),
+    "fwd_s": Num(0, MAX_SECONDS, required=True),
+    "bwd_s": Num(0, MAX_SECONDS, required=True),
+    "wgrad_s": Num(0, MAX_SECONDS, required=True),
+    "send_s": Num(0, MAX_SECONDS),
+    "memory_bytes": Num(0, 2**60),
+}
+
+
+def check_plan_document(doc, origin: str) -> tuple[dict, list[dict]]:
+    """(parallel, stages) of a plan JSON, or of the best plan of ``plan solve --json`` output."""
+    if isinstance(doc, dict) and "plans" in doc:
+        plans = doc["plans"]
+        if not isinstance(plans, list) or not plans:
+            raise PlanInputError(f"{origin}: holds no plans (nothing fitted when it was "
+                                 "written); solve again")
+        doc, origin = plans[0], f"{origin}: plans[0]"
+    if not isinstance(doc, dict):
+        raise PlanInputError(f"{origin}: expected a plan3d plan JSON object; write one with "
+                             "plan solve --export json --out DIR")
+    schema = doc.get("schema")
+    if not isinstance(schema, str) or not schema.startswith("plan3d/plan/"):
+        raise PlanInputError(f"{origin}: not a plan3d plan JSON (its 'schema' is not "
+                             "plan3d/plan/...); write one with plan solve --export json --out DIR")
+    for key in ("parallel", "stages"):
+        if key not in doc:
+            raise PlanInputError(f"{origin}: missing '{key}'; write the plan again with "
+                                 "plan solve --export json --out DIR")
+    par = check_object(doc["parallel"], PARALLEL, f"{origin}: parallel", "plan's parallel",
+                       tolerant=True)
+    chunks = par["pp"] * par["virtual_stages"]
+    if chunks > MAX_CHUNKS:
+        raise PlanInputError(f"{origin}: pp x virtual_stages = {chunks} chunks; at most "
+                             f"{MAX_CHUNKS}")
+    stages = check_list(doc["stages"], f"{origin}: 'stages'", "stage objects", MAX_CHUNKS)
+    checked = [check_object(s, STAGE, f"{origin}: stages[{i}]", "plan stage", tolerant=True)
+               for i, s in enumerate(stages)]
+    if len(checked) != chunks:
+        raise PlanInputError(f"{origin}: {len(checked)} stages, but pp x virtual_stages = "
+                             f"{chunks}; the plan is inconsistent")
+    return par, checked

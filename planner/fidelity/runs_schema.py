@@ -1,0 +1,106 @@
+"""The schema of a published-runs file (``plan validate FILE``): a list of cases, each with its
+model, cluster, parallel configuration and measurements. The bundled files
+(profiles/validation/*.json) define the keys; a misspelled one is refused, not read as missing."""
+
+from __future__ import annotations
+
+from planner.core.schema import Bool, Free, Int, Name, Num, Text, check_list, check_object
+from planner.core.errors import PlanInputError
+from planner.model.schema import MAX_FFN, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_VOCAB
+
+MAX_CASES = 10_000
+_COUNT = 2**31  # GPUs, batches: far beyond any published run
+_RATE = 1e18  # tokens/s, TFLOP/s, PFLOP/s, GB/s
+
+MODEL = {
+    "layers": Int(1, MAX_LAYERS, required=True),
+    "hidden": Int(1, MAX_HIDDEN, required=True),
+    "heads": Int(1, MAX_HEADS, required=True),
+    "kv_heads": Int(1, MAX_HEADS, nullable=True),
+    "ffn_hidden": Int(1, MAX_FFN, required=True),
+    "vocab": Int(1, MAX_VOCAB, nullable=True),
+    "seq_len": Int(1, MAX_SEQ, required=True),
+    "params_b": Num(0, 1e6, low_open=True, nullable=True),
+    "mlp": Text(nullable=True),
+}
+
+CLUSTER = {
+    "gpu": Name(nullable=True),
+    "gpus": Int(1, _COUNT, required=True),
+    "gpus_per_node": Int(1, 1024, required=True),
+    "hbm_gb": Num(0, 1e6, low_open=True, nullable=True),
+    "peak_tflops_bf16": Num(0, 1e6, low_open=True, required=True),
+    "intra_node_GBps": Num(0, 1e6, low_open=True, required=True),
+    "inter_node_GBps": Num(0, 1e6, low_open=True, nullable=True),
+    "network": Text(nullable=True),
+}
+
+CONFIG = {
+    "tp": Int(1, 4096, required=True),
+    "pp": Int(1, 4096, required=True),
+    "dp": Int(1, _COUNT, required=True),
+    "cp": Int(1, 4096, nullable=True),
+    "micro_batch": Int(1, 2**20, nullable=True),
+    "global_batch": Int(1, _COUNT, required=True),
+    "batch_size_per_dp": Int(1, _COUNT, nullable=True),
+    "local_batch": Int(1, _COUNT, nullable=True),
+    "grad_accum": Int(1, _COUNT, nullable=True),
+    "schedule": Text(nullable=True),
+    "virtual_stages": Free(),  # a count, or a sentence such as "max: one transformer layer ..."
+    "recompute": Text(nullable=True),
+    "zero": Int(0, 3, nullable=True),
+    "sequence_parallel": Bool(nullable=True),
+    "flash_attention": Bool(nullable=True),
+    "overlap": Text(nullable=True),
+    "precision": Text(nullable=True),
+    "techniques": Text(nullable=True),
+}
+
+MEASURED = {
+    "step_time_s": Num(0, 1e9, low_open=True, required=True),
+    "tokens_per_s": Num(0, _RATE, low_open=True, nullable=True),
+    "tokens_per_s_per_gpu": Num(0, _RATE, low_open=True, nullable=True),
+    "samples_per_s": Num(0, _RATE, low_open=True, nullable=True),
+    "samples_per_gpu_per_s": Num(0, _RATE, low_open=True, nullable=True),
+    "tflops_per_gpu": Num(0, 1e6, low_open=True, nullable=True),
+    "tflops_definition": Text(nullable=True),
+    "aggregate_pflops": Num(0, _RATE, low_open=True, nullable=True),
+    "mfu": Num(0, 1, low_open=True, nullable=True),
+    "hfu": Num(0, 1, low_open=True, nullable=True),
+    "memory_gb_per_gpu": Num(0, 1e6, low_open=True, nullable=True),
+    "memory_gib_per_gpu": Num(0, 1e6, low_open=True, nullable=True),
+    "bubble_rate_theoretical": Num(0, 1e6, nullable=True),
+}
+
+CASE = {
+    "name": Name(required=True),
+    "group": Name(required=True),
+    "source": Text(nullable=True),
+    "reliability": Text(nullable=True),
+    "notes": Text(nullable=True),
+    "provenance": Free(),
+    "model": Free(required=True),
+    "cluster": Free(required=True),
+    "config": Free(required=True),
+    "measured": Free(required=True),
+    "stack": Name(nullable=True),  # a bundled stack or stack file (planner/stack)
+    "stack_overrides": Free(),  # checked field by field by stack.with_overrides
+}
+
+
+def check_runs_document(data, origin: str) -> None:
+    """Refuse a runs file that breaks the schema: one line naming the case and the field."""
+    if isinstance(data, list) and not data:
+        raise PlanInputError(f"{origin}: the file holds no runs (an empty list); add at least "
+                             "one published run")
+    check_list(data, origin, "published runs", MAX_CASES)
+    for n, case in enumerate(data):
+        where = f"{origin}: runs[{n}]"
+        try:
+            values = check_object(case, CASE, where, "run")
+        except PlanInputError as e:
+            raise PlanInputError(f"{e} (not a published-run record)") from None
+        where = f"{origin}: run '{values['name']}'"
+        for key, schema in (("model", MODEL), ("cluster", CLUSTER), ("config", CONFIG),
+                            ("measured", MEASURED)):
+            check_object(case[key], schema, f"{where} {key}", f"run's {key}")
