@@ -169,8 +169,9 @@ def solve(
     launcher: Optional[str] = typer.Option(None, "--launcher",
                                            help="Only plans this launcher runs: megatron | "
                                                 "deepspeed | torchtitan."),
-    refine: int = typer.Option(20, "--refine", help="Partition and simulate the best K "
-                                                    "screened plans."),
+    refine: int = typer.Option(20, "--refine", help="Partition and simulate at most K "
+                                                    "screened configurations; fewer when a "
+                                                    "lower bound proves plan 1 the fastest."),
     partition_solver: str = typer.Option("ilp", "--partition",
                                          help="Stage split solver: ilp (PuLP: HiGHS or CBC) or "
                                               "dp (the exact DP it is tested against)."),

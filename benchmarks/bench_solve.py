@@ -1,5 +1,10 @@
-"""Planning time of `plan solve` on the issue's reference cases (ILP partition and op-by-op
-simulation of the best 20 included): a table of medians.
+"""Planning time of `plan solve` on the reference cases (ILP partition and simulation included, the
+refinement's branch and bound as shipped): a table of medians, then a check of the long-batch case.
+
+The last case runs 1,000,003 microbatches (a prime global batch: dp = 1, micro-batch 1): the
+simulation times a short run and repeats its steady period (planner/pipeline/periodic.py).  The
+check below the table simulates the winning plan's stages op by op at smaller M and extends the
+per-microbatch slope of two such runs to M = 1,000,003: it must give the same step.
 
 Run: python benchmarks/bench_solve.py [--repeats N]
 """
@@ -14,14 +19,36 @@ import time
 
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.spec import load_model
+from planner.pipeline.simulate import simulate
 from planner.search.engine import Request, search
 
 CASES = [  # (model, gpus, nodes, global batch, target seconds on a 2-core machine)
     ("llama3-8b", 16, 2, 512, 2.0),
     ("gpt3-175b", 1024, 128, 1536, 2.0),
-    ("mt-nlg-530b", 5120, 640, 1920, 5.0),
-    ("llama3-405b", 16384, 2048, 2048, 10.0),
+    ("llama3-405b", 1024, 128, 2048, 2.0),
+    ("mt-nlg-530b", 5120, 640, 1920, 2.0),
+    ("llama3-405b", 16384, 2048, 2048, 2.0),
+    ("llama3-8b", 16, 2, 1_000_003, 2.0),
 ]
+
+
+def long_batch_check(plan) -> str:
+    """The plan's pipeline step at its M from the steady period, against two op-by-op runs at
+    smaller M extended by their per-microbatch slope."""
+    par, stages = plan.parallel, plan.stages
+    args = dict(fwd_s=[s.fwd_s for s in stages], bwd_s=[s.bwd_s for s in stages],
+                wgrad_s=[s.wgrad_s for s in stages], comm_s=[s.send_s for s in stages[:-1]] or 0.0,
+                timeline=False)
+    m = par.num_microbatches
+    a, b = (simulate(par.schedule, par.pp, k, par.virtual_stages, method="full", **args)
+            for k in (2048, 4096))
+    start = time.perf_counter()
+    fast = simulate(par.schedule, par.pp, m, par.virtual_stages, **args)
+    fast_s = time.perf_counter() - start
+    extended = b.makespan_s + (b.makespan_s - a.makespan_s) / 2048 * (m - 4096)
+    return (f"M = {m:,} ({par.schedule}, pp {par.pp}): steady-period step {fast.makespan_s:.6f} s "
+            f"in {fast_s:.3f} s; op-by-op at M = 2,048 and 4,096 extended: {extended:.6f} s "
+            f"(relative difference {abs(fast.makespan_s - extended) / extended:.1e})")
 
 
 def main() -> None:
@@ -31,7 +58,8 @@ def main() -> None:
     hw = load_hardware("a100-80gb")
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
           f"Python {platform.python_version()}")
-    print(f"{'case':<32}{'screened':>10}{'refined':>9}{'median s':>10}{'target s':>10}  ok")
+    print(f"{'case':<42}{'screened':>10}{'refined':>9}{'median s':>10}{'target s':>10}  ok")
+    long_plan = None
     for name, gpus, nodes, batch, target in CASES:
         req = Request(model=load_model(name), cluster=make_cluster(hw, gpus, nodes),
                       global_batch=batch)
@@ -41,9 +69,13 @@ def main() -> None:
             result = search(req)
             times.append(time.perf_counter() - start)
         median = statistics.median(times)
-        label = f"{name} on {gpus} GPUs"
-        print(f"{label:<32}{result.screened:>10}{req.refine:>9}{median:>10.2f}{target:>10.1f}  "
-              f"{'yes' if median <= target else 'NO'}")
+        label = f"{name} on {gpus} GPUs, batch {batch:,}"
+        print(f"{label:<42}{result.screened:>10}{result.refined:>9}{median:>10.2f}{target:>10.1f}"
+              f"  {'yes' if median <= target else 'NO'}", flush=True)
+        if batch > 10**6:
+            long_plan = result.plans[0]
+    if long_plan is not None:
+        print(long_batch_check(long_plan))
 
 
 if __name__ == "__main__":

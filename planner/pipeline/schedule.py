@@ -54,7 +54,8 @@ class Op:
         return text + ")"
 
 
-def _check_args(name: str, p: int, m: int, v: int) -> None:
+def check_args(name: str, p: int, m: int, v: int) -> None:
+    """Raise ScheduleError (one line) unless schedule `name` can run p ranks, m microbatches, v chunks."""
     if name not in SCHEDULES:
         raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
     if not isinstance(p, int) or p < 1:
@@ -132,7 +133,7 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Op, ...
     configurations with the same schedule shape. Raises ScheduleError on arguments the schedule cannot honour (unknown name, p/m/v < 1, v > 1
     outside interleaved, interleaved with m not divisible by p).
     """
-    _check_args(name, p, m, v)
+    check_args(name, p, m, v)
     if name == "interleaved":
         return tuple(tuple(interleaved_order(p, m, v, r)) for r in range(p))
     make = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1}[name]

@@ -7,15 +7,21 @@ work on the compute stream.  Dependencies:
     B(m, k) <- F(m, k) and B(m, k+1) + comm[k]      (the last chunk's B needs only its own F)
     W(m, k) <- B(m, k)
 The pass visits every op once or twice (a rank is parked on the op it waits for and woken when
-that op's input finishes), so it is linear in the number of ops.
+that op's input finishes), so it is linear in the number of ops: `simulate_ops` and
+``simulate(..., method="full")`` are the reference.  For long runs `simulate` simulates a short
+run instead and repeats its steady period exactly (planner/pipeline/periodic.py explains why that
+is exact), so its cost stops growing with the microbatch count once the pipeline is in steady
+state; the timeline it returns is then the short run's, a compressed picture of the step.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Sequence
 
-from planner.pipeline.schedule import Op, ScheduleError, build_schedule
+from planner.pipeline import periodic
+from planner.pipeline.schedule import Op, ScheduleError, build_schedule, check_args
 
 PerChunk = float | Sequence[float]
 
@@ -45,6 +51,9 @@ class SimResult:
     bubble_ratio: float  # sum(idle) / sum(busy): idle relative to ideal compute
     peak_inflight: tuple[int, ...]  # per rank, most (microbatch, chunk) activations held at once
     peak_activation_bytes: tuple[float, ...]  # per rank, most activation bytes held at once
+    # microbatches the timeline draws when it is a compressed picture of a longer run (the steady
+    # period repeats in between); None when it draws all m
+    timeline_m: int | None = None
 
 
 def closed_form_bubble(name: str, p: int, m: int, v: int = 1) -> float:
@@ -83,6 +92,7 @@ def simulate(
     comm_s: PerChunk = 0.0,
     act_bytes: PerChunk | None = None,
     timeline: bool = True,
+    method: str = "auto",
 ) -> SimResult:
     """Simulate schedule `name` for p ranks, m microbatches, v chunks per rank.
 
@@ -91,10 +101,145 @@ def simulate(
     wgrad_s (default half of bwd_s); other schedules ignore wgrad_s.  comm_s: one transfer across
     a chunk boundary, float or p*v-1 values (boundary k sits between chunks k and k+1).
     ``timeline=False`` skips building the per-op timeline (the planner needs only the summary).
+    ``method``: "full" times every op (the reference); "auto" (default) does that for short runs
+    and, for long ones, times a short run and repeats its steady period (or, for GPipe, uses its
+    exact closed form): the same step, busy, idle and peaks, at a cost that stops growing with m.
+    The timeline is then the short run's (``timeline_m`` says how many microbatches it draws).
     """
-    ops = build_schedule(name, p, m, v)
-    return simulate_ops(ops, name, p, m, v, fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s,
-                        comm_s=comm_s, act_bytes=act_bytes, timeline=timeline)
+    if method not in ("auto", "full"):
+        raise ScheduleError(f"unknown simulation method {method!r}; choose auto or full")
+    check_args(name, p, m, v)
+    args = dict(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s, comm_s=comm_s, act_bytes=act_bytes)
+    if method == "auto" and m > FULL_UP_TO:
+        if name == "gpipe" and m > _gpipe_drawn(p):
+            return _gpipe(p, m, timeline, **args)
+        if name != "gpipe" and m > 2 * _first_short_run(name, p, v):
+            fast = _extrapolated(name, p, m, v, timeline, **args)
+            if fast is not None:
+                return fast
+    return simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline, **args)
+
+
+FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, and drawn in full
+
+
+def _first_short_run(name: str, p: int, v: int) -> int:
+    """Microbatches of the first short run: warm-up (ZB-H1's last rank starts deferring W after
+    p - 1 backwards), a cut, the next period and cool-down; doubled while no cut is found."""
+    return 6 * p if name == "interleaved" else 2 * p + 4
+
+
+def _gpipe_drawn(p: int) -> int:
+    return 2 * p + 4
+
+
+def _effective_comm(comm_s: PerChunk, p: int, v: int) -> list[float]:
+    """One transfer time per chunk boundary; a boundary inside one rank (p == 1) costs nothing."""
+    chunks = p * v
+    comm = _per_chunk(comm_s, chunks - 1, "comm_s") if chunks > 1 else []
+    return [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
+
+
+def _op_times(split: bool, chunks: int, fwd_s, bwd_s, wgrad_s) -> tuple[list[float], ...]:
+    """Per chunk: F, B and W times.  With a split backward (W ops present) B takes bwd_s -
+    wgrad_s and W takes wgrad_s (default half of bwd_s); otherwise B is the whole backward."""
+    fwd = _per_chunk(fwd_s, chunks, "fwd_s")
+    bwd = _per_chunk(bwd_s, chunks, "bwd_s")
+    if split:
+        wgrad = _per_chunk(wgrad_s, chunks, "wgrad_s") or [b / 2 for b in bwd]
+        return fwd, [b - w for b, w in zip(bwd, wgrad)], wgrad
+    return fwd, bwd, [0.0] * chunks
+
+
+def _extrapolated(name, p, m, v, keep_timeline, **args) -> SimResult | None:
+    """The step of m microbatches from a short run and its steady period (see
+    planner/pipeline/periodic.py); None when no short run of at most m/2 microbatches has a cut
+    in its periodic part (the caller then simulates all m)."""
+    group = p if name == "interleaved" else 1
+    short = _first_short_run(name, p, v)
+    while 2 * short <= m:
+        found = _steady_cut(name, p, v, short, group)
+        if found is not None:
+            return _repeated(name, p, m, v, short, group, *found, keep_timeline, args)
+        short *= 2
+    return None
+
+
+@lru_cache(maxsize=64)
+def _steady_cut(name, p, v, short, group):
+    """The short run's ops, labels, the last cut in its periodic part and the state's
+    components there, or None.  A function of the schedule's shape only, so memoised: the
+    planner simulates many configurations of the same shape."""
+    ops = build_schedule(name, p, short, v)
+    labels = tuple(tuple(lab) for lab in periodic.group_labels(ops, group, v))
+    keys = periodic.cut_keys(ops, labels, p, v, group)
+    if keys is None:
+        return None
+    cuts = periodic.steady_cuts(ops, build_schedule(name, p, short + group, v), labels, keys,
+                                group, "W" if name == "zb-h1" else "B")
+    # the last one: the fewest ops left to time symbolically after it
+    return (ops, labels, cuts[-1], keys[cuts[-1]]) if cuts else None
+
+
+def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline, args):
+    """Time the short run, read the period map T after ``cut`` and the cool-down's forms, and
+    apply T (m - short) / group times (planner/pipeline/periodic.py)."""
+    comm = _effective_comm(args["comm_s"], p, v)
+    fwd, bgrad, wgrad = _op_times(name == "zb-h1", p * v, args["fwd_s"], args["bwd_s"],
+                                  args["wgrad_s"])
+    times = {"F": fwd, "B": bgrad, "W": wgrad}
+
+    def duration(op: Op) -> float:
+        return times[op.kind][op.chunk]
+
+    period = periodic.symbolic_run(ops, labels, keys, cut, cut + 1, p, v, group, comm, duration)
+    cooldown = periodic.symbolic_run(ops, labels, keys, cut + 1, None, p, v, group, comm,
+                                     duration)
+    if period is None or cooldown is None:
+        return None
+    T = periodic.period_map(*period, keys, cut, group, comm)
+    run, done = _simulate_ops(ops, name, p, short, v, timeline=keep_timeline, **args)
+    chunks = p * v
+
+    def end(kind: str, mb: int, chunk: int) -> float:
+        return done["FBW".index(kind)][mb * chunks + chunk]
+
+    k = (m - short) // group
+    state = periodic.power_apply(T, periodic.state_values(end, ops, labels, keys, cut + 1, group,
+                                                          comm), k)
+    makespan = max(float((form + state).max()) for form in cooldown[1])
+    busy = [b + k * sum(duration(op) for op, x in zip(rank, lab) if x == cut)
+            for b, rank, lab in zip(run.busy_s, ops, labels)]
+    return _result(name, p, m, v, run.timeline, makespan, busy, run.peak_inflight,
+                   run.peak_activation_bytes, timeline_m=short if keep_timeline else None)
+
+
+def _gpipe(p, m, keep_timeline, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes) -> SimResult:
+    """GPipe at any m from its exact closed form (periodic.gpipe_makespan); the timeline is a
+    short run's."""
+    fwd = _per_chunk(fwd_s, p, "fwd_s")
+    bwd = _per_chunk(bwd_s, p, "bwd_s")
+    act = _per_chunk(act_bytes, p, "act_bytes") or [0.0] * p
+    makespan = periodic.gpipe_makespan(fwd, bwd, _effective_comm(comm_s, p, 1), m)
+    drawn = None
+    if keep_timeline:
+        drawn = simulate_ops(build_schedule("gpipe", p, _gpipe_drawn(p), 1), "gpipe", p,
+                             _gpipe_drawn(p), fwd_s=fwd, bwd_s=bwd, comm_s=comm_s)
+    return _result("gpipe", p, m, 1, drawn.timeline if drawn else (), makespan,
+                   [m * (f + b) for f, b in zip(fwd, bwd)], (m,) * p, tuple(m * a for a in act),
+                   timeline_m=_gpipe_drawn(p) if drawn else None)
+
+
+def _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, timeline_m=None) -> SimResult:
+    idle = [max(0.0, makespan - b) for b in busy]  # float sums can leave -1e-16
+    total_busy = sum(busy)
+    return SimResult(
+        p=p, m=m, v=v, schedule=name, timeline=tuple(timeline), makespan_s=makespan,
+        busy_s=tuple(busy), idle_s=tuple(idle),
+        bubble_fraction=sum(idle) / (p * makespan) if makespan > 0 else 0.0,
+        bubble_ratio=sum(idle) / total_busy if total_busy > 0 else 0.0,
+        peak_inflight=tuple(peak_n), peak_activation_bytes=tuple(peak_b), timeline_m=timeline_m,
+    )
 
 
 def simulate_ops(
@@ -112,18 +257,17 @@ def simulate_ops(
     timeline: bool = True,
 ) -> SimResult:
     """Time given per-rank compute op lists (SEND/RECV are skipped); see `simulate`."""
+    return _simulate_ops(ops, name, p, m, v, fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s,
+                         comm_s=comm_s, act_bytes=act_bytes, timeline=timeline)[0]
+
+
+def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes, timeline):
+    """`simulate_ops`, and the end of every op: ``ends[kind][microbatch * chunks + chunk]`` with
+    kind 0, 1, 2 for F, B, W."""
     chunks = p * v
-    fwd = _per_chunk(fwd_s, chunks, "fwd_s")
-    bwd = _per_chunk(bwd_s, chunks, "bwd_s")
     split = any(op.kind == "W" for rank in ops for op in rank)
-    if split:
-        wgrad = _per_chunk(wgrad_s, chunks, "wgrad_s") or [b / 2 for b in bwd]
-        bgrad = [b - w for b, w in zip(bwd, wgrad)]
-    else:
-        wgrad, bgrad = [0.0] * chunks, bwd
-    comm = _per_chunk(comm_s, chunks - 1, "comm_s") if chunks > 1 else []
-    # a boundary inside one rank (p == 1) costs nothing
-    comm = [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
+    fwd, bgrad, wgrad = _op_times(split, chunks, fwd_s, bwd_s, wgrad_s)
+    comm = _effective_comm(comm_s, p, v)
     act = _per_chunk(act_bytes, chunks, "act_bytes") or [0.0] * chunks
 
     kind_code = {"F": 0, "B": 1, "W": 2}
@@ -183,7 +327,7 @@ def simulate_ops(
     stuck = [r for r in range(p) if ptr[r] < len(prog[r])]
     if stuck:
         raise ScheduleError(f"schedule cannot finish: ranks {stuck} wait on inputs that never come")
-    return _summarise(name, p, m, v, prog, starts, ends, act, split, timeline)
+    return _summarise(name, p, m, v, prog, starts, ends, act, split, timeline), done
 
 
 def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> SimResult:
@@ -212,12 +356,4 @@ def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> 
                 held -= act[k]
         peak_n.append(best_n)
         peak_b.append(best_b)
-    idle = [max(0.0, makespan - b) for b in busy]  # float sums can leave -1e-16
-    total_busy = sum(busy)
-    return SimResult(
-        p=p, m=m, v=v, schedule=name, timeline=tuple(timeline), makespan_s=makespan,
-        busy_s=tuple(busy), idle_s=tuple(idle),
-        bubble_fraction=sum(idle) / (p * makespan) if makespan > 0 else 0.0,
-        bubble_ratio=sum(idle) / total_busy if total_busy > 0 else 0.0,
-        peak_inflight=tuple(peak_n), peak_activation_bytes=tuple(peak_b),
-    )
+    return _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b)

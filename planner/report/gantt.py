@@ -19,9 +19,27 @@ STYLE = {"F": "white on blue", "B": "black on green", "W": "black on yellow"}
 FILL = {"F": "#4a78c2", "B": "#4caf50", "W": "#e6c229"}
 
 
+def drawn_span_s(result: SimResult) -> float:
+    """The time the timeline spans: the step, or the short run's step when the timeline is a
+    compressed picture of a long run (``timeline_m``)."""
+    if result.timeline_m is None:
+        return result.makespan_s
+    return max((row[-1].end_s for row in result.timeline if row), default=0.0)
+
+
+def compressed_note(result: SimResult) -> str:
+    """One line saying what a compressed timeline leaves out ('' when it draws every op)."""
+    if result.timeline_m is None:
+        return ""
+    return (f"drawn: {result.timeline_m:,} of {result.m:,} microbatches; in the step the steady "
+            f"period repeats in between ({drawn_span_s(result):.4g} s drawn of "
+            f"{result.makespan_s:.4g} s)")
+
+
 def gantt_rows(result: SimResult, width: int) -> list[Text]:
-    """One rich Text per rank, `width` cells spanning [0, makespan]."""
-    scale = width / result.makespan_s if result.makespan_s > 0 else 0.0
+    """One rich Text per rank, `width` cells spanning the drawn timeline."""
+    span = drawn_span_s(result)
+    scale = width / span if span > 0 else 0.0
     rows = []
     for row in result.timeline:
         cells = [" "] * width
@@ -60,6 +78,8 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     width = width or max(10, console.width - label_w - 2)
     console.print(f"[bold]{result.schedule}[/bold]  p={result.p}  M={result.m}  v={result.v}  "
                   f"step {result.makespan_s:.4g} s")
+    if result.timeline_m is not None:
+        console.print(compressed_note(result))
     for r, text in enumerate(gantt_rows(result, width)):
         console.print(Text(f"rank {r}".ljust(label_w)) + text + Text("|"), no_wrap=True, overflow="crop")
     legend = Text("legend: ")
@@ -95,12 +115,14 @@ def to_svg(result: SimResult, width_px: int = 1000, row_px: int = 28) -> str:
     label_px, pad = 60, 10
     plot_w = width_px - label_px - pad
     height = pad * 2 + row_px * result.p + 20
-    scale = plot_w / result.makespan_s if result.makespan_s > 0 else 0.0
+    span = drawn_span_s(result)
+    scale = plot_w / span if span > 0 else 0.0
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width_px}" height="{height}" '
         f'viewBox="0 0 {width_px} {height}" font-family="monospace" font-size="11">',
         f"<title>{escape(result.schedule)} p={result.p} M={result.m} v={result.v}: step "
-        f"{result.makespan_s:.4g} s, idle share {result.bubble_fraction:.1%}</title>",
+        f"{result.makespan_s:.4g} s, idle share {result.bubble_fraction:.1%}"
+        f"{escape('; ' + compressed_note(result)) if result.timeline_m else ''}</title>",
         f'<rect x="0" y="0" width="{width_px}" height="{height}" fill="white" class="background"/>',
     ]
     for r, row in enumerate(result.timeline):
@@ -119,6 +141,6 @@ def to_svg(result: SimResult, width_px: int = 1000, row_px: int = 28) -> str:
                            f'fill="white">{t.op.microbatch}</text>')
     out.append(f'<text x="{label_px}" y="{height - 8}">0 s</text>')
     out.append(f'<text x="{width_px - pad}" y="{height - 8}" text-anchor="end">'
-               f"{result.makespan_s:.4g} s</text>")
+               f"{span:.4g} s</text>")
     out.append("</svg>")
     return "\n".join(out)

@@ -1,0 +1,257 @@
+"""The steady period of a pipeline schedule, read off a short run, so any longer run follows exactly.
+
+Why it is exact.  In the simulator (planner/pipeline/simulate.py) every op starts at the max of
+earlier ends (plus transfers) and ends a constant later.  So every time after a point of a run is
+a max-plus linear function of the *state* there: each rank's free time and the ready times of the
+transfers produced before the point and consumed after it.  Cut every rank's program right after
+its last backward of microbatch group j (a group is P microbatches: P = p for interleaved, whose
+period is p microbatches, else 1); no op before a cut needs one after it (checked).  Past the
+warm-up, running M + P microbatches instead of M inserts one more period after a cut and
+renumbers the rest by P (checked on the two programs, not assumed).  Every rank is then in steady
+state: each period applies the same max-plus map T to the state (one matrix, read off the short
+run by timing one period with symbolic times), and the cool-down is a fixed max-plus function g
+of the state it starts from.  So for M = M' + k·P:
+
+    state after the inserted periods = T^k ⊗ state of the short run at that cut,
+    step = max_i (state_i + g_i),
+
+busy time grows by k times each rank's work in a period, and the activations held are unchanged
+(a period stores and frees the same chunks, checked).  T^k ⊗ s is computed step by step until
+the state shifts by one constant d in every component: T ⊗ (s + d) = T ⊗ s + d, so from there on
+each period adds exactly d (this is the steady state of the pipeline; it comes once the slowest
+cycle of dependencies paces every rank).  Near ties between cycles can delay it; after
+``STEP_LIMIT`` steps the rest of the power is taken by repeated squaring, still exact.  Floating
+point makes "one constant" equal to about 1e-14 of the times, so components may differ by
+``REL_TOL`` of the largest.
+
+GPipe runs all forwards, then all backwards: each phase is a flow shop of identical jobs with a
+closed-form longest path (`gpipe_makespan`), so it needs no period.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from planner.pipeline.schedule import Op
+
+# Components of one step's shift may differ by this share of the largest time: float sums of a
+# few hundred terms differ by ~1e-14 of their size; a real transient this small moves a
+# 10**6-microbatch step by well under 1e-6 of itself (T is non-expansive in the max norm, so
+# the drift is at most k times the spread).
+REL_TOL = 1e-11
+STEP_LIMIT = 2048  # steps of T ⊗ s before the rest of T^k is taken by repeated squaring
+NEG = -np.inf
+
+
+def group_labels(ops: tuple[tuple[Op, ...], ...], group: int, v: int) -> list[list[int]]:
+    """Per rank, for every op, how many microbatch groups had all their backwards run before it
+    on that rank: the cut the op lies after."""
+    out = []
+    per_group = group * v  # backward ops of one group on one rank: v chunks per microbatch
+    for rank in ops:
+        counts: dict[int, int] = {}
+        done, labels = 0, []
+        for op in rank:
+            labels.append(done)
+            if op.kind == "B":
+                g = op.microbatch // group
+                counts[g] = counts.get(g, 0) + 1
+                while counts.get(done, 0) == per_group:
+                    done += 1
+        out.append(labels)
+    return out
+
+
+def cross_inputs(op: Op, p: int, chunks: int) -> list[tuple[str, int, int, int]]:
+    """Inputs of a compute op made on another rank: (kind, microbatch, chunk, boundary) of each
+    producer.  Inputs from the same rank ended before the op's rank became free."""
+    k = op.chunk
+    if op.kind == "F" and k > 0 and (k - 1) % p != k % p:
+        return [("F", op.microbatch, k - 1, k - 1)]
+    if op.kind == "B" and k < chunks - 1 and (k + 1) % p != k % p:
+        return [("B", op.microbatch, k + 1, k)]
+    return []
+
+
+def cut_keys(ops, labels, p: int, v: int, group: int) -> dict[int, tuple] | None:
+    """The state's components at every cut: ("free", rank) for every rank, then every transfer
+    made before the cut and used after it, its microbatch relative to the cut.  None when an op
+    before a cut needs one after it (a cut would not separate past from future)."""
+    chunks = p * v
+    label_of = {(op.kind, op.microbatch, op.chunk): x
+                for rank, lab in zip(ops, labels) for op, x in zip(rank, lab)}
+    last = max(max(lab) for lab in labels)
+    crossing: dict[int, set] = {j: set() for j in range(last + 2)}
+    for rank, lab in zip(ops, labels):
+        for op, x in zip(rank, lab):
+            for kind, mb, k, _ in cross_inputs(op, p, chunks):
+                made = label_of[(kind, mb, k)]
+                if made > x:
+                    return None
+                for j in range(made + 1, x + 1):
+                    crossing[j].add((kind, mb - j * group, k))
+    free = tuple(("free", r) for r in range(p))
+    return {j: free + tuple(sorted(keys)) for j, keys in crossing.items()}
+
+
+def steady_cuts(short, longer, labels, keys: dict[int, tuple], group: int,
+                release: str) -> list[int]:
+    """Cuts past every rank's warm-up, where the schedule is in its periodic part: the period
+    after the cut (i) is what ``longer`` (one group more) inserts, everything after it
+    renumbered by one group; (ii) leaves the state with the same components; (iii) frees on
+    every rank the activations it stores (F stores, ``release`` frees)."""
+    ok = None
+    for s_ops, l_ops, lab in zip(short, longer, labels):
+        s = [(op.kind, op.microbatch, op.chunk) for op in s_ops]
+        l = [(op.kind, op.microbatch, op.chunk) for op in l_ops]
+        moved = [(kind, mb + group, chunk) for kind, mb, chunk in s]
+        prefix = 0  # longest common prefix of l and s
+        while prefix < min(len(s), len(l)) and s[prefix] == l[prefix]:
+            prefix += 1
+        suffix = 0  # longest common suffix of l and s renumbered
+        while suffix < min(len(s), len(l)) and moved[-1 - suffix] == l[-1 - suffix]:
+            suffix += 1
+        start: dict[int, int] = {}
+        balance: dict[int, dict[int, int]] = {}
+        for i, ((kind, _, chunk), x) in enumerate(zip(s, lab)):
+            start.setdefault(x, i)
+            if kind in ("F", release):
+                held = balance.setdefault(x, {})
+                held[chunk] = held.get(chunk, 0) + (1 if kind == "F" else -1)
+        here = set()
+        for j in start:
+            a, b = start[j], start.get(j + 1)
+            if (b is not None and b - a == len(l) - len(s) and b <= prefix
+                    and len(s) - a <= suffix and not any(balance.get(j, {}).values())):
+                here.add(j)
+        ok = here if ok is None else ok & here
+    return sorted(j for j in ok or () if keys.get(j) is not None and keys.get(j) == keys.get(j + 1))
+
+
+def state_values(end: Callable[[str, int, int], float], ops, labels, keys: tuple, cut: int,
+                 group: int, comm: list[float]) -> np.ndarray:
+    """The numeric state of a simulated run at a cut (components in ``keys`` order); ``end``
+    gives an op's end from its (kind, microbatch, chunk)."""
+    free = {}
+    for r, (rank, lab) in enumerate(zip(ops, labels)):
+        before = [op for op, x in zip(rank, lab) if x < cut]
+        free[r] = end(before[-1].kind, before[-1].microbatch, before[-1].chunk) if before else 0.0
+    out = []
+    for key in keys:
+        if key[0] == "free":
+            out.append(free[key[1]])
+        else:
+            kind, rel, k = key
+            boundary = k if kind == "F" else k - 1
+            out.append(end(kind, rel + cut * group, k) + comm[boundary])
+    return np.array(out)
+
+
+def symbolic_run(ops, labels, keys: tuple, cut: int, stop: int | None, p: int, v: int,
+                 group: int, comm: list[float], duration: Callable[[Op], float]):
+    """Time the ops between cut ``cut`` and cut ``stop`` (None: to the end) with symbolic times:
+    each time is a max-plus form over the state at ``cut`` (a vector, -inf where it does not
+    depend on a component).  Returns the end form of every op timed, keyed by (kind, microbatch,
+    chunk), and each rank's free form at the end; None if an input is neither timed nor in the
+    state (the ops do not form a closed period)."""
+    chunks = p * v
+    n = len(keys)
+    index = {key: i for i, key in enumerate(keys)}
+
+    def unit(i: int) -> np.ndarray:
+        form = np.full(n, NEG)
+        form[i] = 0.0
+        return form
+
+    free = [unit(index[("free", r)]) for r in range(p)]
+    todo = [[op for op, x in zip(rank, lab) if x >= cut and (stop is None or x < stop)]
+            for rank, lab in zip(ops, labels)]
+    ends: dict[tuple, np.ndarray] = {}
+    ptr = [0] * p
+    progress = True
+    while progress:
+        progress = False
+        for r in range(p):
+            while ptr[r] < len(todo[r]):
+                op = todo[r][ptr[r]]
+                start = free[r]
+                ready = True
+                for kind, mb, k, boundary in cross_inputs(op, p, chunks):
+                    made = ends.get((kind, mb, k))
+                    if made is not None:
+                        start = np.maximum(start, made + comm[boundary])
+                    elif (kind, mb - cut * group, k) in index:
+                        start = np.maximum(start, unit(index[(kind, mb - cut * group, k)]))
+                    else:
+                        ready = False
+                if not ready:
+                    break
+                free[r] = ends[(op.kind, op.microbatch, op.chunk)] = start + duration(op)
+                ptr[r] += 1
+                progress = True
+    if any(ptr[r] < len(todo[r]) for r in range(p)):
+        return None
+    return ends, free
+
+
+def period_map(ends, free, keys: tuple, cut: int, group: int, comm: list[float]) -> np.ndarray:
+    """T: the state one period later (the same components, microbatches relative to the next
+    cut) as max-plus forms over the state at ``cut``; row i is component i's form."""
+    index = {key: i for i, key in enumerate(keys)}
+    rows = []
+    for key in keys:
+        if key[0] == "free":
+            rows.append(free[key[1]])
+            continue
+        kind, rel, k = key
+        boundary = k if kind == "F" else k - 1
+        made = ends.get((kind, rel + (cut + 1) * group, k))
+        if made is not None:
+            rows.append(made + comm[boundary])
+        else:  # made before the cut: already a component, one group further on
+            row = np.full(len(keys), NEG)
+            row[index[(kind, rel + group, k)]] = 0.0
+            rows.append(row)
+    return np.array(rows)
+
+
+def apply(T: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """T ⊗ s in the max-plus algebra: (T ⊗ s)_i = max_j T_ij + s_j."""
+    return (T + s[None, :]).max(axis=1)
+
+
+def _product(A: np.ndarray, B: np.ndarray) -> np.ndarray:
+    return (A[:, :, None] + B[None, :, :]).max(axis=1)
+
+
+def power_apply(T: np.ndarray, s: np.ndarray, k: int) -> np.ndarray:
+    """T^k ⊗ s, exactly: step by step until the state shifts uniformly (then every further step
+    adds the same shift), by repeated squaring after ``STEP_LIMIT`` steps."""
+    for done in range(min(k, STEP_LIMIT)):
+        nxt = apply(T, s)
+        d = nxt - s
+        if d.max() - d.min() <= REL_TOL * max(float(np.abs(nxt).max()), 1e-300):
+            return nxt + (k - done - 1) * float(d.mean())
+        s = nxt
+    left = k - min(k, STEP_LIMIT)
+    power = T
+    while left:
+        if left & 1:
+            s = apply(power, s)
+        left >>= 1
+        if left:
+            power = _product(power, power)
+    return s
+
+
+def gpipe_makespan(fwd: list[float], bwd: list[float], comm: list[float], m: int) -> float:
+    """GPipe's step, exactly: all forwards, then all backwards, each phase a flow shop of m
+    identical jobs over the ranks (forwards down, backwards up).  A phase's longest path runs
+    every stage once and spends the m - 1 repeated jobs on its slowest stage; the backward phase
+    starts when the last rank ends its last forward, and every other rank is free by then (its
+    forwards ended earlier).  So the step is
+        sum(F) + sum(B) + 2·sum(transfers) + (m - 1)·(max F + max B).
+    (A periodic state would not do here: a fast first rank runs ahead of the rest for ever.)"""
+    return sum(fwd) + sum(bwd) + 2 * sum(comm) + (m - 1) * (max(fwd) + max(bwd))
