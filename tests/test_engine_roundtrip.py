@@ -10,6 +10,7 @@ import os
 from dataclasses import replace
 
 import pytest
+from conftest import engine_module
 
 from planner.hardware.profiles import Cluster
 from planner.launchers import export_plan
@@ -98,8 +99,7 @@ def test_engine_refuses_v1_and_plans_it_cannot_run(tmp_path):
 def test_deepspeed_pipeline_module_from_the_export(tmp_path):
     """DeepSpeed 0.19.8 (CPU, DS_BUILD_OPS=0) splits the decoder with the exported file, by the
     public type: method and by the override, and steps it; the loss is the one-process loss."""
-    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed (DS_BUILD_OPS=0 pip "
-                        "install deepspeed==0.19.8 runs on CPU); not part of .ci/run")
+    engine_module("deepspeed", reason="DeepSpeed is not installed: pip install -e '.[engine]'")
     from planner.engine.deepspeed_run import run_deepspeed
     from planner.engine.torch_model import build_decoder, loss_fn
     from planner.engine.torch_run import batch
