@@ -172,9 +172,10 @@ def solve(
     refine: int = typer.Option(20, "--refine", help="Partition and simulate at most K "
                                                     "screened configurations; fewer when a "
                                                     "lower bound proves plan 1 the fastest."),
-    partition_solver: str = typer.Option("ilp", "--partition",
-                                         help="Stage split solver: ilp (PuLP: HiGHS or CBC) or "
-                                              "dp (the exact DP it is tested against)."),
+    partition_solver: str = typer.Option("auto", "--partition",
+                                         help="Stage split solver: auto (the exact DP for one "
+                                              "chunk per rank, the MILP for interleaved chunks), "
+                                              "ilp (PuLP: HiGHS or CBC) or dp."),
     export: Optional[str] = typer.Option(None, "--export",
                                          help="Write the best plan for: json, megatron, "
                                               "deepspeed, torchtitan, torchrun (comma list)."),
@@ -403,7 +404,9 @@ def partition(
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes holding the tp x pp x dp "
                                         "GPUs (default: the hardware's GPUs per node)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
-    solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
+    solver: str = typer.Option("auto", "--solver", help="auto (the exact DP for one chunk per "
+                                                          "rank, the MILP for interleaved chunks), "
+                                                          "ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
     as_json: bool = typer.Option(False, "--json", help="Print the splits as JSON."),
     force: bool = typer.Option(False, "--force", help="Overwrite the --lp file."),

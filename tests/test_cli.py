@@ -214,7 +214,7 @@ def test_profile_on_gpu_without_cupy_is_one_line():
 
 
 def test_partition_command_shows_the_gain_and_agrees_with_dp():
-    ilp = run("partition", "--model", "llama3-8b", "--pp", "4", "--json")
+    ilp = run("partition", "--model", "llama3-8b", "--pp", "4", "--json", "--solver", "ilp")
     dp = run("partition", "--model", "llama3-8b", "--pp", "4", "--json", "--solver", "dp")
     assert ilp.exit_code == 0 and dp.exit_code == 0, ilp.output + dp.output
     a, b = json.loads(ilp.output), json.loads(dp.output)
@@ -286,7 +286,20 @@ def test_partition_solver_choice_reaches_the_plan_and_agrees():
     dp = json.loads(run("solve", "--gpus", "8", "--nodes", "1", "--pp", "2", "--json",
                         "--top", "3", "--partition", "dp").output)["plans"]
     ilp = json.loads(run("solve", "--gpus", "8", "--nodes", "1", "--pp", "2", "--json",
-                         "--top", "3").output)["plans"]
+                         "--top", "3", "--partition", "ilp").output)["plans"]
     assert all("stage split: dp" in p["notes"] for p in dp)
     assert all(any(n.startswith("stage split: ilp") for n in p["notes"]) for p in ilp)
     assert [p["stages"] for p in dp] == [p["stages"] for p in ilp]
+
+
+def test_auto_partition_names_the_solver_each_split_came_from():
+    """Default (auto): the exact DP splits one chunk per rank, the MILP interleaved chunks."""
+    plans = json.loads(run("solve", "--gpus", "16", "--nodes", "2", "--pp", "4", "--json",
+                           "--top", "10").output)["plans"]
+    kinds = {p["parallel"]["virtual_stages"] > 1 for p in plans}
+    assert kinds == {True, False}, "want both interleaved and plain plans in the top 10"
+    for p in plans:
+        split = next(n for n in p["notes"] if n.startswith("stage split: "))
+        want = "stage split: ilp" if p["parallel"]["virtual_stages"] > 1 else "stage split: dp"
+        assert split.startswith(want), (p["parallel"], split)
+

@@ -379,14 +379,15 @@ def test_capacity_is_per_mode_and_a_rank_gets_the_least_of_its_modes():
         partition_dp(prob, 4, 4))
 
 
-def test_the_product_path_never_needs_the_dp(monkeypatch):
-    """With the DP disabled, `plan partition` and `plan solve` give the same answers: the MILP
-    produces them alone, and says so."""
+def test_the_milp_alone_reproduces_the_product_answers(monkeypatch):
+    """The default (auto) splits chains with the DP; with the DP disabled and the MILP forced,
+    `plan partition` and `plan solve` give the same splits and plans, and say the MILP made them."""
     import json
 
     from typer.testing import CliRunner
 
     import planner.partition.solve as solve_mod
+    import planner.predict.stages as stages_mod
     from cli import app
 
     runner = CliRunner()
@@ -398,14 +399,22 @@ def test_the_product_path_never_needs_the_dp(monkeypatch):
         raise AssertionError("the DP was called")
 
     monkeypatch.setattr(solve_mod, "partition_dp", no_dp)
-    after = runner.invoke(app, ["partition", "--model", "llama3-8b", "--pp", "4", "--json"])
+    monkeypatch.setattr(stages_mod, "partition_dp", no_dp)
+    after = runner.invoke(app, ["partition", "--model", "llama3-8b", "--pp", "4", "--json",
+                                "--solver", "ilp"])
     assert after.exit_code == 0, after.output
-    assert json.loads(after.output) == json.loads(before.output)
-    assert json.loads(after.output)["method"] in ("ilp-highs", "ilp-cbc")
-    stages = [s["layers"][0] for s in json.loads(after.output)["optimal"]["stages"]]
+    a, b = json.loads(after.output), json.loads(before.output)
+    assert a["method"] in ("ilp-highs", "ilp-cbc") and b["method"] == "dp"
+    assert a["optimal"]["stages"] == b["optimal"]["stages"]
+    stages = [s["layers"][0] for s in a["optimal"]["stages"]]
     assert stages == [0, 8, 17, 26]  # the README's split
-    again = runner.invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--json", "--top", "3"])
-    assert json.loads(again.output)["plans"] == json.loads(plans.output)["plans"]
+    again = runner.invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--json", "--top", "3",
+                                "--partition", "ilp"])
+
+    def without_notes(doc):
+        return [{k: v for k, v in p.items() if k != "notes"} for p in doc["plans"]]
+
+    assert without_notes(json.loads(again.output)) == without_notes(json.loads(plans.output))
     for p in json.loads(again.output)["plans"]:
         assert any(n.startswith("stage split: ilp-") for n in p["notes"]), p["notes"]
 
@@ -423,11 +432,11 @@ def test_a_failed_solver_is_named_in_the_output_and_the_plan(monkeypatch):
 
     monkeypatch.setattr(mod, "solve", boom)
     runner = CliRunner()
-    out = runner.invoke(app, ["partition", "--model", "llama3-8b", "--pp", "4"])
+    out = runner.invoke(app, ["partition", "--model", "llama3-8b", "--pp", "4", "--solver", "ilp"])
     assert out.exit_code == 0 and "solver failed: RuntimeError" in out.output, out.output
     assert "min-bottleneck split (dp (" in out.output and "trace" not in out.output
     res = runner.invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--pp", "2", "--json",
-                              "--top", "2"])
+                              "--top", "2", "--partition", "ilp"])
     notes = [n for p in json.loads(res.output)["plans"] for n in p["notes"]
              if n.startswith("stage split:")]
     assert notes and all(n.startswith("stage split: dp (") and "solver failed: RuntimeError" in n

@@ -27,7 +27,12 @@ from planner.partition.dp import partition_dp
 from planner.core.parallel import RECOMPUTE_MODES, Parallel
 from planner.stack import Stack
 
-METHODS = ("ilp", "dp")
+# How a stage split is solved. "auto": each solver where it is best, measured (bench_partition.py,
+# plan solve with --partition ilp / dp): one chunk per rank is a chain, where the exact DP is
+# faster than the MILP (default plan solve: 1.1 s against 1.6 s of CPU); interleaved chunks share
+# a rank's memory and time, which the chain DP cannot express, so the MILP splits them. "ilp"
+# and "dp" force one solver everywhere. Each split names the solver that produced it.
+METHODS = ("auto", "ilp", "dp")
 
 
 @dataclass(frozen=True)
@@ -138,10 +143,12 @@ def cost_tables(model: ModelSpec, par: Parallel, hw, opts: Stack, profile=None,
 
 
 def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
-               tables: dict[str, CostTable], method: str = "dp", lp_path=None) -> Split:
+               tables: dict[str, CostTable], method: str = "auto", lp_path=None) -> Split:
     """The compute-balanced split under memory, interleaved chunks included: with v > 1 the
     chunks of a rank may differ in size (every launcher that runs the interleaved schedule takes
     uneven chunks: Megatron's --pipeline-model-parallel-layout, torchtitan's split points)."""
+    if method == "auto":
+        method = "ilp" if par.virtual_stages > 1 or lp_path is not None else "dp"
     if method == "ilp":
         # Interleaved: among splits of equal bottleneck the schedule still runs some faster
         # (its critical path crosses every chunk); keep Megatron's even split on a tie. The

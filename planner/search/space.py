@@ -55,7 +55,7 @@ class Request:
     top: int = 10
     refine: int = 20
     launcher: str | None = None  # only configurations this launcher runs
-    partition_method: str = "ilp"  # the ILP, or "dp": the exact DP it is tested against
+    partition_method: str = "auto"  # predict/stages.py METHODS: auto, ilp or dp
     profile: object = None  # a measured Profile (planner/profile.py) replacing analytical times
 
     @property
