@@ -11,6 +11,11 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+
+try:  # typer up to 0.1x raises click's errors; later typer vendors click under its own base class
+    from click import ClickException as _UsageProblem
+except ImportError:
+    from typer.exceptions import TyperException as _UsageProblem
 from rich.console import Console
 from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
@@ -577,9 +582,26 @@ def hardware_cmd():
         out.print(hardware_table(bundled_hardware()))
 
 
-def main() -> None:  # pragma: no cover - console entry point
-    app()
+def main(argv: Optional[list[str]] = None) -> int:
+    """The `plan` command. A flag click cannot parse (``--gpus abc``, an unknown option) is bad
+    input like any other: one line, exit 2, and with --json an error document on stdout."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        code = app(args=args, prog_name="plan", standalone_mode=False)
+    except typer.Abort:  # Ctrl-C
+        err.print("aborted", highlight=False)
+        return 130
+    except _UsageProblem as e:
+        message = e.format_message() if hasattr(e, "format_message") else str(e)
+        if not message.strip():  # no arguments at all: the help was printed, nothing went wrong
+            return getattr(e, "exit_code", INPUT_ERROR)
+        try:
+            _fail("error", "usage", f"{message} (plan COMMAND --help lists its options)",
+                  getattr(e, "exit_code", INPUT_ERROR), "--json" in args)
+        except typer.Exit as done:
+            return done.exit_code
+    return code if isinstance(code, int) else 0
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(app())
+    sys.exit(main())

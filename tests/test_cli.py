@@ -303,3 +303,27 @@ def test_auto_partition_names_the_solver_each_split_came_from():
         want = "stage split: ilp" if p["parallel"]["virtual_stages"] > 1 else "stage split: dp"
         assert split.startswith(want), (p["parallel"], split)
 
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "--gpus", "abc", "--nodes", "2"],
+    ["solve", "--gpus", "16", "--nodes", "2", "--bogus"],
+    ["simulate", "--pp"],
+    ["no-such-command"],
+])
+def test_unparseable_flags_are_one_line_and_exit_2(argv, capsys):
+    from cli import main
+
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error:"), captured.err
+    assert "Traceback" not in captured.err + captured.out
+
+
+def test_unparseable_flags_with_json_still_print_json(capsys):
+    from cli import main
+
+    assert main(["solve", "--gpus", "abc", "--nodes", "2", "--json"]) == 2
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["plans"] == [] and doc["error"]["kind"] == "usage"
