@@ -6,5 +6,9 @@ from pathlib import Path
 
 GIB = 1024**3  # bytes in a gibibyte; GPU memory sizes are quoted in GiB
 
-# profiles/ (hardware, stacks, validation data) sits beside planner/, in the repo and when installed.
-DATA_DIR = Path(__file__).resolve().parents[2] / "profiles"
+# The bundled data (hardware, stacks, validation runs): profiles/ beside planner/ in the repository
+# (and an editable install), planner/profiles/ in an installed wheel, which ships it inside the
+# one package it installs (pyproject.toml, [tool.setuptools.package-dir]).
+_HERE = Path(__file__).resolve()
+DATA_DIR = next((d for d in (_HERE.parents[1] / "profiles", _HERE.parents[2] / "profiles")
+                 if d.is_dir()), _HERE.parents[2] / "profiles")
