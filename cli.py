@@ -13,29 +13,29 @@ import typer
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from planner.cost import RunOptions
-from planner.export import export_plan
-from planner.gantt import render_gantt, to_svg
-from planner.layout import LayoutError, build_layout, require_node_local_tp
-from planner.layout_report import render_layout
-from planner.simulation_job import run_simulation, simulation_job, simulation_summary
-from planner.errors import NoFeasiblePlan, PlanInputError
-from planner.hardware import bundled_hardware, load_hardware, make_cluster
-from planner.model import PRESETS, load_model
-from planner.report import (hardware_table, models_table, plans_csv, print_explanation,
+from planner.cost.layer import RunOptions
+from planner.launchers import export_plan
+from planner.report.gantt import render_gantt, to_svg
+from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
+from planner.report.layout import render_layout
+from planner.pipeline.job import run_simulation, simulation_job, simulation_summary
+from planner.core.errors import NoFeasiblePlan, PlanInputError
+from planner.hardware.profiles import bundled_hardware, load_hardware, make_cluster
+from planner.model.spec import PRESETS, load_model
+from planner.report.plans import (hardware_table, models_table, plans_csv, print_explanation,
                             print_search)
-from planner.partition import PartitionError
-from planner.partition_report import comparison_dict, compare_splits, print_comparison
-from planner.plan import Parallel
-from planner.schedule import ScheduleError
-from planner.calibrate import calibrate
-from planner.files import refuse_overwrite, write_text
-from planner.profile import load_profile, profile_model, save_profile
-from planner.profile_report import profile_table
-from planner.search import analytical_comparison, check_profile_matches, explain, search
-from planner.space import Pins, Request, tp_rule, validate_pins
-from planner.split import METHODS
-from planner.validate import DEFAULT_FILES, validate_file, validation_markdown, validation_table
+from planner.partition.problem import PartitionError
+from planner.report.partition import comparison_dict, compare_splits, print_comparison
+from planner.core.parallel import Parallel
+from planner.pipeline.schedule import ScheduleError
+from planner.profile.machine import calibrate
+from planner.core.files import refuse_overwrite, write_text
+from planner.profile.profiler import load_profile, profile_model, save_profile
+from planner.report.profile import profile_table
+from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
+from planner.search.space import Pins, Request, tp_rule, validate_pins
+from planner.predict.stages import METHODS
+from planner.fidelity.published import DEFAULT_FILES, validate_file, validation_markdown, validation_table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor x pipeline x data parallel training of large models.\n\n"

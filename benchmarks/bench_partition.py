@@ -14,8 +14,10 @@ import time
 
 import numpy as np
 
-from planner.partition import GIB, PartitionProblem, _highs_available, even_split, partition
-from planner.partition_dp import partition_dp
+from planner.core.units import GIB
+from planner.partition.problem import PartitionProblem, even_split
+from planner.partition.solve import _highs_available, partition
+from planner.partition.dp import partition_dp
 
 
 def gpt_like(blocks: int, K: int, p: int, microbatches: int = 32) -> PartitionProblem:

@@ -11,8 +11,8 @@ import time
 from rich.console import Console
 from rich.table import Table
 
-from planner.schedule import build_schedule, find_deadlock, with_communication
-from planner.simulate import simulate
+from planner.pipeline.schedule import build_schedule, find_deadlock, with_communication
+from planner.pipeline.simulate import simulate
 
 CASES = [
     ("1f1b", 64, 1024, 1),

@@ -12,9 +12,9 @@ import platform
 import statistics
 import time
 
-from planner.hardware import load_hardware, make_cluster
-from planner.model import load_model
-from planner.search import Request, search
+from planner.hardware.profiles import load_hardware, make_cluster
+from planner.model.spec import load_model
+from planner.search.engine import Request, search
 
 CASES = [  # (model, gpus, nodes, global batch, target seconds on a 2-core machine)
     ("llama3-8b", 16, 2, 512, 2.0),

@@ -1,3 +1,5 @@
 """plan3d: plan tensor x pipeline x data parallel training of large models."""
 
-__version__ = "0.1.0"
+from planner.core.version import __version__
+
+__all__ = ["__version__"]

@@ -2,9 +2,9 @@
 
 import pytest
 
-from planner.calibrate import calibrate
-from planner.errors import PlanInputError
-from planner.hardware import hardware_from_dict
+from planner.profile.machine import calibrate
+from planner.core.errors import PlanInputError
+from planner.hardware.profiles import hardware_from_dict
 
 
 def test_calibrate_cpu_gives_a_loadable_hardware_profile():

@@ -2,11 +2,11 @@ from dataclasses import replace
 
 import pytest
 
-from planner import comm
-from planner.cost import RunOptions, block_forward_flops, layer_cost, model_flops_per_iteration
-from planner.hardware import load_hardware
-from planner.memory import Shape, activation_bytes, model_state_bytes, working_bytes
-from planner.model import PRESETS, _gpt
+from planner.cost import comm
+from planner.cost.layer import RunOptions, block_forward_flops, layer_cost, model_flops_per_iteration
+from planner.hardware.profiles import load_hardware
+from planner.cost.memory import Shape, activation_bytes, model_state_bytes, working_bytes
+from planner.model.spec import PRESETS, _gpt
 
 
 def table1(published_runs):

@@ -4,14 +4,14 @@ from dataclasses import replace
 
 import pytest
 
-from planner import calibration
-from planner.cost import RunOptions
-from planner.evaluate import evaluate, inflight_closed_form
-from planner.hardware import load_hardware, make_cluster
-from planner.model import PRESETS
-from planner.plan import Parallel
-from planner.simulate import simulate
-from planner.split import usable_bytes
+from planner.cost import constants
+from planner.cost.layer import RunOptions
+from planner.predict.step import evaluate, inflight_closed_form
+from planner.hardware.profiles import load_hardware, make_cluster
+from planner.model.spec import PRESETS
+from planner.core.parallel import Parallel
+from planner.pipeline.simulate import simulate
+from planner.predict.stages import usable_bytes
 
 CASES = [(name, p, m, v) for name in ("gpipe", "1f1b", "zb-h1", "interleaved")
          for p in (1, 2, 4, 8) for m in (1, 4, 8, 16, 32)
@@ -33,9 +33,9 @@ def test_closed_form_inflight_never_below_the_simulated_peak(name, p, m, v):
 
 def test_ranks_that_recompute_reserve_more_for_fragmentation(monkeypatch):
     """The allocator's fragmentation is a share of reserved memory, higher under recompute
-    (planner/calibration.py), and the partitioner's capacity is the exact inverse of it."""
+    (planner/cost/constants.py), and the partitioner's capacity is the exact inverse of it."""
     cluster = make_cluster(load_hardware("a100-80gb"), 8, 1)
-    free = cluster.hardware.memory_bytes - calibration.RESERVED_BYTES
+    free = cluster.hardware.memory_bytes - constants.RESERVED_BYTES
     assert usable_bytes(cluster, True) == pytest.approx(free * 0.85)
     assert usable_bytes(cluster, False) == pytest.approx(free * 0.95)
     model = PRESETS["megatron-1.7b"]
@@ -45,9 +45,9 @@ def test_ranks_that_recompute_reserve_more_for_fragmentation(monkeypatch):
 
     def tensors(par):  # bytes above the reserve, as if fragmentation were 5% everywhere
         return evaluate(model, cluster, par, RunOptions()).rank_memory_bytes[0] \
-            - calibration.RESERVED_BYTES
+            - constants.RESERVED_BYTES
 
     with_recompute_share = tensors(full), tensors(none)
-    monkeypatch.setattr(calibration, "RECOMPUTE_FRAGMENTATION", calibration.FRAGMENTATION)
+    monkeypatch.setattr(constants, "RECOMPUTE_FRAGMENTATION", constants.FRAGMENTATION)
     assert with_recompute_share[0] == pytest.approx(tensors(full) * 0.95 / 0.85)
     assert with_recompute_share[1] == pytest.approx(tensors(none))

@@ -10,13 +10,14 @@ from pathlib import Path
 
 import pytest
 
-from planner.errors import PlanInputError
-from planner.export import (EXPORTERS, ExportError, Facts, export_plan, launcher_allows,
+from planner.core.errors import PlanInputError
+from planner.launchers import (EXPORTERS, ExportError, Facts, export_plan, launcher_allows,
                             parse_megatron_args, render_all)
-from planner.export import megatron
-from planner.hardware import Cluster, Hardware
-from planner.model import PRESETS
-from planner.plan import Metrics, Parallel, Plan, Stage
+from planner.launchers import megatron
+from planner.hardware.profiles import Cluster, Hardware
+from planner.model.spec import PRESETS
+from planner.core.parallel import Parallel
+from planner.predict.plan import Metrics, Plan, Stage
 
 GOLDEN = Path(__file__).parent / "golden"
 UPDATE = os.environ.get("PLAN3D_UPDATE_GOLDEN") == "1"
@@ -183,7 +184,7 @@ def test_export_writes_all_and_refuses_overwrite(plan, tmp_path):
 
 
 def test_atomic_write_leaves_old_file_on_failure(plan, tmp_path, monkeypatch):
-    import planner.files as files
+    import planner.core.files as files
 
     export_plan(plan, ["json"], tmp_path)
     before = (tmp_path / "plan.json").read_text()
@@ -204,7 +205,7 @@ def test_unknown_target(plan, tmp_path):
 
 
 def test_torchtitan_zb_and_interleaved_names():
-    from planner.export import torchtitan
+    from planner.launchers import torchtitan
 
     p = make_plan(bounds=(0, 5, 9, 13, 17, 21, 25, 29, 34), virtual_stages=2,
                   schedule="interleaved")
@@ -240,8 +241,8 @@ def test_launch_sh_runs_torchrun_with_megatron_args(plan, tmp_path):
 
 
 def test_nonstandard_model_refused_by_megatron_and_torchtitan(tmp_path):
-    from planner.model import Layer
-    from planner.export import torchtitan
+    from planner.model.spec import Layer
+    from planner.launchers import torchtitan
 
     base = make_plan(bounds=(0, 9, 17, 25, 34))
     layers = base.model.layers[:-1] + (Layer(kind="linear", hidden_size=4096, out_features=10),)

@@ -4,8 +4,8 @@ import xml.etree.ElementTree as ET
 
 from rich.console import Console
 
-from planner.gantt import gantt_rows, render_gantt, to_svg
-from planner.simulate import simulate
+from planner.report.gantt import gantt_rows, render_gantt, to_svg
+from planner.pipeline.simulate import simulate
 
 SVG = "{http://www.w3.org/2000/svg}"
 

@@ -2,9 +2,9 @@
 
 import pytest
 
-from planner.errors import PlanInputError
-from planner.layer_exec import build_executor, layer_costs, shard_dims
-from planner.model import Layer
+from planner.core.errors import PlanInputError
+from planner.profile.executors import build_executor, layer_costs, shard_dims
+from planner.model.spec import Layer
 from gradcheck import close, numgrad
 
 BLOCKS = [

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.layout import (ORDERS, LayoutError, build_layout, check_layout,
+from planner.layout.ranks import (ORDERS, LayoutError, build_layout, check_layout,
                             dp_group_crosses_nodes, rank_of, require_node_local_tp,
                             stage_hop_crosses_nodes)
 
@@ -127,7 +127,7 @@ def test_large_layout_is_fast():
 def test_render_layout_small_and_huge():
     from rich.console import Console
 
-    from planner.layout_report import render_layout
+    from planner.report.layout import render_layout
 
     console = Console(record=True, width=160)
     render_layout(build_layout(2, 4, 2, 8), console)

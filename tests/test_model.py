@@ -2,8 +2,8 @@ import json
 
 import pytest
 
-from planner.errors import PlanInputError
-from planner.model import PRESETS, load_model, model_from_dict
+from planner.core.errors import PlanInputError
+from planner.model.spec import PRESETS, load_model, model_from_dict
 
 
 @pytest.mark.parametrize("name, published", [

@@ -1,18 +1,19 @@
 """Overlapped DP/ZeRO communication is not free: the collective holds SMs the compute beside it
-cannot use (planner/comm.py overlap_interference, planner/evaluate.py _dp_exposed_s)."""
+cannot use (planner/cost/comm.py overlap_interference, planner/predict/step.py _dp_exposed_s)."""
 
 from dataclasses import replace
 
 import numpy as np
 import pytest
 
-from planner import calibration, comm
-from planner.cost import RunOptions
-from planner.errors import PlanInputError
-from planner.evaluate import _overlapped_cost_s, evaluate
-from planner.hardware import hardware_from_dict, load_hardware, make_cluster
-from planner.model import PRESETS
-from planner.plan import Parallel
+from planner.cost import constants
+from planner.cost import comm
+from planner.cost.layer import RunOptions
+from planner.core.errors import PlanInputError
+from planner.predict.step import _overlapped_cost_s, evaluate
+from planner.hardware.profiles import hardware_from_dict, load_hardware, make_cluster
+from planner.model.spec import PRESETS
+from planner.core.parallel import Parallel
 
 
 def test_interference_is_the_share_of_sms_nccl_holds():
@@ -24,9 +25,9 @@ def test_interference_is_the_share_of_sms_nccl_holds():
 
 def test_profile_without_sm_count_gets_the_measured_mean():
     hw = replace(load_hardware("a100-80gb"), sm_count=None)
-    assert comm.overlap_interference(hw) == calibration.OVERLAP_INTERFERENCE
+    assert comm.overlap_interference(hw) == constants.OVERLAP_INTERFERENCE
     # Lee et al. 2025: overlapped compute 18.9% slower on average -> 1 - 1/1.189 of the GPU lost
-    assert calibration.OVERLAP_INTERFERENCE == pytest.approx(1 - 1 / 1.189, abs=0.005)
+    assert constants.OVERLAP_INTERFERENCE == pytest.approx(1 - 1 / 1.189, abs=0.005)
 
 
 def test_sm_count_must_be_a_whole_number():

@@ -9,16 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.partition import (
+from planner.partition.problem import (
     TIE_RTOL,
     PartitionError,
     PartitionProblem,
-    _highs_available,
     equal_param_split,
     even_split,
-    partition,
 )
-from planner.partition_dp import partition_dp
+from planner.partition.dp import partition_dp
+from planner.partition.solve import _highs_available, partition
 
 SOLVERS = ["cbc"] + (["highs"] if _highs_available() else [])
 # Property tests check the ILP's answers, not its speed: a loaded CI machine must not turn a
@@ -275,7 +274,7 @@ def test_deterministic_and_lp_file(tmp_path):
 
 
 def test_time_limit_falls_back_to_dp(monkeypatch):
-    import planner.partition_milp as mod
+    import planner.partition.milp as mod
 
     monkeypatch.setattr(mod, "solve", lambda *a, **k: ("none", None))
     prob = _vocab_model()
@@ -285,7 +284,7 @@ def test_time_limit_falls_back_to_dp(monkeypatch):
 
 
 def test_solver_crash_is_not_shown(monkeypatch):
-    import planner.partition_milp as mod
+    import planner.partition.milp as mod
 
     def boom(*a, **k):
         raise RuntimeError("solver trace")
@@ -298,11 +297,11 @@ def test_solver_crash_is_not_shown(monkeypatch):
 def test_ilp_solves_a_real_memory_bound_instance_itself():
     """Llama-3-8B over 4 A100 stages, recompute none|full: memory binds on the first stages.
     A wrong worst-case bound once skipped their memory rows and the ILP's split was rejected."""
-    from planner.cost import RunOptions
-    from planner.hardware import load_hardware, make_cluster
-    from planner.model import load_model
-    from planner.plan import Parallel
-    from planner.split import cost_tables, partition_problem
+    from planner.cost.layer import RunOptions
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.model.spec import load_model
+    from planner.core.parallel import Parallel
+    from planner.predict.stages import cost_tables, partition_problem
 
     spec, hw = load_model("llama3-8b"), load_hardware("a100-80gb")
     par = Parallel(tp=1, pp=4, dp=1, micro_batch=1, num_microbatches=16, recompute="full")
@@ -320,11 +319,11 @@ def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name
     """The partitioner first assumes the allocator's light fragmentation. Each case here finds
     a split that way only by recomputing, and that split is 0.5-8 GiB over the GPU once the
     recompute share is counted: the second pass must refuse it rather than promise it."""
-    from planner.cost import RunOptions
-    from planner.hardware import load_hardware, make_cluster
-    from planner.model import load_model
-    from planner.plan import Parallel
-    from planner.split import best_split, cost_tables
+    from planner.cost.layer import RunOptions
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.model.spec import load_model
+    from planner.core.parallel import Parallel
+    from planner.predict.stages import best_split, cost_tables
 
     spec, hw = load_model(name).with_seq_length(seq), load_hardware("a100-80gb")
     par = Parallel(tp=1, pp=pp, dp=1, micro_batch=micro_batch, num_microbatches=4 * pp,

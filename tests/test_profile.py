@@ -5,9 +5,9 @@ import sys
 
 import pytest
 
-from planner.errors import PlanInputError
-from planner.model import ModelSpec
-from planner.profile import (CUPY_MISSING, SCHEMA, load_profile, profile_model,
+from planner.core.errors import PlanInputError
+from planner.model.spec import ModelSpec
+from planner.profile.profiler import (CUPY_MISSING, SCHEMA, load_profile, profile_model,
                              save_profile)
 
 TINY = ModelSpec(name="tiny", num_layers=3, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
@@ -125,7 +125,7 @@ def test_tiny_budget_scales_and_marks_entries():
 def test_report_groups_repeated_blocks(tiny_profile):
     from rich.console import Console
 
-    from planner.profile_report import profile_table
+    from planner.report.profile import profile_table
 
     console = Console(width=200, record=True)
     console.print(profile_table(tiny_profile[0]))
@@ -135,7 +135,7 @@ def test_report_groups_repeated_blocks(tiny_profile):
 
 def test_flops_match_the_design_formula():
     """Block matmul FLOPs of DESIGN.md §3 (full-matrix attention), backward = 2x forward."""
-    from planner.layer_exec import layer_costs
+    from planner.profile.executors import layer_costs
 
     spec = ModelSpec(name="f", num_layers=1, hidden_size=512, num_attention_heads=8,
                      num_kv_heads=2, ffn_hidden_size=1408, vocab_size=1000, seq_length=256,
@@ -153,7 +153,7 @@ def test_flops_match_the_design_formula():
 
 
 def test_explicit_layers_with_a_linear_layer():
-    from planner.model import Layer
+    from planner.model.spec import Layer
 
     layers = (Layer(kind="embedding", hidden_size=32, vocab_size=64),
               Layer(kind="block", hidden_size=32, num_attention_heads=2, num_kv_heads=2,

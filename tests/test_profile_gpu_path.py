@@ -9,9 +9,9 @@ import types
 import numpy as np
 import pytest
 
-from planner.model import model_from_dict
-from planner import profile
-from planner.profile import profile_model
+from planner.model.spec import model_from_dict
+from planner.profile import profiler as profile
+from planner.profile.profiler import profile_model
 
 TINY = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
         "num_kv_heads": 2, "ffn_hidden_size": 128, "mlp": "swiglu", "vocab_size": 256,
@@ -61,6 +61,6 @@ def test_gpu_without_a_device_is_one_clear_error(monkeypatch):
 
     fake.cuda.runtime.getDeviceCount = no_device
     monkeypatch.setitem(sys.modules, "cupy", fake)
-    from planner.errors import PlanInputError
+    from planner.core.errors import PlanInputError
     with pytest.raises(PlanInputError, match="no usable NVIDIA GPU"):
         profile_model(model_from_dict(TINY), device="gpu")

@@ -6,7 +6,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.schedule import (
+from planner.pipeline.schedule import (
     SCHEDULES, Deadlock, Op, ScheduleError, build_schedule, find_deadlock, with_communication,
 )
 
@@ -143,7 +143,7 @@ def test_every_generated_schedule_is_deadlock_free_sampled(name, p, m, v):
 def test_the_whole_issue_grid_is_deadlock_free():
     """Every generated schedule for all p <= 16, M <= 64 and v in {1, 2, 4} (interleaved needs
     M divisible by p): 3,366 schedules under blocking send/receive, about 13 s."""
-    from planner.schedule import build_schedule, find_deadlock, with_communication
+    from planner.pipeline.schedule import build_schedule, find_deadlock, with_communication
 
     checked = 0
     for p in range(1, 17):

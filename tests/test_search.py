@@ -4,11 +4,11 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from planner.errors import NoFeasiblePlan
-from planner.hardware import load_hardware, make_cluster
-from planner.model import PRESETS
-from planner.search import Pins, Request, enumerate_configs, explain, search
-from planner.validate import case_setup, load_cases
+from planner.core.errors import NoFeasiblePlan
+from planner.hardware.profiles import load_hardware, make_cluster
+from planner.model.spec import PRESETS
+from planner.search.engine import Pins, Request, enumerate_configs, explain, search
+from planner.fidelity.published import case_setup, load_cases
 
 
 @settings(max_examples=25, deadline=None)

@@ -3,8 +3,8 @@
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.schedule import SCHEDULES, ScheduleError
-from planner.simulate import closed_form_bubble, simulate
+from planner.pipeline.schedule import SCHEDULES, ScheduleError
+from planner.pipeline.simulate import closed_form_bubble, simulate
 
 
 @pytest.mark.parametrize("name", ["gpipe", "1f1b"])
@@ -134,8 +134,3 @@ def test_dependencies_hold_for_random_times(data, name, p, mult, v):
     eff_comm = [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
     _check_dependencies(r, fwd, bwd, wgrad, eff_comm)
 
-
-def test_simulator_reexported_from_schedule_module():
-    from planner.schedule import SimResult, simulate as sim2
-
-    assert isinstance(sim2("1f1b", 2, 2, fwd_s=1, bwd_s=1), SimResult)

@@ -1,4 +1,4 @@
-"""Fidelity against published training runs (planner/validate.py): a regression in the cost model
+"""Fidelity against published training runs (planner/fidelity/published.py): a regression in the cost model
 that moves the predictions away from what was measured fails here.
 
 The pinned values are today's results (see the README's validation table); the tolerances let
@@ -8,7 +8,7 @@ today's value and marked as such, so an improvement shows up as an easy tighteni
 
 import pytest
 
-from planner.validate import (DEFAULT_FILE, MODERN_FILE, case_setup, load_cases, spearman,
+from planner.fidelity.published import (DEFAULT_FILE, MODERN_FILE, case_setup, load_cases, spearman,
                               summarize, summary_lines, validate_cases, validate_file,
                               validation_markdown, validation_table)
 
@@ -52,7 +52,7 @@ def test_memory_error(result):
     assert min(zb) >= -0.03 and max(zb) <= 0.15
     # BLOOM (nvidia-smi, full recompute): never under-estimated by more than 3% (issue target),
     # but with little margin: -1.9 .. -2.9% (the allocator's fragmentation under recompute is a
-    # published average, planner/calibration.py)
+    # published average, planner/cost/constants.py)
     bloom = [r.memory_error for r in rows if r.group.startswith("bloom") and r.supported
              and r.memory_error is not None]
     assert len(bloom) == 5 and min(bloom) >= -0.03 and max(bloom) <= 0.0

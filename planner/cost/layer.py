@@ -1,0 +1,257 @@
+"""Per-layer cost: FLOPs, time, bytes and parameters of one layer for one microbatch on one GPU.
+
+FLOPs (DESIGN.md §3; Narayanan et al. 2021 §5.1, Korthikanti et al. 2022 §6), tokens T = b·s,
+head dim d, kv heads g: QKV 2T·h(h + 2gd), scores and values 4T·s·h, output projection 2T·h²,
+MLP 4T·h·f (GeLU) or 6T·h·f (SwiGLU), logits 2T·h·V. Backward is twice the forward: one matmul for
+the input gradient and one for the weight gradient. Model FLOPs count the full s×s attention, as the
+published formulas do; a causal flash kernel executes half of it, which the time accounts for.
+
+Time is a roofline per operation class: matmuls at the achieved matmul rate, memory-bound work
+(norms, activations, residuals, softmax, loss) at the achieved HBM bandwidth, and TP collectives on
+the node's NVLink. A measured profile (``plan profile``) replaces the compute rates with measured
+ones, scaled by FLOPs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost import constants
+from planner.cost import comm
+from planner.hardware.profiles import Hardware
+from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
+                            working_bytes)
+from planner.model.spec import Layer
+
+# A flash backward recomputes QK^T and does four matmuls where the forward does two: 2.5x forward.
+FLASH_BACKWARD_RATIO = 2.5
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How the training job runs, beyond the searched parallel knobs (stated defaults)."""
+
+    flash_attention: bool = True  # Megatron-Core and torchtitan default; 2020-22 runs stored scores
+    overlap_dp: bool = True  # DP reduce-scatter/all-gather overlapped with backward (Megatron-Core)
+    overlap_tp: bool = False  # TP comm hidden in GEMMs (Megatron --tp-comm-overlap; off by default)
+    grad_bytes: int = 4  # fp32 main gradients (Megatron); DeepSpeed keeps 16-bit (2)
+    # DeepSpeed's pipeline engine with BF16_Optimizer accumulates into an fp32 buffer but keeps the
+    # 16-bit .grad tensors too (PipelineEngine._exec_backward_pass: update_hp_grads(
+    # clear_lp_grads=False)): 2 more bytes per parameter.
+    lowp_grad_copy: bool = False
+    # DeepSpeed's pipeline engine keeps each in-flight microbatch's stage output
+    # (pipe_buffers['outputs']) until its backward; Megatron frees its data after the send
+    # (deallocate_output_tensor).
+    keep_stage_outputs: bool = False
+    # Megatron's scatter/gather: each TP rank sends 1/tp of a stage's output over the network
+    # and the next stage all-gathers it over NVLink (Narayanan et al. 2021 §4.1). DeepSpeed's
+    # pipeline engine sends the whole tensor from every TP rank.
+    scatter_gather: bool = True
+    # Megatron's vocab-parallel cross-entropy computes the softmax gradient in place on its saved
+    # fp32 exp-logits. PyTorch's F.cross_entropy on fp32 logits (torchtitan, llm-foundry, HF)
+    # does not: log_softmax's backward takes the saved fp32 output and a dense fp32 gradient from
+    # nll_loss and writes a new fp32 gradient (aten _log_softmax_backward_data(grad_output,
+    # output) -> grad_input): two more fp32 logit-sized buffers while the head runs its backward.
+    fused_cross_entropy: bool = True
+    # PyTorch FSDP (torchtitan's FSDP2, llm-foundry) keeps each parameter's ZeRO-3 shard in fp32,
+    # the optimizer's master copy, and casts to 16-bit only for the all-gather: no 16-bit shard
+    # beside it (FSDP2 MixedPrecisionPolicy docstring: the high-precision sharded parameters are
+    # kept anyway, so the optimizer's copy costs no extra memory). DeepSpeed ZeRO-3 keeps both.
+    fp32_shards: bool = False
+
+    @property
+    def held_grad_bytes(self) -> int:
+        """Gradient bytes each parameter holds: the main gradient and any kept 16-bit copy."""
+        return self.grad_bytes + (ACT_BYTES if self.lowp_grad_copy else 0)
+
+    def held_weight_bytes(self, zero: int) -> int:
+        """16-bit weight bytes each parameter holds besides the fp32 master in the optimizer."""
+        return 0 if self.fp32_shards and zero >= 3 else ACT_BYTES
+
+
+@dataclass(frozen=True)
+class LayerCost:
+    """One layer, one microbatch, one GPU. Times in seconds, FLOPs per GPU."""
+
+    fwd_s: float
+    bwd_input_s: float
+    bwd_weight_s: float
+    recompute_s: float  # extra forward work the recompute mode adds to the backward
+    model_flops: float  # forward + backward, no recompute (MFU numerator)
+    hardware_flops: float  # plus the recomputed forward (HFU numerator)
+    params: float  # parameters stored on this GPU
+    act_bytes: float  # kept per in-flight microbatch
+    work_bytes: float  # transient while this layer runs its backward
+
+    @property
+    def bwd_s(self) -> float:
+        return self.bwd_input_s + self.bwd_weight_s
+
+    @property
+    def total_s(self) -> float:
+        return self.fwd_s + self.bwd_s + self.recompute_s
+
+
+@dataclass(frozen=True)
+class _Work:
+    """Forward work of a layer on one GPU, by the unit that bounds it."""
+
+    gemm_flops: float = 0.0  # weight matmuls (backward: 1x input grad + 1x weight grad)
+    gemm_bytes: float = 0.0  # their operand and result traffic (read A, B; write C)
+    attn_flops: float = 0.0  # scores and values, as executed
+    attn_model_flops: float = 0.0  # scores and values, full s×s (model FLOPs convention)
+    mem_bytes: float = 0.0  # HBM traffic of memory-bound ops
+    attn_mem_bytes: float = 0.0  # HBM traffic of an unfused softmax over the scores
+    collectives: int = 0  # TP all-reduces (or all-gather + reduce-scatter pairs) in the forward
+    collectives_bwd: int = 0
+
+
+def block_forward_flops(layer: Layer, tokens: int, seq_len: int) -> tuple[float, float]:
+    """(weight-matmul FLOPs, attention FLOPs with full s×s) of one block's forward, whole model."""
+    h, f = layer.hidden_size, layer.ffn_hidden_size
+    kv = layer.num_kv_heads * layer.head_dim
+    mlp = (6 if layer.mlp == "swiglu" else 4) * tokens * h * f
+    gemm = 2 * tokens * h * (h + 2 * kv) + 2 * tokens * h * h + mlp
+    attn = 4 * tokens * seq_len * h
+    return float(gemm), float(attn)
+
+
+def _gemm_bytes(*mkn: tuple[float, float, float]) -> float:
+    """HBM traffic of 16-bit matmuls (m x k) @ (k x n): read both operands, write the result."""
+    return sum(ACT_BYTES * (m * k + k * n + m * n) for m, k, n in mkn)
+
+
+def _work(layer: Layer, shape: Shape, flash: bool) -> _Work:
+    t, s, T, h = shape.tp, shape.seq_len, shape.tokens, layer.hidden_size
+    rep = 1 / t if shape.sp else 1.0
+    if layer.kind == "embedding":
+        # gather rows, add positions, dropout: read + write T·h, once each; a norm once more.
+        passes = 4 if layer.embedding_norm else 3
+        return _Work(mem_bytes=passes * ACT_BYTES * T * h * rep, collectives=1, collectives_bwd=0)
+    if layer.kind == "linear":
+        return _Work(gemm_flops=2.0 * T * h * layer.out_features / t,
+                     gemm_bytes=_gemm_bytes((T, h, layer.out_features / t)),
+                     mem_bytes=ACT_BYTES * T * (h + layer.out_features) / t)
+    if layer.kind == "head":
+        v = layer.vocab_size
+        # final norm (read + write) and the fp32 softmax cross-entropy: read 16-bit logits, write
+        # fp32 probabilities, read them back for the loss and its gradient: ~12 bytes per logit.
+        return _Work(gemm_flops=2.0 * T * h * v / t, gemm_bytes=_gemm_bytes((T, h, v / t)),
+                     mem_bytes=2 * ACT_BYTES * T * h * rep + 12.0 * T * v / t,
+                     collectives=1 if shape.sp else 0, collectives_bwd=1)
+    gemm, attn_full = block_forward_flops(layer, T, s)
+    f, kv = layer.ffn_hidden_size, layer.num_kv_heads * layer.head_dim
+    up = (2 if layer.mlp == "swiglu" else 1) * f
+    gemm_bytes = _gemm_bytes((T, h, (h + 2 * kv) / t), (T, h / t, h), (T, h, up / t),
+                             (T, f / t, h))
+    # Memory-bound ops: two norms (read + write), two residual adds with dropout (read 2, write 1,
+    # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); the activation
+    # function on the sharded FFN hidden (GeLU reads and writes f, SwiGLU reads 2f and writes f).
+    act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * T * layer.ffn_hidden_size / t
+    mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn
+    if flash:
+        return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / 2 / t,
+                     attn_model_flops=attn_full / t, mem_bytes=mem, collectives=2,
+                     collectives_bwd=2)
+    # Unfused attention: the scores are written by one bmm, scaled/masked/softmaxed (read, write),
+    # dropout (read, write, mask) and read by the next bmm: ~13 bytes per score; 8 without dropout.
+    scores = layer.num_attention_heads * s * s * shape.micro_batch / t
+    per_score = 13.0 if layer.dropout else 8.0
+    return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / t,
+                 attn_model_flops=attn_full / t,
+                 mem_bytes=mem, attn_mem_bytes=per_score * scores, collectives=2,
+                 collectives_bwd=2)
+
+
+def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
+               opts: RunOptions = RunOptions(), measured=None) -> LayerCost:
+    """Cost of ``layer`` for one microbatch on one GPU of a TP group.
+
+    ``measured`` (a profile's LayerTiming for this layer) replaces the analytical compute times:
+    its achieved FLOP rate per phase is applied to this shape's FLOPs.
+    """
+    flash = opts.flash_attention
+    w = _work(layer, shape, flash)
+    peak = hw.peak_flops
+    gemm_rate = peak * (hw.matmul_efficiency or constants.MATMUL_EFFICIENCY)
+    mem_rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency
+                                                  or constants.MEMORY_EFFICIENCY)
+    attn_rate = peak * (hw.attention_efficiency or constants.ATTENTION_EFFICIENCY) if flash \
+        else gemm_rate
+    bwd_attn_ratio = FLASH_BACKWARD_RATIO if flash else 2.0
+
+    # Matmul time: compute at the achieved rate plus operand traffic, additive (a roofline that
+    # does not assume perfect overlap); this is what makes small TP-sharded matmuls slower.
+    gemm_s = w.gemm_flops / gemm_rate + w.gemm_bytes / mem_rate
+    attn_fwd_s = w.attn_flops / attn_rate + w.attn_mem_bytes / mem_rate
+    mem_fwd_s = w.mem_bytes / mem_rate
+    fwd_s = gemm_s + attn_fwd_s + mem_fwd_s
+    bwd_weight_s = gemm_s
+    bwd_input_s = gemm_s + (bwd_attn_ratio * w.attn_flops / attn_rate
+                            + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s
+
+    # Every microbatch's weight gradients are accumulated into the step's gradient buffer: read
+    # and write ``grad_bytes`` per parameter (Megatron's fp32 main_grad, filled by the wgrad GEMM
+    # with beta=1 under --gradient-accumulation-fusion or by a separate add; DeepSpeed's
+    # BF16_Optimizer fp32 accumulation buffer). Memory-bound, and it scales with parameters, not
+    # tokens: what makes small micro-batches of wide layers slower than their FLOPs.
+    params = sharded_params(layer, shape.tp)
+    bwd_weight_s += 2 * opts.grad_bytes * params / mem_rate
+
+    fwd_flops = w.gemm_flops + w.attn_model_flops
+    model_flops = 3 * fwd_flops
+    if layer.kind == "embedding":
+        model_flops = 0.0  # a lookup: no FLOPs in any published convention
+
+    if measured is not None:
+        fwd_s, bwd_input_s, bwd_weight_s = _scaled_by_profile(measured, w, fwd_flops)
+
+    if recompute == "full" and layer.kind == "block":
+        recompute_s, recompute_flops = fwd_s, fwd_flops  # before TP comm is added below
+    elif recompute == "selective" and layer.kind == "block" and not flash:
+        recompute_s, recompute_flops = attn_fwd_s, w.attn_model_flops
+    else:
+        recompute_s, recompute_flops = 0.0, 0.0
+
+    one = 0.0
+    if shape.tp > 1 and not opts.overlap_tp:
+        intra, _ = comm.links(hw)
+        one = comm.all_reduce_s(ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, intra)
+    fwd_s += w.collectives * one
+    bwd_input_s += w.collectives_bwd * one
+    if recompute == "full" and layer.kind == "block":
+        recompute_s += w.collectives * one
+
+    return LayerCost(
+        fwd_s=fwd_s, bwd_input_s=bwd_input_s, bwd_weight_s=bwd_weight_s, recompute_s=recompute_s,
+        model_flops=model_flops,
+        hardware_flops=model_flops + recompute_flops,
+        params=params,
+        act_bytes=activation_bytes(layer, shape, recompute, flash),
+        work_bytes=working_bytes(layer, shape, recompute, flash) + (
+            0.0 if opts.fused_cross_entropy or layer.kind != "head"
+            else 2 * LOGIT_BYTES * shape.tokens * layer.vocab_size / shape.tp),
+    )
+
+
+def _scaled_by_profile(measured, w: _Work, fwd_flops: float) -> tuple[float, float, float]:
+    """Measured seconds scaled to this shape by FLOPs: the achieved rate is kept per phase."""
+    def scale(seconds: float, flops_then: float, flops_now: float) -> float:
+        return seconds * flops_now / flops_then if flops_then > 0 else seconds
+
+    bwd_w_now = w.gemm_flops
+    bwd_in_now = max(2 * fwd_flops - bwd_w_now, 0.0)
+    return (scale(measured.fwd_s, measured.fwd_flops, fwd_flops),
+            scale(measured.bwd_input_s, measured.bwd_input_flops, bwd_in_now),
+            scale(measured.bwd_weight_s, measured.bwd_weight_flops, bwd_w_now))
+
+
+def model_flops_per_iteration(model, global_batch: int, seq_len: int) -> float:
+    """Model FLOPs of one training step (forward + backward, no recompute), whole model."""
+    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=seq_len)
+    per_sample = 0.0
+    for layer in model.layers:
+        w = _work(layer, shape, flash=False)
+        if layer.kind != "embedding":
+            per_sample += 3 * (w.gemm_flops + w.attn_model_flops)
+    return per_sample * global_batch

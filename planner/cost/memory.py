@@ -1,0 +1,154 @@
+"""Bytes a GPU holds: activations kept for the backward pass and the model states.
+
+Activations follow Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer
+Models", §4 and Table 2, written per tensor so that grouped KV heads, SwiGLU and any FFN width are
+counted the same way the paper counts GPT (for a GPT block they reduce exactly to Table 2):
+  no parallelism        s·b·h·(34 + 5as/h)
+  tensor parallel t     s·b·h·(10 + 24/t + 5as/(ht))
+  t + sequence parallel s·b·h·(34 + 5as/h)/t
+  selective recompute   drops the 5as/h term (scores, softmax, dropout mask)
+  full recompute        2·s·b·h per layer (the layer input), /t with sequence parallel
+Flash attention never stores the s×s scores, so it drops the 5as/h term as selective recompute does.
+A model trained without dropout (Llama, MPT: ``Layer.dropout`` False) keeps no masks: 2·sbh less
+per block (the two residual-dropout masks), the a·s²·b score-dropout mask and its 2·a·s²·b output
+(the softmax output feeds the values matmul directly: 2·a·s²·b kept instead of 5), and no mask on
+the embedding. With dropout on, every formula is Korthikanti's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost import constants
+from planner.model.spec import Layer
+
+ACT_BYTES = 2  # 16-bit activations
+LOGIT_BYTES = 4  # the cross-entropy keeps fp32 logits (DESIGN.md §3)
+
+
+@dataclass(frozen=True)
+class Shape:
+    """How one layer runs: tensor-parallel degree, sequence parallel, micro-batch and sequence."""
+
+    tp: int
+    sp: bool
+    micro_batch: int
+    seq_len: int
+
+    @property
+    def tokens(self) -> int:
+        return self.micro_batch * self.seq_len
+
+
+def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> float:
+    """Bytes one microbatch leaves on this GPU between the layer's forward and its backward."""
+    s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
+    sbh = s * b * h
+    rep = 1 / t if shape.sp else 1.0  # tensors TP replicates, unless SP shards them
+    if layer.kind == "embedding":
+        # dropout mask on the embedding output (Korthikanti §4.3); nothing without dropout. An
+        # embedding norm keeps its 16-bit input: recompute never covers the embedding (Megatron
+        # checkpoints transformer layers only; DeepSpeed's GPTModelPipe likewise, pipe/module.py
+        # ``_is_checkpointable``).
+        mask = sbh if layer.dropout else 0.0
+        return (mask + (ACT_BYTES * sbh if layer.embedding_norm else 0.0)) * rep
+    if layer.kind == "linear":
+        return ACT_BYTES * sbh * rep  # the input of the matmul
+    if layer.kind == "head":
+        # final norm input + output-projection input (16-bit) + fp32 logits of the loss.
+        return 2 * ACT_BYTES * sbh * rep + LOGIT_BYTES * s * b * layer.vocab_size / t
+    if recompute == "full":
+        return ACT_BYTES * sbh * rep
+    return _block_kept(layer, shape) + (0 if recompute == "selective" or flash
+                                        else _scores_bytes(layer, shape))
+
+
+def _block_kept(layer: Layer, shape: Shape) -> float:
+    """Korthikanti's tensors of a block other than the s×s scores (34·sbh for a GPT block)."""
+    s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
+    sb = s * b
+    kv = layer.num_kv_heads * layer.head_dim
+    # Replicated across TP (sharded by SP): two norm inputs (4), QKV input (2), attention's
+    # residual dropout mask (1, only with dropout) and the MLP's share (_mlp_kept).
+    # Sharded by TP: Q and K (2h + 2kv), V (2kv), attention-output projection input (2h).
+    replicated = (7 if layer.dropout else 6) * sb * h
+    sharded = sb * (2 * h + 2 * kv + 2 * kv + 2 * h)
+    return replicated * (1 / t if shape.sp else 1.0) + sharded / t + _mlp_kept(layer, shape)
+
+
+def _mlp_kept(layer: Layer, shape: Shape) -> float:
+    """The MLP's part of Korthikanti's tensors: its input (2·sbh) and residual dropout mask
+    (sbh, only with dropout), replicated across TP unless SP; gelu keeps its input and the second
+    matmul's input (2f + 2f), SwiGLU gate, up and their product (2f + 2f + 2f), sharded by TP."""
+    sb, h, t = shape.seq_len * shape.micro_batch, layer.hidden_size, shape.tp
+    replicated = (3 if layer.dropout else 2) * sb * h
+    mlp = (6 if layer.mlp == "swiglu" else 4) * layer.ffn_hidden_size
+    return replicated * (1 / t if shape.sp else 1.0) + sb * mlp / t
+
+
+def _scores_bytes(layer: Layer, shape: Shape) -> float:
+    """Softmax output (2), its dropout mask (1) and dropout output (2) per score: 5·a·s²·b/t;
+    without dropout only the softmax output: 2·a·s²·b/t."""
+    a, s, b = layer.num_attention_heads, shape.seq_len, shape.micro_batch
+    return (5 if layer.dropout else 2) * a * s * s * b / shape.tp
+
+
+def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> float:
+    """Transient bytes while this layer runs its backward: with recompute, its rebuilt activations;
+    always, the gradients of its widest tensors. For a block that is the larger of two moments:
+    the MLP's backward (two hidden-size and two MLP-width gradients) and, without flash, the
+    attention's, after the MLP has freed what it saved: the gradients of the s×s probabilities
+    and scores, 16-bit, as the dropout and softmax backward write them. They live for one layer
+    at a time, so a stage adds only its largest."""
+    s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
+    rep = 1 / t if shape.sp else 1.0
+    if layer.kind == "head":
+        return ACT_BYTES * s * b * layer.vocab_size / t + 2 * ACT_BYTES * s * b * h * rep
+    if layer.kind != "block":
+        return 2 * ACT_BYTES * s * b * h * rep
+    rebuilt = activation_bytes(layer, shape, "none", flash) if recompute != "none" else 0.0
+    width = (2 if layer.mlp == "swiglu" else 1) * layer.ffn_hidden_size
+    mlp_moment = ACT_BYTES * s * b * (2 * h * rep + 2 * width / t)
+    attention_moment = 0.0
+    if not flash:
+        scores = layer.num_attention_heads * s * s * b / t
+        attention_moment = 2 * ACT_BYTES * scores - _mlp_kept(layer, shape)
+    return rebuilt + max(mlp_moment, attention_moment)
+
+
+def sharded_params(layer: Layer, tp: int) -> float:
+    """Parameters this layer puts on one GPU of its TP group (Megatron column/row parallel:
+    matmul weights and the column-parallel biases split by tp; norms and row-parallel biases
+    replicated; vocab-parallel embedding and output head)."""
+    h = layer.hidden_size
+    if layer.kind == "embedding":
+        return layer.vocab_size * h / tp + (layer.params - layer.vocab_size * h)
+    if layer.kind == "head":
+        return layer.params - layer.vocab_size * h + layer.vocab_size * h / tp
+    if layer.kind == "linear":
+        return layer.params / tp
+    norms = (2 if layer.norm == "layernorm" else 1) * h * 2
+    replicated_bias = 2 * h if layer.bias else 0
+    return (layer.params - norms - replicated_bias) / tp + norms + replicated_bias
+
+
+def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: int = 4,
+                      weight_bytes: int = 2) -> float:
+    """16-bit weights (``weight_bytes``: 2, or 0 where the fp32 master is the only copy) +
+    gradients (``grad_bytes``: 4 for Megatron's fp32 main grads, 2 for 16-bit) + Adam state (12:
+    fp32 master weights, m and v); ZeRO-1 / the distributed optimizer shards the 12 over dp,
+    ZeRO-2 also the gradients, ZeRO-3 also the weights (Rajbhandari et al. 2020, §5)."""
+    weights, grads, optim = float(weight_bytes), float(grad_bytes), 12.0
+    if zero >= 1:
+        optim /= dp
+    if zero >= 2:
+        grads /= dp
+    if zero >= 3:
+        weights /= dp
+    return params * (weights + grads + optim)
+
+
+def fragmentation(recompute: bool) -> float:
+    """Share of the allocator's reserved memory that holds no tensor: higher when activations are
+    recomputed (planner/constants.py)."""
+    return constants.RECOMPUTE_FRAGMENTATION if recompute else constants.FRAGMENTATION

@@ -1,0 +1,125 @@
+"""Hardware profiles (one GPU kind and its links) and the cluster built from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from pathlib import Path
+
+from planner.core.units import DATA_DIR, GIB
+from planner.core.errors import PlanInputError
+from planner.core.files import read_json
+
+HARDWARE_DIR = DATA_DIR / "hardware"
+DEFAULT_GPU = "a100-80gb"
+
+ALIASES = {
+    "a100": "a100-80gb", "a100-80g": "a100-80gb", "a100-sxm4-80gb": "a100-80gb",
+    "a100-40g": "a100-40gb", "a100-sxm4-40gb": "a100-40gb",
+    "h100": "h100-sxm-80gb", "h100-sxm": "h100-sxm-80gb", "h100-80gb": "h100-sxm-80gb",
+    "h200-sxm": "h200", "h200-141gb": "h200",
+}
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """One GPU kind. Bandwidths are per GPU, one direction, in GB/s (10^9 bytes/s).
+
+    The efficiency figures say how much of a peak real kernels reach; their defaults and sources
+    live in planner/cost/constants.py, and a profile file may override them with its own measurement.
+    """
+
+    name: str
+    peak_tflops: float
+    memory_gib: float
+    memory_bandwidth_gbps: float
+    intra_node_gbps: float
+    inter_node_gbps: float
+    gpus_per_node: int = 8
+    matmul_efficiency: float | None = None
+    attention_efficiency: float | None = None  # flash-attention kernels, fraction of peak
+    memory_efficiency: float | None = None
+    network_efficiency: float | None = None
+    # Streaming multiprocessors: what an overlapped NCCL collective takes a share of
+    # (calibration.NCCL_SMS; comm.overlap_interference).
+    sm_count: int | None = None
+
+    @property
+    def peak_flops(self) -> float:
+        return self.peak_tflops * 1e12
+
+    @property
+    def memory_bytes(self) -> float:
+        return self.memory_gib * GIB
+
+
+@dataclass(frozen=True)
+class Cluster:
+    hardware: Hardware
+    nodes: int
+    gpus_per_node: int
+
+    @property
+    def gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+
+_REQUIRED = ("name", "peak_tflops", "memory_gib", "memory_bandwidth_gbps", "intra_node_gbps",
+             "inter_node_gbps")
+
+
+def hardware_from_dict(data: dict, origin: str) -> Hardware:
+    if not isinstance(data, dict):
+        raise PlanInputError(f"{origin}: expected a JSON object describing the GPU")
+    missing = [k for k in _REQUIRED if k not in data]
+    if missing:
+        raise PlanInputError(f"{origin}: missing '{missing[0]}'; hardware files need "
+                             f"{', '.join(_REQUIRED)}")
+    known = {f.name for f in fields(Hardware)}
+    values = {k: v for k, v in data.items() if k in known}
+    for key, value in values.items():
+        if key == "name":
+            continue
+        if value is None:
+            continue
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
+            raise PlanInputError(f"{origin}: '{key}' must be a positive number, got {value!r}")
+    for key in ("gpus_per_node", "sm_count"):
+        if not isinstance(values.get(key) or 1, int):
+            raise PlanInputError(f"{origin}: '{key}' must be a whole number")
+    return Hardware(**values)
+
+
+def load_hardware_file(path: str | Path) -> Hardware:
+    data = read_json(path, "hardware file", "`plan hardware` lists the bundled ones")
+    return hardware_from_dict(data, str(path))
+
+
+def bundled_hardware() -> dict[str, Hardware]:
+    return {p.stem: load_hardware_file(p) for p in sorted(HARDWARE_DIR.glob("*.json"))}
+
+
+def load_hardware(name: str | None = None, file: str | Path | None = None) -> Hardware:
+    """A bundled GPU by name (or alias), or the user's own hardware JSON."""
+    if file is not None:
+        return load_hardware_file(file)
+    key = (name or DEFAULT_GPU).lower().strip()
+    key = ALIASES.get(key, key)
+    path = HARDWARE_DIR / f"{key}.json"
+    if not path.exists():
+        known = ", ".join(p.stem for p in sorted(HARDWARE_DIR.glob("*.json")))
+        raise PlanInputError(f"unknown GPU '{name}'; choose one of {known}, or pass --hardware FILE")
+    return load_hardware_file(path)
+
+
+def make_cluster(hardware: Hardware, gpus: int, nodes: int) -> Cluster:
+    """Check the GPU count against the node count; the node size comes from gpus / nodes."""
+    for label, value in (("--gpus", gpus), ("--nodes", nodes)):
+        if value <= 0:
+            raise PlanInputError(f"{label} must be positive, got {value}")
+    if gpus % nodes:
+        raise PlanInputError(f"--gpus {gpus} is not divisible by --nodes {nodes}; "
+                             "every node must hold the same number of GPUs")
+    per_node = gpus // nodes
+    if per_node != hardware.gpus_per_node:
+        hardware = replace(hardware, gpus_per_node=per_node)
+    return Cluster(hardware=hardware, nodes=nodes, gpus_per_node=per_node)

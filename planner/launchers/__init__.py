@@ -1,0 +1,72 @@
+"""Exports of a plan for the launchers people use: plan.json, Megatron-LM, DeepSpeed, torchtitan,
+torchrun + Slurm.
+
+Each exporter module has ``render(plan) -> {filename: text}``, ``check(plan) -> [violation]`` and
+``parallel_rules(Facts) -> [violation]``. :func:`export_plan` checks every target first
+and writes nothing when any rule is broken; files are written atomically (temporary file in the
+same directory, then ``os.replace``) and never over an existing file unless ``force``.
+:func:`launcher_allows` is the cheap per-candidate test the search uses for ``--launcher``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import ModuleType
+
+from planner.core.errors import PlanInputError
+from planner.core.files import refuse_overwrite, write_text
+from planner.launchers import deepspeed, megatron, plan_json, torchrun, torchtitan
+from planner.launchers.common import ExportError, Facts
+from planner.launchers.megatron import parse_megatron_args
+from planner.predict.plan import Plan
+
+EXPORTERS: dict[str, ModuleType] = {
+    "json": plan_json,
+    "megatron": megatron,
+    "deepspeed": deepspeed,
+    "torchtitan": torchtitan,
+    "torchrun": torchrun,
+}
+LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
+
+__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "launcher_allows",
+           "parse_megatron_args", "render_all"]
+
+
+def _exporter(target: str) -> ModuleType:
+    try:
+        return EXPORTERS[target]
+    except KeyError:
+        raise PlanInputError(f"unknown export target '{target}'; choose from "
+                             f"{', '.join(EXPORTERS)}") from None
+
+
+def launcher_allows(launcher: str, facts: Facts) -> str | None:
+    """None when ``launcher`` can run this configuration, else the first rule it breaks."""
+    problems = _exporter(launcher).parallel_rules(facts)
+    return problems[0] if problems else None
+
+
+def render_all(plan: Plan, targets: list[str]) -> dict[str, str]:
+    """Check every target, then render: {filename: text}. Raises ExportError on a broken rule."""
+    files: dict[str, str] = {}
+    for target in dict.fromkeys(targets):
+        module = _exporter(target)
+        problems = module.check(plan)
+        if problems:
+            more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
+            raise ExportError(f"cannot export for {target}: {problems[0]}{more}")
+        files.update(module.render(plan))
+    return files
+
+
+def export_plan(plan: Plan, targets: list[str], out_dir: str | Path,
+                force: bool = False) -> list[Path]:
+    """Write the files of every target into ``out_dir``; returns their paths in write order."""
+    files = render_all(plan, targets)
+    out = Path(out_dir)
+    paths = [out / name for name in files]
+    refuse_overwrite(paths, force)
+    for path, text in zip(paths, files.values()):
+        write_text(path, text, force=True, executable=path.suffix in (".sh", ".sbatch"))
+    return paths

@@ -1,0 +1,251 @@
+"""Megatron-LM arguments (``megatron_args.sh``) for ``pretrain_gpt.py``, and their parser.
+
+Targets Megatron-LM / Megatron-Core core_r0.13 or newer. Flag names checked against
+``megatron/training/arguments.py`` (validate_args and the _add_*_args groups) and
+``megatron/core/transformer/pipeline_parallel_layer_layout.py`` on NVIDIA/Megatron-LM main:
+
+- uneven stages: Megatron counts transformer blocks only. Equal blocks per chunk need no flag
+  (interleaved: ``--num-layers-per-virtual-pipeline-stage``); when only the first and/or last chunk
+  differ, ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (with
+  ``--num-virtual-stages-per-pipeline-rank`` when interleaved, which Megatron requires then);
+  otherwise ``--pipeline-model-parallel-layout`` with one ``|``-separated entry per chunk in model
+  order: ``E`` embedding, ``t`` a decoder block (``t*k`` repeats), ``L`` the loss/head.
+- rules (each refused with its reason by :func:`check`): no GPipe or ZB-H1 schedule in stock
+  Megatron; the interleaved schedule raises unless microbatches % pp == 0 (schedules.py); the
+  classic DDP path has ZeRO-1 only (``--use-distributed-optimizer``); ``--use-torch-fsdp2``
+  asserts pp == 1 and Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy``)
+  is outside this target, so ZeRO-2/3 are refused.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+
+from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt, schedule_basics,
+                                   strongest_recompute, structure_problems, tp_divisibility)
+from planner.predict.plan import Plan
+
+TARGET = "Megatron-LM core_r0.13+ (pretrain_gpt.py arguments)"
+FILENAME = "megatron_args.sh"
+NAME = "Megatron-LM"
+
+
+def parallel_rules(f: Facts) -> list[str]:
+    """Megatron-LM's rules over plain values; vocab is padded by Megatron, so it is not checked."""
+    out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, None, NAME)
+    out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
+    if f.pp > 1 and f.schedule == "gpipe":
+        out.append(f"{NAME} has no GPipe schedule (it runs 1F1B or interleaved 1F1B); "
+                   "choose --schedule 1f1b")
+    if f.pp > 1 and f.schedule == "zb-h1":
+        out.append(f"{NAME}: zero-bubble ZB-H1 is not in stock Megatron-LM; choose 1f1b or "
+                   "interleaved")
+    if f.schedule == "interleaved" and f.pp > 1 and f.num_microbatches % f.pp:
+        out.append(f"{NAME}: the interleaved schedule needs microbatches ({f.num_microbatches}) "
+                   f"divisible by pp ({f.pp})")
+    if f.zero >= 2:
+        out.append(f"{NAME}: ZeRO-{f.zero} is not available (the distributed optimizer is ZeRO-1; "
+                   "torch FSDP2 refuses pipeline parallelism); use zero <= 1")
+    chunks = f.pp * f.virtual_stages
+    if f.num_blocks is not None and f.virtual_stages > 1 and chunks > f.num_blocks + 2:
+        out.append(f"{NAME}: {chunks} model chunks for {f.num_blocks} blocks")
+    return out
+
+
+def check(plan: Plan) -> list[str]:
+    """Every Megatron rule the plan breaks (empty when it can be launched as is)."""
+    par, m = plan.parallel, plan.model
+    out = structure_problems(plan)
+    if not is_standard_gpt(plan):
+        out.append(f"{NAME} builds embedding + transformer blocks + head only; this model has "
+                   "other layer kinds")
+    out += parallel_rules(Facts.of(par, m))
+    return out
+
+
+def pipeline_flags(plan: Plan) -> list[tuple[str, str | None]]:
+    """The flags that give Megatron the plan's stage split (block counts per chunk)."""
+    par = plan.parallel
+    counts = block_counts(plan)
+    v, chunks = par.virtual_stages, len(counts)
+    if chunks <= 1:
+        return []
+    if len(set(counts)) == 1:
+        return [("--num-layers-per-virtual-pipeline-stage", str(counts[0]))] if v > 1 else []
+    middle = counts[1:-1]
+    if chunks >= 3 and len(set(middle)) == 1 and middle[0] > 0 and counts[0] > 0 \
+            and counts[-1] > 0:
+        flags = []
+        if counts[0] != middle[0]:
+            flags.append(("--decoder-first-pipeline-num-layers", str(counts[0])))
+        if counts[-1] != middle[0]:
+            flags.append(("--decoder-last-pipeline-num-layers", str(counts[-1])))
+        if v > 1:
+            flags.append(("--num-virtual-stages-per-pipeline-rank", str(v)))
+        return flags
+    return [("--pipeline-model-parallel-layout", layout_string(plan))]
+
+
+def layout_string(plan: Plan) -> str:
+    """Megatron's pipeline layout: chunk entries in model order, e.g. ``Et*3|t*4|t*3L``."""
+    n = len(plan.model.layers)
+    entries = []
+    for s, blocks in zip(plan.stages, block_counts(plan)):
+        body = "t" * blocks if blocks <= 2 else f"t*{blocks}"
+        entries.append(("E" if s.first == 0 else "") + body + ("L" if s.last == n else ""))
+    return "|".join(entries)
+
+
+def args(plan: Plan) -> list[tuple[str, str | None]]:
+    """(flag, value) pairs in a stable order; value None for a switch."""
+    par, m = plan.parallel, plan.model
+    out: list[tuple[str, str | None]] = [
+        ("--tensor-model-parallel-size", str(par.tp)),
+        ("--pipeline-model-parallel-size", str(par.pp)),
+    ]
+    if par.sequence_parallel:
+        out.append(("--sequence-parallel", None))
+    out += pipeline_flags(plan)
+    out += [("--micro-batch-size", str(par.micro_batch)),
+            ("--global-batch-size", str(par.global_batch)),
+            ("--num-layers", str(m.num_layers)),
+            ("--hidden-size", str(m.hidden_size)),
+            ("--num-attention-heads", str(m.num_attention_heads))]
+    if m.num_kv_heads < m.num_attention_heads:
+        out += [("--group-query-attention", None), ("--num-query-groups", str(m.num_kv_heads))]
+    out += [("--ffn-hidden-size", str(m.ffn_hidden_size)),
+            ("--seq-length", str(m.seq_length)),
+            ("--max-position-embeddings", str(max(m.seq_length, m.position_embeddings)))]
+    if m.mlp == "swiglu":
+        out.append(("--swiglu", None))
+    if m.norm == "rmsnorm":
+        out += [("--normalization", "RMSNorm")]
+    if not m.bias:
+        out.append(("--disable-bias-linear", None))
+    if m.position_embeddings == 0:
+        out += [("--position-embedding-type", "rope")]
+    if not m.tie_embeddings:
+        out.append(("--untie-embeddings-and-output-weights", None))
+    recompute = strongest_recompute(plan)
+    if recompute == "full":
+        out += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
+                ("--recompute-num-layers", "1")]
+    elif recompute == "selective":
+        out.append(("--recompute-granularity", "selective"))
+    if par.zero >= 1:
+        out.append(("--use-distributed-optimizer", None))
+    out.append(("--bf16", None))
+    return out
+
+
+def render(plan: Plan) -> dict[str, str]:
+    """``megatron_args.sh``: a bash array MEGATRON_ARGS to append to the user's own arguments."""
+    lines = [header(plan, TARGET),
+             "# Source this file and pass \"${MEGATRON_ARGS[@]}\" to pretrain_gpt.py, together "
+             "with your data,\n# tokenizer, optimizer and checkpoint arguments. With tp > 1 "
+             "Megatron expects CUDA_DEVICE_MAX_CONNECTIONS=1.\n"]
+    par = plan.parallel
+    if strongest_recompute(plan) != par.recompute:
+        lines.append(f"# Stages ask for different recompute modes; Megatron sets one, so the "
+                     f"strongest ({strongest_recompute(plan)}) is used.\n")
+    lines.append(f"PLAN3D_WORLD_SIZE={par.gpus}  # tp*pp*dp; Megatron derives dp = "
+                 f"world size / (tp*pp) = {par.dp}\n")
+    lines.append("MEGATRON_ARGS=(\n")
+    for flag, value in args(plan):
+        lines.append(f"  {flag}" + (f" {shlex.quote(value)}" if value is not None else "") + "\n")
+    lines.append(")\n")
+    return {FILENAME: "".join(lines)}
+
+
+# --- parsing back ---------------------------------------------------------------------------------
+
+def _tokens(text: str) -> list[str]:
+    """The words of the MEGATRON_ARGS=( ... ) array, or of the whole text when there is none."""
+    lines = text.splitlines()
+    start = next((i for i, line in enumerate(lines) if line.strip().startswith("MEGATRON_ARGS=(")),
+                 None)
+    if start is not None:
+        end = next((i for i in range(start + 1, len(lines)) if lines[i].strip() == ")"),
+                   len(lines))
+        lines = lines[start + 1:end]
+    return shlex.split("\n".join(lines), comments=True)
+
+
+def _expand_layout(layout: str) -> list[str]:
+    """Unroll ``(…)*n`` and ``x*n`` the way Megatron does, then split on ``|``."""
+    layout = layout.replace(",", "")
+    layout = re.sub(r"\(([^)]+)\)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), layout)
+    layout = re.sub(r"(.)\*(\d+)", lambda mt: mt.group(1) * int(mt.group(2)), layout)
+    return layout.split("|")
+
+
+def parse_megatron_args(text: str) -> dict:
+    """Read a Megatron argument text back into the parallel configuration it sets.
+
+    Returns tp, pp, dp (when PLAN3D_WORLD_SIZE is given), micro_batch, global_batch,
+    num_microbatches (when dp is known), sequence_parallel, virtual_stages, schedule, recompute,
+    zero (1 with the distributed optimizer, else 0), first/last stage block counts, the layout
+    string if any, and ``stage_blocks``: transformer blocks per chunk in model order.
+    """
+    tokens = _tokens(text)
+    flags: dict[str, str | None] = {}
+    i = 0
+    while i < len(tokens):
+        tok = tokens[i]
+        if tok.startswith("--"):
+            if i + 1 < len(tokens) and not tokens[i + 1].startswith("--"):
+                flags[tok] = tokens[i + 1]
+                i += 2
+                continue
+            flags[tok] = None
+        i += 1
+    world = re.search(r"^\s*PLAN3D_WORLD_SIZE=(\d+)", text, re.M)
+
+    def num(flag: str, default: int | None = None) -> int | None:
+        return int(flags[flag]) if flags.get(flag) is not None else default
+
+    tp = num("--tensor-model-parallel-size", 1)
+    pp = num("--pipeline-model-parallel-size", 1)
+    blocks = num("--num-layers")
+    layout = flags.get("--pipeline-model-parallel-layout")
+    first = num("--decoder-first-pipeline-num-layers")
+    last = num("--decoder-last-pipeline-num-layers")
+    if layout is not None:
+        chunks = _expand_layout(layout)
+        v = len(chunks) // pp
+        stage_blocks = [c.count("t") for c in chunks]
+    else:
+        if num("--num-virtual-stages-per-pipeline-rank") is not None:
+            v = num("--num-virtual-stages-per-pipeline-rank")
+        elif num("--num-layers-per-virtual-pipeline-stage") is not None:
+            v = blocks // (pp * num("--num-layers-per-virtual-pipeline-stage"))
+        else:
+            v = 1
+        n_chunks = pp * v
+        head = first if first is not None else None
+        tail = last if last is not None else None
+        rest = blocks - (head or 0) - (tail or 0)
+        middle_n = n_chunks - (head is not None) - (tail is not None)
+        mid = rest // middle_n if middle_n else 0
+        stage_blocks = [mid] * n_chunks
+        if head is not None:
+            stage_blocks[0] = head
+        if tail is not None:
+            stage_blocks[-1] = tail
+    granularity = flags.get("--recompute-granularity")
+    out = {
+        "tp": tp, "pp": pp, "micro_batch": num("--micro-batch-size"),
+        "global_batch": num("--global-batch-size"),
+        "sequence_parallel": "--sequence-parallel" in flags,
+        "virtual_stages": v, "schedule": "interleaved" if v > 1 else "1f1b",
+        "recompute": granularity or "none",
+        "zero": 1 if "--use-distributed-optimizer" in flags else 0,
+        "first_stage_layers": first, "last_stage_layers": last, "layout": layout,
+        "num_layers": blocks, "stage_blocks": stage_blocks,
+    }
+    if world:
+        out["dp"] = int(world.group(1)) // (tp * pp)
+        if out["micro_batch"] and out["global_batch"]:
+            out["num_microbatches"] = out["global_batch"] // (out["micro_batch"] * out["dp"])
+    return out

@@ -1,0 +1,345 @@
+"""Exact reference partitioner (dynamic programming) and the shared tie-break.
+
+For v = 1 (one chunk per rank) the problem decomposes per chunk, so
+
+    f[k][j] = min_{i<j} max(f[k-1][i], c_k(i, j)),
+    c_k(i, j) = min over modes r whose memory fits of time of layers [i, j),
+
+is exact.  With prefix sums every c_k(i, j) is O(R), and numpy evaluates a
+whole (i, j) table at once, so the DP costs O(K * L^2 * R) arithmetic in
+O(K) vectorised steps (512 layers x 64 stages: ~50 M operations).
+
+For v > 1 a rank's time is a sum over v interleaved chunks and the recursion
+above no longer holds; :func:`partition_dp` then enumerates every split and
+mode assignment (exponential: tiny cases only, as a test oracle).
+
+:func:`canonical` implements step 3 of the tie-break rule documented in
+:mod:`planner.partition.problem`: given caps ``B*`` and ``T*`` it returns the
+lexicographically first ``(end_0, mode_0, end_1, mode_1, ...)`` that meets
+them.  The ILP calls it with its own optimum, the DP with the DP's.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+
+import numpy as np
+
+from planner.core.units import GIB
+from planner.partition.problem import (
+    TIE_RTOL,
+    Partition,
+    PartitionError,
+    PartitionProblem,
+    Prepared,
+    _upper_bound,
+    evaluate,
+    prepare,
+)
+
+INF = math.inf
+EXHAUSTIVE_LIMIT = 2_000_000
+"""Largest number of (split, modes) candidates the v>1 exact search accepts."""
+
+
+def _cap(x: float) -> float:
+    """``x`` widened by the tie tolerance (for "<= x" comparisons)."""
+    return x + TIE_RTOL * abs(x) + 1e-300
+
+
+def _max_span(prep: Prepared, b_cap: float) -> int:
+    """Longest chunk (in layers) whose fastest-mode time stays within ``b_cap``.
+
+    Bounds the DP band: no optimal chunk is longer, so tables are (L+1, W, R)
+    instead of (L+1, L+1, R).  W is small for real models (~ L / K).
+    """
+    L, K = prep.L, prep.K
+    if not math.isfinite(b_cap):
+        return L - K + 1
+    pref = np.concatenate([[0.0], np.cumsum(prep.problem.time_s.min(axis=1))])
+    last = np.searchsorted(pref, pref + b_cap, side="right") - 1  # furthest end from each start
+    return int(max(1, min(L - K + 1, int((last - np.arange(L + 1)).max()))))
+
+
+def _band(prep: Prepared, k: int, W: int, by_end: bool) -> tuple[np.ndarray, np.ndarray]:
+    """Time (boundary included) and fits-in-memory mask of chunk k over a band.
+
+    Entry ``[a, w-1, r]`` is the chunk of w layers ending at a (``by_end``) or
+    starting at a; out-of-range chunks are masked out.
+    """
+    L = prep.L
+    a = np.arange(L + 1)[:, None]
+    w = np.arange(1, W + 1)[None, :]
+    i, j = (a - w, a) if by_end else (a, a + w)
+    valid = (i >= 0) & (j <= L)
+    i, j = np.clip(i, 0, L), np.clip(j, 0, L)
+    time = prep.pt[j] - prep.pt[i] + prep.bnd[k]
+    mem = (prep.ps[j] - prep.ps[i])[:, :, None] + prep.inflight[k] * (prep.pa[j] - prep.pa[i])
+    fits = (mem + prep.extra[k % prep.p] <= _cap(prep.cap)) & valid[:, :, None]
+    return time, fits
+
+
+def _bottleneck_v1(prep: Prepared, ub: float = INF) -> float:
+    """Phase A: the smallest achievable bottleneck (min-max DP), INF if none fits.
+
+    ``ub`` is any upper bound on the answer (a feasible split's bottleneck); it
+    only narrows the band.
+    """
+    L, K = prep.L, prep.K
+    W = _max_span(prep, _cap(ub))
+    starts = np.arange(L + 1)[:, None] - np.arange(1, W + 1)[None, :]
+    ok_start = starts >= 0
+    starts = np.clip(starts, 0, L)
+    f = np.full(L + 1, INF)
+    f[0] = 0.0
+    for k in range(K):
+        time, fits = _band(prep, k, W, by_end=True)
+        c = np.where(fits, time, INF).min(axis=2)  # (end, width)
+        prev = np.where(ok_start, f[starts], INF)
+        f = np.maximum(prev, c).min(axis=1)
+        f[: k + 1] = INF  # chunks 0..k need at least k+1 layers
+    return float(f[L])
+
+
+def _suffix_v1(prep: Prepared, b_cap: float) -> tuple[np.ndarray, list[np.ndarray], int]:
+    """Phase B: S[k][i] = least compute time of layers [i, L) in chunks k..K-1, each <= b_cap.
+
+    Also returns, per chunk, the (start, width, r) table of compute times with
+    INF where the mode does not fit or exceeds the cap, for phase C.
+    """
+    L, K = prep.L, prep.K
+    W = _max_span(prep, b_cap)
+    ends = np.arange(L + 1)[:, None] + np.arange(1, W + 1)[None, :]
+    ok_end = ends <= L
+    ends = np.clip(ends, 0, L)
+    S = np.full((K + 1, L + 1), INF)
+    S[K, L] = 0.0
+    tables: list[np.ndarray] = [None] * K  # type: ignore[list-item]
+    for k in range(K - 1, -1, -1):
+        time, fits = _band(prep, k, W, by_end=False)
+        g = np.where(fits & (time <= b_cap), time - prep.bnd[k], INF)
+        tables[k] = g
+        nxt = np.where(ok_end, S[k + 1][ends], INF)
+        S[k] = (g.min(axis=2) + nxt).min(axis=1)
+    return S, tables, W
+
+
+def _canonical_v1(prep: Prepared, b_cap: float, t_cap: float | None) -> tuple[list[int], list[int]] | None:
+    S, tables, W = _suffix_v1(prep, b_cap)
+    if not math.isfinite(S[0, 0]):
+        return None
+    t_cap = _cap(S[0, 0]) if t_cap is None else min(t_cap, _cap(S[0, 0]))
+    ends, modes = [], []
+    i, spent = 0, 0.0
+    for k in range(prep.K):
+        g, nxt = tables[k][i], S[k + 1]
+        found = False
+        for e in range(i + 1, min(i + W, prep.L) + 1):
+            if not math.isfinite(nxt[e]):
+                continue
+            for r in range(prep.R):
+                c = g[e - i - 1, r]
+                if spent + c + nxt[e] <= t_cap:
+                    ends.append(e)
+                    modes.append(r)
+                    spent += c
+                    i = e
+                    found = True
+                    break
+            if found:
+                break
+        if not found:  # only possible if t_cap is below the optimum
+            return None
+    return ends, modes
+
+
+def _canonical_search(
+    prep: Prepared, b_cap: float, t_cap: float, node_limit: int, deadline: float | None = None
+) -> tuple[list[int], list[int]] | None:
+    """Depth-first lexicographic search for any v; returns the first split meeting the caps.
+
+    Prunes on per-rank time and memory, the total-time budget, and the
+    aggregate spare time of all ranks.  Gives up (None) after ``node_limit``
+    nodes.
+    """
+    L, K, p, R = prep.L, prep.K, prep.p, prep.R
+    tmin = np.concatenate([np.cumsum(prep.problem.time_s.min(axis=1)[::-1])[::-1], [0.0]])
+    bnd_left = np.concatenate([np.cumsum(prep.bnd[::-1])[::-1], [0.0]])  # boundary time of chunks k..
+    mem_cap = _cap(prep.cap)
+    rank_t = [0.0] * p
+    rank_m = [float(x) for x in prep.extra]
+    ends: list[int] = []
+    modes: list[int] = []
+    nodes = 0
+
+    def rec(k: int, i: int, spent: float) -> bool:
+        nonlocal nodes
+        if k == K:
+            return i == L
+        nodes += 1
+        if nodes > node_limit or (deadline is not None and nodes % 512 == 0 and time.monotonic() > deadline):
+            raise TimeoutError
+        rho = k % p
+        # every rank has b_cap; what is left must hold the remaining work
+        spare = sum(b_cap - t for t in rank_t)
+        if spare < tmin[i] + bnd_left[k] - TIE_RTOL * b_cap * p:
+            return False
+        last = L if k == K - 1 else L - (K - 1 - k)
+        first = L if k == K - 1 else i + 1
+        for e in range(first, last + 1):
+            if spent + tmin[i] > t_cap:  # even the fastest modes overspend
+                return False
+            for r in range(R):
+                t = prep.chunk_time(k, i, e, r)
+                if rank_t[rho] + t > b_cap:
+                    continue
+                c = t - prep.bnd[k]
+                if spent + c + tmin[e] > t_cap:
+                    continue
+                m = prep.chunk_mem(k, i, e, r)
+                if rank_m[rho] + m > mem_cap:
+                    continue
+                rank_t[rho] += t
+                rank_m[rho] += m
+                ends.append(e)
+                modes.append(r)
+                if rec(k + 1, e, spent + c):
+                    return True
+                ends.pop()
+                modes.pop()
+                rank_t[rho] -= t
+                rank_m[rho] -= m
+            # a longer chunk only adds time and memory on this rank
+            if all(prep.chunk_time(k, i, e, r) + rank_t[rho] > b_cap for r in range(R)):
+                return False
+        return False
+
+    try:
+        return (ends, modes) if rec(0, 0, 0.0) else None
+    except TimeoutError:
+        return None
+
+
+def canonical(
+    prep: Prepared, b_star: float, t_star: float | None, *, node_limit: int = 200_000, deadline: float | None = None
+) -> tuple[list[int], list[int]] | None:
+    """Lexicographically first split with bottleneck <= b_star and compute time <= t_star.
+
+    ``t_star=None`` (v = 1 only) means "the least compute time under b_star".
+    Returns (ends, modes) or None when nothing meets the caps (or, for v > 1,
+    the search exceeded ``node_limit``).
+    """
+    b_cap = _cap(b_star)
+    if prep.K == prep.p:
+        return _canonical_v1(prep, b_cap, None if t_star is None else _cap(t_star))
+    if t_star is None:
+        raise ValueError("v > 1 needs t_star")
+    return _canonical_search(prep, b_cap, _cap(t_star), node_limit, deadline)
+
+
+# ---------------------------------------------------------------- memory bound for messages
+
+
+def min_peak_memory(prep: Prepared) -> tuple[float, int]:
+    """Smallest achievable max per-rank memory and the rank that holds it.
+
+    Exact for v = 1 (min-max DP over memory, every chunk at its lightest
+    mode); for v > 1 a lower bound (average over ranks of the lightest layout).
+    """
+    L, K, p = prep.L, prep.K, prep.p
+    if K == p:
+        f = np.full(L + 1, INF)
+        f[0] = 0.0
+        arg = []
+        for k in range(K):
+            mem = (prep.ps[None, :] - prep.ps[:, None])[:, :, None] + prep.inflight[k] * (
+                prep.pa[None, :, :] - prep.pa[:, None, :]
+            )
+            c = mem.min(axis=2) + prep.extra[k]
+            idx = np.arange(L + 1)
+            c = np.where(idx[None, :] > idx[:, None], c, INF)
+            m = np.maximum(f[:, None], c)
+            arg.append(m.argmin(axis=0))
+            f = m.min(axis=0)
+            f[: k + 1] = INF
+        # walk back to find which chunk is the peak
+        j, best_rank, best = L, 0, -INF
+        for k in range(K - 1, -1, -1):
+            i = int(arg[k][j])
+            mem_k = float(
+                (prep.ps[j] - prep.ps[i])
+                + min(prep.inflight[k] * (prep.pa[j, r] - prep.pa[i, r]) for r in range(prep.R))
+                + prep.extra[k]
+            )
+            if mem_k >= best:
+                best, best_rank = mem_k, k
+            j = i
+        return float(f[L]), best_rank
+    light = prep.ps[L] + prep.inflight.min() * float(prep.problem.act_bytes.min(axis=1).sum())
+    return float((light + prep.extra.sum()) / p), int(np.argmax(prep.extra))
+
+
+# ---------------------------------------------------------------- the reference
+
+
+def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
+    """All splits x modes (v > 1 oracle); rule steps 1-3 applied literally."""
+    L, K, p, R = prep.L, prep.K, prep.p, prep.R
+    count = math.comb(L - 1, K - 1) * R**K
+    if count > EXHAUSTIVE_LIMIT:
+        raise PartitionError(
+            f"exact search over {count} candidates is too large for v > 1: use the ILP (partition())"
+        )
+    cands = []
+    for cuts in itertools.combinations(range(1, L), K - 1):
+        ends = list(cuts) + [L]
+        for modes in itertools.product(range(R), repeat=K):
+            rank_t = [0.0] * p
+            rank_m = [float(x) for x in prep.extra]
+            comp, i = 0.0, 0
+            for k, (e, r) in enumerate(zip(ends, modes)):
+                t = prep.chunk_time(k, i, e, r)
+                rank_t[k % p] += t
+                rank_m[k % p] += prep.chunk_mem(k, i, e, r)
+                comp += t - prep.bnd[k]
+                i = e
+            if max(rank_m) <= _cap(prep.cap):
+                key = [x for pair in zip(ends, modes) for x in pair]
+                cands.append((max(rank_t), comp, key, ends, list(modes)))
+    if not cands:
+        return None
+    b = min(c[0] for c in cands)
+    cands = [c for c in cands if c[0] <= _cap(b)]
+    t = min(c[1] for c in cands)
+    cands = [c for c in cands if c[1] <= _cap(t)]
+    best = min(cands, key=lambda c: c[2])
+    return best[3], best[4]
+
+
+def partition_dp(problem: PartitionProblem, num_chunks: int, p: int) -> Partition:
+    """Exact optimum under the documented tie-break rule.
+
+    v = 1: the O(K L^2 R) DP.  v > 1: exhaustive enumeration (small cases;
+    raises PartitionError when too large).
+    """
+    prep = prepare(problem, num_chunks, p)
+    if prep.K == prep.p:
+        heur = _upper_bound(prep)
+        b = _bottleneck_v1(prep, INF if heur is None else heur.bottleneck_s)
+        sol = None if not math.isfinite(b) else canonical(prep, b, None)
+    else:
+        sol = _exhaustive(prep)
+    if sol is None:
+        raise infeasible_error(prep)
+    return evaluate(prep, sol[0], sol[1], method="dp", optimal=True)
+
+
+def infeasible_error(prep: Prepared) -> PartitionError:
+    """The 'does not fit' message, with the smallest achievable peak memory."""
+    peak, rank = min_peak_memory(prep)
+    return PartitionError(
+        f"no split fits in {prep.cap / GIB:.1f} GiB per GPU: the smallest possible peak is "
+        f"{peak / GIB:.1f} GiB on rank {rank}; add recompute, pipeline stages or ZeRO"
+    )

@@ -1,0 +1,420 @@
+"""Stage partitioner: split a layer sequence into pipeline chunks.
+
+The model is a sequence of L layers.  It is cut into K = p*v contiguous,
+non-empty chunks in order; chunk k runs on rank ``k % p`` (v virtual stages
+per rank, v = 1 is the plain pipeline).  Every chunk picks one recompute mode
+for all its layers.  We minimise the pipeline bottleneck: the largest per-rank
+sum of chunk times (plus one boundary transfer for every chunk but the last),
+subject to a per-rank memory capacity.
+
+Tie-break rule (identical in the ILP and in the DP, so both return the same
+partition, not only the same objective):
+
+1. smallest bottleneck ``B``;
+2. among those, smallest total compute time ``T`` (= least recompute);
+3. among those, the lexicographically smallest sequence
+   ``(end_0, mode_0, end_1, mode_1, ...)``: walking the chunks in order, each
+   chunk is as short as possible, then uses the lowest-index mode.
+
+Values within a relative tolerance of ``TIE_RTOL`` count as equal in 1 and 2.
+
+The ILP proves 1 and 2; step 3 is done by :func:`planner.partition.dp.canonical`,
+an exact lexicographic search restricted to ``B <= B*`` and ``T <= T*``, shared
+by both methods.  This module holds the problem, the result and the entry point;
+the MILP formulations are in :mod:`planner.partition.milp` and the DP reference
+in :mod:`planner.partition.dp`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from typing import Sequence
+
+import numpy as np
+from planner.core.units import GIB
+
+TIE_RTOL = 1e-9
+"""Relative tolerance under which two bottlenecks / total times are a tie."""
+
+
+
+class PartitionError(ValueError):
+    """An instance that has no valid partition (or is malformed)."""
+
+
+def _readonly(a: np.ndarray) -> np.ndarray:
+    a = np.array(a, dtype=float, copy=True)
+    a.setflags(write=False)
+    return a
+
+
+@dataclass(frozen=True, eq=False)
+class PartitionProblem:
+    """Per-layer costs of one model, independent of how it is split.
+
+    Attributes:
+        time_s: (L, R) forward+backward seconds per microbatch of layer i
+            under mode r (recompute adds forward time).
+        state_bytes: (L,) model-state bytes (weights, grads, optimizer).
+        act_bytes: (L, R) activation bytes held per in-flight microbatch.
+        inflight: (K,) microbatches whose activations chunk k holds at peak.
+        capacity_bytes: memory per GPU.
+        modes: names of the R recompute modes, in preference order (index 0
+            wins ties after time).
+        boundary_s: seconds to ship one microbatch across a chunk boundary;
+            a scalar or a (K-1,) array, added to every chunk but the last.
+        extra_bytes: optional (p,) constant bytes per rank (buffers, ...).
+    """
+
+    time_s: np.ndarray
+    state_bytes: np.ndarray
+    act_bytes: np.ndarray
+    inflight: np.ndarray
+    capacity_bytes: float
+    modes: tuple[str, ...] = ("none",)
+    boundary_s: float | np.ndarray = 0.0
+    extra_bytes: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        t = np.atleast_2d(np.asarray(self.time_s, dtype=float))
+        a = np.atleast_2d(np.asarray(self.act_bytes, dtype=float))
+        s = np.asarray(self.state_bytes, dtype=float).reshape(-1)
+        if t.shape[0] != s.shape[0] and t.shape[1] == s.shape[0]:
+            raise PartitionError("time_s must have shape (layers, modes)")
+        if t.shape != a.shape:
+            raise PartitionError(
+                f"time_s {t.shape} and act_bytes {a.shape} must have the same shape (layers, modes)"
+            )
+        if s.shape[0] != t.shape[0]:
+            raise PartitionError(f"state_bytes has {s.shape[0]} layers, time_s has {t.shape[0]}")
+        modes = tuple(self.modes)
+        if len(modes) != t.shape[1]:
+            raise PartitionError(f"{len(modes)} mode names for {t.shape[1]} mode columns")
+        for name, arr in (("time_s", t), ("state_bytes", s), ("act_bytes", a)):
+            if not np.all(np.isfinite(arr)) or np.any(arr < 0):
+                raise PartitionError(f"{name} must be finite and non-negative")
+        object.__setattr__(self, "time_s", _readonly(t))
+        object.__setattr__(self, "act_bytes", _readonly(a))
+        object.__setattr__(self, "state_bytes", _readonly(s))
+        object.__setattr__(self, "inflight", _readonly(np.asarray(self.inflight, dtype=float).reshape(-1)))
+        object.__setattr__(self, "modes", modes)
+        b = np.asarray(self.boundary_s, dtype=float)
+        object.__setattr__(self, "boundary_s", float(b) if b.ndim == 0 else _readonly(b.reshape(-1)))
+        if self.extra_bytes is not None:
+            object.__setattr__(self, "extra_bytes", _readonly(np.asarray(self.extra_bytes).reshape(-1)))
+        object.__setattr__(self, "capacity_bytes", float(self.capacity_bytes))
+
+    @property
+    def num_layers(self) -> int:
+        return int(self.time_s.shape[0])
+
+    @property
+    def num_modes(self) -> int:
+        return int(self.time_s.shape[1])
+
+
+@dataclass(frozen=True)
+class Chunk:
+    """Layers ``[first, last_exclusive)`` with one recompute mode.
+
+    ``time_s`` includes the boundary transfer when the chunk is not the last;
+    ``memory_bytes`` is state plus ``inflight[k]`` times activations (without
+    the rank's ``extra_bytes``).
+    """
+
+    first: int
+    last_exclusive: int
+    recompute: str
+    time_s: float
+    memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Partition:
+    """A split with its per-rank cost and how it was obtained."""
+
+    chunks: tuple[Chunk, ...]
+    rank_time_s: tuple[float, ...]
+    rank_memory_bytes: tuple[float, ...]
+    bottleneck_s: float
+    method: str
+    optimal: bool
+    gap: float = 0.0
+    note: str = ""
+
+    @property
+    def boundaries(self) -> tuple[int, ...]:
+        """End (exclusive) of every chunk."""
+        return tuple(c.last_exclusive for c in self.chunks)
+
+    @property
+    def recompute(self) -> tuple[str, ...]:
+        return tuple(c.recompute for c in self.chunks)
+
+
+# ---------------------------------------------------------------- shared helpers
+
+
+@dataclass(frozen=True, eq=False)
+class Prepared:
+    """Validated, normalised view of a problem for a given (K, p).
+
+    Prefix sums make any chunk's time/memory O(1): layers [i, j) under mode r
+    cost ``pt[j, r] - pt[i, r]`` seconds.
+    """
+
+    problem: PartitionProblem
+    K: int
+    p: int
+    pt: np.ndarray  # (L+1, R) prefix time
+    ps: np.ndarray  # (L+1,) prefix state
+    pa: np.ndarray  # (L+1, R) prefix activation
+    bnd: np.ndarray  # (K,) boundary seconds per chunk (0 for the last)
+    inflight: np.ndarray  # (K,)
+    extra: np.ndarray  # (p,)
+    cap: float
+
+    @property
+    def L(self) -> int:
+        return self.problem.num_layers
+
+    @property
+    def R(self) -> int:
+        return self.problem.num_modes
+
+    def chunk_time(self, k: int, i: int, j: int, r: int) -> float:
+        """Seconds of chunk k = layers [i, j) under mode r, boundary included."""
+        return float(self.pt[j, r] - self.pt[i, r] + self.bnd[k])
+
+    def chunk_mem(self, k: int, i: int, j: int, r: int) -> float:
+        return float(self.ps[j] - self.ps[i] + self.inflight[k] * (self.pa[j, r] - self.pa[i, r]))
+
+
+def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
+    """Validate (K, p) against the problem; raise PartitionError on misuse."""
+    L = problem.num_layers
+    K = int(num_chunks)
+    p = int(p)
+    if p < 1 or K < 1:
+        raise PartitionError(f"need at least one stage (got {K} chunks over {p} ranks)")
+    if K % p:
+        raise PartitionError(f"{K} chunks cannot be spread evenly over {p} ranks: use a multiple of pp")
+    if K > L:
+        if K == p:
+            raise PartitionError(f"cannot split {L} layers into {K} stages: use pp <= {L}")
+        raise PartitionError(
+            f"cannot split {L} layers into {K} chunks ({p} stages x {K // p} virtual): use pp*v <= {L}"
+        )
+    inflight = problem.inflight
+    if inflight.shape[0] != K:
+        raise PartitionError(f"inflight has {inflight.shape[0]} entries, need one per chunk ({K})")
+    b = problem.boundary_s
+    if isinstance(b, float):
+        bnd = np.full(K, b)
+    else:
+        if b.shape[0] != K - 1:
+            raise PartitionError(f"boundary_s has {b.shape[0]} entries, need {K - 1} (one per boundary)")
+        bnd = np.concatenate([b, [0.0]])
+    bnd[K - 1] = 0.0
+    extra = np.zeros(p) if problem.extra_bytes is None else np.asarray(problem.extra_bytes, dtype=float)
+    if extra.shape[0] != p:
+        raise PartitionError(f"extra_bytes has {extra.shape[0]} entries, need one per rank ({p})")
+    z = np.zeros((1, problem.num_modes))
+    return Prepared(
+        problem=problem,
+        K=K,
+        p=p,
+        pt=np.vstack([z, np.cumsum(problem.time_s, axis=0)]),
+        ps=np.concatenate([[0.0], np.cumsum(problem.state_bytes)]),
+        pa=np.vstack([z, np.cumsum(problem.act_bytes, axis=0)]),
+        bnd=bnd,
+        inflight=np.asarray(inflight, dtype=float),
+        extra=extra,
+        cap=problem.capacity_bytes,
+    )
+
+
+def le_tol(a: float, b: float) -> bool:
+    """``a <= b`` up to the tie tolerance."""
+    return a <= b + TIE_RTOL * max(abs(b), 1e-300) + 1e-300
+
+
+def evaluate(
+    prep: Prepared,
+    ends: Sequence[int],
+    modes: Sequence[int],
+    *,
+    method: str,
+    optimal: bool = False,
+    gap: float = 0.0,
+    note: str = "",
+    check_memory: bool = False,
+) -> Partition:
+    """Build a :class:`Partition` from chunk ends and mode indices."""
+    p = prep.p
+    names = prep.problem.modes
+    chunks = []
+    rank_t = [0.0] * p
+    rank_m = [float(x) for x in prep.extra]
+    start = 0
+    for k, (e, r) in enumerate(zip(ends, modes)):
+        t = prep.chunk_time(k, start, e, r)
+        m = prep.chunk_mem(k, start, e, r)
+        chunks.append(Chunk(start, int(e), names[r], t, m))
+        rank_t[k % p] += t
+        rank_m[k % p] += m
+        start = e
+    if check_memory:
+        worst = int(np.argmax(rank_m))
+        if rank_m[worst] > prep.cap * (1 + TIE_RTOL):
+            raise PartitionError(
+                f"this split needs {rank_m[worst] / GIB:.1f} GiB on rank {worst}, "
+                f"more than {prep.cap / GIB:.1f} GiB per GPU"
+            )
+    return Partition(
+        chunks=tuple(chunks),
+        rank_time_s=tuple(rank_t),
+        rank_memory_bytes=tuple(rank_m),
+        bottleneck_s=max(rank_t),
+        method=method,
+        optimal=optimal,
+        gap=gap,
+        note=note,
+    )
+
+
+def total_compute_s(prep: Prepared, ends: Sequence[int], modes: Sequence[int]) -> float:
+    """Sum of chunk compute time (boundaries excluded: they are a constant)."""
+    start, tot = 0, 0.0
+    for e, r in zip(ends, modes):
+        tot += float(prep.pt[e, r] - prep.pt[start, r])
+        start = e
+    return tot
+
+
+# ---------------------------------------------------------------- baselines
+
+
+def _resolve_mode(problem: PartitionProblem, recompute: str | int | None) -> int | None:
+    if recompute is None:
+        return None
+    if isinstance(recompute, int):
+        return recompute
+    if recompute not in problem.modes:
+        raise PartitionError(f"unknown recompute mode {recompute!r}; known: {', '.join(problem.modes)}")
+    return problem.modes.index(recompute)
+
+
+def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, method: str) -> Partition:
+    """Evaluate given ends; with recompute=None pick per chunk the fastest mode that fits."""
+    mode = _resolve_mode(prep.problem, recompute)
+    if mode is not None:
+        return evaluate(prep, ends, [mode] * prep.K, method=method)
+    modes = []
+    start = 0
+    for k, e in enumerate(ends):
+        order = np.argsort(prep.pt[e] - prep.pt[start], kind="stable")
+        # fastest mode whose chunk alone fits next to the rank's extra bytes
+        pick = next(
+            (int(r) for r in order if prep.chunk_mem(k, start, e, int(r)) + prep.extra[k % prep.p] <= prep.cap),
+            int(order[-1]),
+        )
+        modes.append(pick)
+        start = e
+    return evaluate(prep, ends, modes, method=method)
+
+
+def _balanced_ends(weights: np.ndarray, K: int) -> list[int]:
+    """Contiguous cut of ``weights`` into K non-empty parts of ~equal sum."""
+    L = len(weights)
+    cum = np.concatenate([[0.0], np.cumsum(weights)])
+    total = cum[-1]
+    ends = []
+    prev = 0
+    for k in range(1, K):
+        target = total * k / K
+        e = int(np.searchsorted(cum, target))
+        if e > 0 and abs(cum[e - 1] - target) <= abs(cum[min(e, L)] - target):
+            e -= 1
+        e = min(max(e, prev + 1), L - (K - k))
+        ends.append(e)
+        prev = e
+    ends.append(L)
+    return ends
+
+
+def fixed_split(problem: PartitionProblem, ends: Sequence[int], p: int,
+                recompute: str | int | None = None) -> Partition:
+    """A given split (chunk ends), with ``recompute`` or, for None, each chunk's fastest mode
+    that fits: the comparison point for splits users make by hand."""
+    prep = prepare(problem, len(ends), p)
+    return _fixed_split(prep, list(ends), recompute, "fixed")
+
+
+def even_split(problem: PartitionProblem, num_chunks: int, p: int, recompute: str | int | None = None) -> Partition:
+    """Equal number of layers per chunk (remainder spread over the first chunks).
+
+    ``recompute`` names one mode for every chunk; ``None`` picks per chunk the
+    fastest mode whose memory fits.  Memory is not enforced: the result is a
+    comparison point and may exceed capacity (see ``rank_memory_bytes``).
+    """
+    prep = prepare(problem, num_chunks, p)
+    q, rem = divmod(prep.L, prep.K)
+    sizes = [q + (1 if k < rem else 0) for k in range(prep.K)]
+    return _fixed_split(prep, np.cumsum(sizes).tolist(), recompute, "even")
+
+
+def equal_param_split(
+    problem: PartitionProblem,
+    num_chunks: int,
+    p: int,
+    param_counts: Sequence[float],
+    recompute: str | int | None = None,
+) -> Partition:
+    """Chunks with ~equal parameter counts (the common hand-made heuristic).
+
+    Same ``recompute`` semantics as :func:`even_split`.
+    """
+    prep = prepare(problem, num_chunks, p)
+    w = np.asarray(param_counts, dtype=float).reshape(-1)
+    if w.shape[0] != prep.L:
+        raise PartitionError(f"param_counts has {w.shape[0]} entries, model has {prep.L} layers")
+    return _fixed_split(prep, _balanced_ends(w, prep.K), recompute, "equal-params")
+
+
+# ---------------------------------------------------------------- the ILP
+
+
+def _heuristic_ends(prep: Prepared) -> list[list[int]]:
+    """Cheap candidate splits used as the ILP's upper bound (time-balanced, even)."""
+    q, rem = divmod(prep.L, prep.K)
+    even = np.cumsum([q + (1 if k < rem else 0) for k in range(prep.K)]).tolist()
+    tmin = prep.problem.time_s.min(axis=1)
+    return [_balanced_ends(tmin, prep.K), [int(e) for e in even]]
+
+
+def _upper_bound(prep: Prepared) -> Partition | None:
+    """Best memory-feasible heuristic split, or None."""
+    best = None
+    for ends in _heuristic_ends(prep):
+        cand = _fixed_split(prep, ends, None, "heuristic")
+        if max(cand.rank_memory_bytes) <= prep.cap and (best is None or cand.bottleneck_s < best.bottleneck_s):
+            best = cand
+    return best
+
+
+def _lower_bound(prep: Prepared) -> float:
+    """Simple valid lower bound on the bottleneck (for the reported gap)."""
+    tmin = prep.problem.time_s.min(axis=1)
+    return max((float(tmin.sum()) + float(prep.bnd.sum())) / prep.p, float(tmin.max()))
+
+
+def _gap(value: float, lower: float) -> float:
+    return max(0.0, (value - lower) / value) if value > 0 else 0.0
+
+
+def _replace(part: Partition, **kw) -> Partition:
+    return replace(part, **kw)

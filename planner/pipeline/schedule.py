@@ -1,0 +1,342 @@
+"""Pipeline schedules: which compute op each rank runs, in which order.
+
+A schedule is a tuple with one entry per pipeline rank; each entry is the ordered tuple of compute
+ops (`F`, `B`, and for zero-bubble `W`) that rank executes.  The model is cut into `p * v` chunks;
+global chunk `c * p + r` lives on rank `r` (virtual slot `c`), so with `v == 1` chunk `r` is rank
+`r`'s stage.  `with_communication` adds the point-to-point SEND/RECV ops between neighbouring
+ranks, and `find_deadlock` executes such op lists under blocking rendezvous semantics to prove
+(or refute) that they finish.  Timing lives in `planner/simulate.py`.
+
+Schedules (see DESIGN.md §3):
+- gpipe: all forwards, then all backwards in reverse microbatch order (Huang et al. 2019).
+- 1f1b: PipeDream-Flush; rank i runs min(p-i-1, M) warm-up forwards, then alternates (Narayanan 2021).
+- interleaved: Megatron's interleaved 1F1B with v chunks per rank (Narayanan et al. 2021 §2.2).
+- zb-h1: 1F1B with the backward split into B (input grad) and W (weight grad); rank i defers its
+  W ops by i microbatches so they fill the cool-down bubble (Qi et al. 2023, ZB-H1).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+from functools import lru_cache
+
+from planner.core.parallel import SCHEDULES
+COMPUTE_KINDS = ("F", "B", "W")
+COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
+
+
+class ScheduleError(ValueError):
+    """A schedule was asked for with arguments it cannot honour (one-line message)."""
+
+
+@dataclass(frozen=True)
+class Op:
+    """One step of a rank's program.
+
+    kind: "F", "B", "W" (compute) or "SEND_F", "RECV_F", "SEND_B", "RECV_B" (point-to-point).
+    microbatch: 0-based microbatch index.
+    chunk: global model-chunk index 0..p*v-1.  For SEND/RECV it is the chunk that *produced* the
+        tensor: SEND_F/RECV_F(m, k) move F(m, k)'s output to chunk k+1's rank, SEND_B/RECV_B(m, k)
+        move B(m, k)'s input-gradient to chunk k-1's rank.
+    peer: the other rank of a SEND/RECV, None for compute ops.
+    """
+
+    kind: str
+    microbatch: int
+    chunk: int
+    peer: int | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.kind}(mb={self.microbatch}, chunk={self.chunk}"
+        if self.peer is not None:
+            text += f", {'to' if self.kind.startswith('SEND') else 'from'} rank {self.peer}"
+        return text + ")"
+
+
+def _check_args(name: str, p: int, m: int, v: int) -> None:
+    if name not in SCHEDULES:
+        raise ScheduleError(f"unknown schedule {name!r}; choose one of {', '.join(SCHEDULES)}")
+    if not isinstance(p, int) or p < 1:
+        raise ScheduleError(f"pipeline size (p) must be an integer >= 1, got {p!r}")
+    if not isinstance(m, int) or m < 1:
+        raise ScheduleError(f"microbatch count (m) must be an integer >= 1, got {m!r}")
+    if not isinstance(v, int) or v < 1:
+        raise ScheduleError(f"virtual stages (v) must be an integer >= 1, got {v!r}")
+    if v > 1 and name != "interleaved":
+        raise ScheduleError(f"{name} runs one chunk per rank (v=1); use --schedule interleaved for v={v}")
+    if name == "interleaved" and m % p != 0:
+        raise ScheduleError(
+            f"interleaved needs the microbatch count (m) divisible by pp (p); got m={m}, p={p}: "
+            f"use m={(m // p + 1) * p} or another schedule"
+        )
+
+
+def _gpipe(p: int, m: int, r: int) -> list[Op]:
+    return [Op("F", i, r) for i in range(m)] + [Op("B", i, r) for i in reversed(range(m))]
+
+
+def _one_f_one_b(p: int, m: int, r: int) -> list[Op]:
+    warmup = min(p - r - 1, m)
+    ops = [Op("F", i, r) for i in range(warmup)]
+    for i in range(m - warmup):
+        ops += [Op("F", warmup + i, r), Op("B", i, r)]
+    ops += [Op("B", i, r) for i in range(m - warmup, m)]
+    return ops
+
+
+def _zb_h1(p: int, m: int, r: int) -> list[Op]:
+    """1F1B order of F and B; W(j) follows B(j + r), the rest of the W ops close the step.
+
+    Deferring W by r microbatches on rank r is what lets every rank's W ops fill the cool-down,
+    where in 1F1B rank r waits for gradients to come back through the later ranks.
+    """
+    lag = r
+    ops: list[Op] = []
+    done_w = 0
+    for op in _one_f_one_b(p, m, r):
+        ops.append(op)
+        if op.kind == "B" and op.microbatch - lag >= 0:
+            ops.append(Op("W", op.microbatch - lag, r))
+            done_w += 1
+    ops += [Op("W", i, r) for i in range(done_w, m)]
+    return ops
+
+
+def interleaved_order(p: int, m: int, v: int, r: int) -> list[Op]:
+    """Megatron's interleaved 1F1B program for rank r.
+
+    Virtual microbatch k (0..m*v-1) maps to a chunk and a microbatch in groups of p: forward k runs
+    local chunk (k mod p*v) // p on microbatch (k // (p*v)) * p + k mod p; backward visits the
+    chunks in reverse.  Warm-up forwards: (p - r - 1) * 2 + (v - 1) * p, capped at m*v.
+    """
+    total = m * v
+    warmup = min((p - r - 1) * 2 + (v - 1) * p, total)
+
+    def unpack(k: int, forward: bool) -> tuple[int, int]:
+        in_group = k % (p * v)
+        local = in_group // p
+        if not forward:
+            local = v - 1 - local
+        return (k // (p * v)) * p + in_group % p, local * p + r
+
+    ops = [Op("F", *unpack(k, True)) for k in range(warmup)]
+    for i in range(total - warmup):
+        ops.append(Op("F", *unpack(warmup + i, True)))
+        ops.append(Op("B", *unpack(i, False)))
+    ops += [Op("B", *unpack(k, False)) for k in range(total - warmup, total)]
+    return ops
+
+
+@lru_cache(maxsize=64)
+def build_schedule(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Op, ...], ...]:
+    """Per-rank ordered compute ops (F/B/W only) of schedule `name` for p ranks and m microbatches.
+
+    Immutable and a pure function of its arguments, so it is memoised: the planner simulates many
+    configurations with the same schedule shape. Raises ScheduleError on arguments the schedule cannot honour (unknown name, p/m/v < 1, v > 1
+    outside interleaved, interleaved with m not divisible by p).
+    """
+    _check_args(name, p, m, v)
+    if name == "interleaved":
+        return tuple(tuple(interleaved_order(p, m, v, r)) for r in range(p))
+    make = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1}[name]
+    return tuple(tuple(make(p, m, r)) for r in range(p))
+
+
+def _exchange(prev: Op | None, nxt: Op | None, r: int, p: int, chunks: int) -> tuple[list[Op], list[Op]]:
+    """Sends owed by `prev`'s output and receives needed by `nxt`'s input on rank r."""
+    sends: list[Op] = []
+    recvs: list[Op] = []
+    if prev is not None:
+        k = prev.chunk
+        if prev.kind == "F" and k + 1 < chunks and (k + 1) % p != r:
+            sends.append(Op("SEND_F", prev.microbatch, k, (k + 1) % p))
+        elif prev.kind == "B" and k > 0 and (k - 1) % p != r:
+            sends.append(Op("SEND_B", prev.microbatch, k, (k - 1) % p))
+    if nxt is not None:
+        k = nxt.chunk
+        if nxt.kind == "F" and k > 0 and (k - 1) % p != r:
+            recvs.append(Op("RECV_F", nxt.microbatch, k - 1, (k - 1) % p))
+        elif nxt.kind == "B" and k + 1 < chunks and (k + 1) % p != r:
+            recvs.append(Op("RECV_B", nxt.microbatch, k + 1, (k + 1) % p))
+    return sends, recvs
+
+
+def _programs(compute_ops: tuple[tuple[Op, ...], ...]) -> list[list[Op | list[Op]]]:
+    """Each rank's compute ops with, between consecutive ones, the exchange (list of p2p ops).
+
+    An exchange holds the send of what the previous op produced and the receive of what the next
+    op needs, listed in Megatron's parity order: even ranks send first, odd ranks receive first.
+    """
+    p = len(compute_ops)
+    chunks = 1 + max((op.chunk for ops in compute_ops for op in ops), default=-1)
+    programs = []
+    for r, ops in enumerate(compute_ops):
+        items: list[Op | list[Op]] = []
+        prev: Op | None = None
+        for op in list(ops) + [None]:
+            sends, recvs = _exchange(prev, op, r, p, chunks)
+            if sends or recvs:
+                items.append(recvs + sends if r % 2 else sends + recvs)
+            if op is not None:
+                items.append(op)
+            prev = op
+        programs.append(items)
+    return programs
+
+
+def _safe_order(programs: list[list[Op | list[Op]]]) -> tuple[tuple[Op, ...], ...]:
+    """Place every p2p op by running the programs once with non-blocking sends.
+
+    The run treats a SEND as posted when its rank reaches it (like Megatron's isend) and blocks a
+    rank only on a RECV whose SEND is not posted yet.  A pair is recorded, in both ranks' lists,
+    at the moment it matches; within an exchange, even ranks post sends before taking receives
+    and odd ranks the reverse.  The record is one global sequential execution in which each SEND
+    met its RECV, so replaying the recorded lists with blocking rendezvous p2p cannot deadlock.
+    """
+    p = len(programs)
+    ptr = [0] * p
+    entered = [False] * p
+    waiting: list[dict] = [{} for _ in range(p)]  # rank -> {(kind, mb, chunk, peer) of RECV: op}
+    posted: dict = {}  # key of the matching RECV on the receiver -> (sender, SEND op)
+    out: list[list[Op]] = [[] for _ in range(p)]
+    work = deque(range(p))  # round-robin, one compute op per turn: sends land near their producer
+
+    def take_posted(r: int) -> None:
+        for key, op in list(waiting[r].items()):
+            hit = posted.pop((r,) + key, None)
+            if hit is not None:
+                out[hit[0]].append(hit[1])
+                out[r].append(op)
+                del waiting[r][key]
+
+    def post(r: int, sends: list[Op]) -> None:
+        for op in sends:
+            key = ("RECV" + op.kind[4:], op.microbatch, op.chunk, r)
+            q = op.peer
+            if key in waiting[q]:
+                out[r].append(op)
+                out[q].append(waiting[q].pop(key))
+                if not waiting[q]:
+                    work.append(q)
+            else:
+                posted[(q,) + key] = (r, op)
+
+    while work:
+        r = work.popleft()
+        while ptr[r] < len(programs[r]):
+            item = programs[r][ptr[r]]
+            if isinstance(item, list) and not entered[r]:
+                entered[r] = True
+                sends = [o for o in item if o.kind.startswith("SEND")]
+                waiting[r] = {(o.kind, o.microbatch, o.chunk, o.peer): o for o in item if o.kind.startswith("RECV")}
+                if r % 2:
+                    take_posted(r)
+                    post(r, sends)
+                else:
+                    post(r, sends)
+                    take_posted(r)
+            if isinstance(item, list) and waiting[r]:
+                break
+            entered[r] = False
+            ptr[r] += 1
+            if not isinstance(item, list):
+                out[r].append(item)
+                work.append(r)
+                break
+    stuck = [r for r in range(p) if ptr[r] < len(programs[r])]
+    if stuck or posted:
+        raise ScheduleError(f"no deadlock-free p2p order exists for this op order (ranks {stuck} stuck)")
+    return tuple(tuple(ops) for ops in out)
+
+
+def with_communication(
+    compute_ops: tuple[tuple[Op, ...], ...], *, order: str = "safe"
+) -> tuple[tuple[Op, ...], ...]:
+    """Insert SEND/RECV ops for activations (forward) and gradients (backward).
+
+    Between two consecutive compute ops of a rank sits one *exchange*: the send of what the first
+    produced and the receive of what the second needs.  Orders within an exchange:
+    - "even-odd": Megatron's parity rule taken literally, even ranks send then receive, odd ranks
+      receive then send.  It breaks the symmetric swap deadlock but not a receive that causally
+      needs the send beside it (an odd rank turning from its last F to its first B waits for the
+      gradient of the very activation it has not sent yet), so with blocking p2p it can deadlock;
+      Megatron runs such pairs as batched non-blocking isend/irecv.
+    - "safe" (default): the order of one run with non-blocking sends (see `_safe_order`), parity
+      rule as the tie-break; a SEND may land later than right after its producer, where the
+      receiver is ready for it.  Blocking rendezvous p2p replays it without deadlock; raises
+      ScheduleError if the compute order itself cannot finish.
+    - "naive": every rank sends first, the textbook deadlock, kept to test `find_deadlock`.
+    p is len(compute_ops); the chunk count is one more than the largest chunk index.
+    """
+    if order not in ("safe", "even-odd", "naive"):
+        raise ScheduleError(f"unknown communication order {order!r}; choose safe, even-odd or naive")
+    programs = _programs(compute_ops)
+    if order == "safe":
+        return _safe_order(programs)
+    out = []
+    for r, items in enumerate(programs):
+        flat: list[Op] = []
+        for item in items:
+            if not isinstance(item, list):
+                flat.append(item)
+            elif order == "naive":
+                flat += [o for o in item if o.kind.startswith("SEND")] + [o for o in item if o.kind.startswith("RECV")]
+            else:
+                flat += item
+        out.append(tuple(flat))
+    return tuple(out)
+
+
+@dataclass(frozen=True)
+class Deadlock:
+    """Ranks stuck under rendezvous semantics: `waiting` holds (rank, op index, op) per stuck rank."""
+
+    waiting: tuple[tuple[int, int, Op], ...]
+    finished: tuple[int, ...]
+
+    def __str__(self) -> str:
+        parts = [f"rank {r} waits at op #{i} {op}" for r, i, op in self.waiting]
+        text = "deadlock: " + "; ".join(parts)
+        if self.finished:
+            text += f" (finished: ranks {', '.join(map(str, self.finished))})"
+        return text
+
+
+_PARTNER = {"SEND_F": "RECV_F", "RECV_F": "SEND_F", "SEND_B": "RECV_B", "RECV_B": "SEND_B"}
+
+
+def find_deadlock(op_lists: tuple[tuple[Op, ...], ...]) -> Deadlock | None:
+    """Run op lists with blocking rendezvous p2p; None if every rank finishes, else the Deadlock.
+
+    Compute ops always complete; a SEND and its matching RECV (same direction, microbatch and
+    chunk, peers pointing at each other) complete together only when both ranks stand at them.
+    Worklist of ranks to advance, so the run is linear in the number of ops.
+    """
+    p = len(op_lists)
+    ptr = [0] * p
+    work = list(range(p))
+    while work:
+        r = work.pop()
+        ops = op_lists[r]
+        while ptr[r] < len(ops):
+            op = ops[ptr[r]]
+            if op.peer is None:
+                ptr[r] += 1
+                continue
+            q = op.peer
+            if not 0 <= q < p or ptr[q] >= len(op_lists[q]):
+                break
+            other = op_lists[q][ptr[q]]
+            if (other.kind == _PARTNER[op.kind] and other.peer == r
+                    and other.microbatch == op.microbatch and other.chunk == op.chunk):
+                ptr[r] += 1
+                ptr[q] += 1
+                work.append(q)
+                continue
+            break
+    stuck = tuple((r, ptr[r], op_lists[r][ptr[r]]) for r in range(p) if ptr[r] < len(op_lists[r]))
+    if not stuck:
+        return None
+    return Deadlock(stuck, tuple(r for r in range(p) if ptr[r] >= len(op_lists[r])))
+

@@ -1,0 +1,98 @@
+"""A plan: one parallel configuration with its stage split and predicted metrics.
+
+``Plan.to_dict`` is the plan JSON (schema ``plan3d/plan/v1``) that the exporters and
+``plan simulate --plan`` read back.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.core.parallel import Parallel
+from planner.hardware.profiles import Cluster
+from planner.layout.ranks import build_layout
+from planner.model.spec import ModelSpec
+
+SCHEMA = "plan3d/plan/v1"
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One model chunk: layers [first, last) of the model's layer list, on pipeline rank ``rank``.
+
+    Times are per microbatch: forward, full backward (recompute included), of the backward the
+    weight-gradient part that zero-bubble schedules defer, and the transfer of the chunk's output
+    to the next chunk."""
+
+    stage: int
+    rank: int
+    first: int
+    last: int
+    recompute: str
+    time_s: float
+    memory_bytes: float
+    fwd_s: float = 0.0
+    bwd_s: float = 0.0
+    wgrad_s: float = 0.0
+    send_s: float = 0.0
+
+    @property
+    def num_layers(self) -> int:
+        return self.last - self.first
+
+
+@dataclass(frozen=True)
+class Metrics:
+    step_time_s: float
+    tokens_per_s: float
+    tflops_per_gpu: float
+    mfu: float
+    hfu: float
+    bubble_fraction: float
+    peak_memory_bytes: float
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: ModelSpec
+    cluster: Cluster
+    parallel: Parallel
+    stages: tuple[Stage, ...]
+    metrics: Metrics
+    rank_memory_bytes: tuple[float, ...] = ()
+    notes: tuple[str, ...] = field(default=(), compare=False)
+
+    def to_dict(self, with_layout: bool = True) -> dict:
+        par, cl = self.parallel, self.cluster
+        return {
+            "schema": SCHEMA,
+            "model": {"name": self.model.name, "num_layers": self.model.num_layers,
+                      "params": self.model.params, "seq_length": self.model.seq_length},
+            "cluster": {"gpu": cl.hardware.name, "nodes": cl.nodes,
+                        "gpus_per_node": cl.gpus_per_node, "gpus": cl.gpus},
+            "parallel": {"tp": par.tp, "pp": par.pp, "dp": par.dp, "micro_batch": par.micro_batch,
+                         "num_microbatches": par.num_microbatches,
+                         "global_batch": par.global_batch, "schedule": par.schedule,
+                         "virtual_stages": par.virtual_stages, "recompute": par.recompute,
+                         "zero": par.zero, "sequence_parallel": par.sequence_parallel},
+            "stages": [{"stage": s.stage, "rank": s.rank, "layers": [s.first, s.last],
+                        "recompute": s.recompute, "time_s": _round(s.time_s),
+                        "fwd_s": _round(s.fwd_s), "bwd_s": _round(s.bwd_s),
+                        "wgrad_s": _round(s.wgrad_s), "send_s": _round(s.send_s),
+                        "memory_bytes": int(s.memory_bytes)}
+                       for s in self.stages],
+            "metrics": {"step_time_s": _round(self.metrics.step_time_s),
+                        "tokens_per_s": _round(self.metrics.tokens_per_s),
+                        "tflops_per_gpu": _round(self.metrics.tflops_per_gpu),
+                        "mfu": _round(self.metrics.mfu), "hfu": _round(self.metrics.hfu),
+                        "bubble_fraction": _round(self.metrics.bubble_fraction),
+                        "peak_memory_bytes": int(self.metrics.peak_memory_bytes)},
+            "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node).to_dict()
+            if with_layout else None,
+            "notes": list(self.notes),
+        }
+
+
+def _round(x: float) -> float:
+    """Six significant digits: stable JSON across platforms, far finer than the model's accuracy."""
+    return float(f"{x:.6g}")

@@ -1,0 +1,397 @@
+"""Predict one configuration: per-stage time and memory, step time, throughput, MFU.
+
+A training step on pipeline rank i is the schedule over its microbatches plus what the schedule
+cannot hide: the data-parallel gradient synchronisation (partly overlapped with the last backward
+when the run overlaps it) and the optimizer step.
+
+Everything per stage is a numpy array over the chunks of one split, so a prediction costs a few
+array operations whatever the pipeline depth: the search screens thousands of configurations
+with the same code that evaluates one.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost import constants
+from planner.cost import comm
+from planner.cost.layer import LayerCost, RunOptions, layer_cost
+from planner.hardware.profiles import Cluster
+from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
+from planner.cost.memory import ACT_BYTES, Shape, fragmentation, model_state_bytes, sharded_params
+from planner.model.spec import ModelSpec
+from planner.core.parallel import Parallel
+from planner.predict.plan import Metrics, Plan, Stage
+from planner.pipeline.simulate import simulate
+
+# Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
+# m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
+OPTIMIZER_BYTES_PER_PARAM = 30
+
+_SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
+           "hardware_flops")
+
+
+@dataclass(frozen=True, eq=False)
+class Stages:
+    """One split of the model: per-chunk totals for one microbatch, as arrays over the chunks
+    (chunk k runs on pipeline rank k mod pp)."""
+
+    first: np.ndarray
+    last: np.ndarray
+    recompute: tuple[str, ...]
+    fwd_s: np.ndarray
+    bwd_input_s: np.ndarray  # recompute included
+    bwd_weight_s: np.ndarray
+    params: np.ndarray
+    act_bytes: np.ndarray  # per in-flight microbatch
+    work_bytes: np.ndarray  # largest transient of the chunk's layers
+    model_flops: np.ndarray
+    hardware_flops: np.ndarray
+
+    @property
+    def bwd_s(self) -> np.ndarray:
+        return self.bwd_input_s + self.bwd_weight_s
+
+    @property
+    def time_s(self) -> np.ndarray:
+        return self.fwd_s + self.bwd_s
+
+    def by_rank(self, values: np.ndarray, pp: int) -> np.ndarray:
+        """Sum a per-chunk array over the chunks of each rank."""
+        return values.reshape(-1, pp).sum(axis=0)
+
+    def rank_max(self, values: np.ndarray, pp: int) -> np.ndarray:
+        return values.reshape(-1, pp).max(axis=0)
+
+
+class CostTable:
+    """Prefix sums over a model's layer costs under one recompute mode, so any split's per-chunk
+    totals are read with one vectorised difference."""
+
+    def __init__(self, costs: list[LayerCost]):
+        self.costs = costs
+        self.work_bytes = np.array([c.work_bytes for c in costs])
+        rows = {
+            "fwd_s": [c.fwd_s for c in costs],
+            "bwd_input_s": [c.bwd_input_s + c.recompute_s for c in costs],
+            "bwd_weight_s": [c.bwd_weight_s for c in costs],
+            "params": [c.params for c in costs],
+            "act_bytes": [c.act_bytes for c in costs],
+            "model_flops": [c.model_flops for c in costs],
+            "hardware_flops": [c.hardware_flops for c in costs],
+        }
+        self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
+
+
+def split_stages(tables: dict[str, CostTable], bounds, modes) -> Stages:
+    """Per-chunk totals of a split, each chunk under its own recompute mode."""
+    first = np.array([a for a, _ in bounds])
+    last = np.array([b for _, b in bounds])
+    sums = {}
+    for name in _SUMMED:
+        sums[name] = np.array([tables[m].prefix[name][b] - tables[m].prefix[name][a]
+                               for (a, b), m in zip(bounds, modes)])
+    work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
+    return Stages(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)
+
+
+def layer_costs(model: ModelSpec, par: Parallel, hw, opts: RunOptions, recompute: str,
+                profile=None) -> list[LayerCost]:
+    """The cost of every layer of the model under one parallel shape and recompute mode."""
+    shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
+                  seq_len=model.seq_length)
+    cache: dict = {}
+    out = []
+    for i, layer in enumerate(model.layers):
+        measured = profile.layers[i] if profile is not None else None
+        key = (layer, id(measured))
+        if key not in cache:
+            cache[key] = layer_cost(layer, shape, recompute, hw, opts, measured)
+        out.append(cache[key])
+    return out
+
+
+def even_split(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
+    """Megatron's default split: the blocks evenly (counts differing by at most one, larger ones
+    first), the embedding joining the first chunk and the head the last. A model without that
+    shape is split evenly over all its layers."""
+    layers = model.layers
+    standard = (len(layers) >= 3 and layers[0].kind == "embedding" and layers[-1].kind == "head"
+                and all(layer.kind == "block" for layer in layers[1:-1])
+                and len(layers) - 2 >= num_chunks)
+    n, offset = (len(layers) - 2, 1) if standard else (len(layers), 0)
+    base, extra = divmod(n, num_chunks)
+    bounds, start = [], offset
+    for k in range(num_chunks):
+        size = base + (1 if k < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    if standard:
+        bounds[0] = (0, bounds[0][1])
+        bounds[-1] = (bounds[-1][0], len(layers))
+    return bounds
+
+
+def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
+    """Microbatches whose activations each chunk holds at peak (DESIGN.md §3; the simulator
+    gives exact counts): GPipe M; 1F1B min(p - i, M) on rank i; ZB-H1 min(p, M) on every rank,
+    since a deferred W keeps what it needs until it runs (Qi et al. 2023: the peak, on rank 0,
+    equals 1F1B's); interleaved: rank i holds its warm-up of (p - i - 1)·2 + (v - 1)·p forwards
+    + 1, spread over its v chunks (Narayanan et al. 2021 §2.2, Megatron's interleaved schedule).
+    tests/test_evaluate.py checks every rank against the simulator."""
+    if schedule == "gpipe":
+        return [m] * (p * v)
+    if schedule == "zb-h1":
+        return [min(p, m)] * p
+    if schedule == "interleaved" and v > 1:
+        out = []
+        for k in range(p * v):
+            rank = k % p
+            held = min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v)
+            out.append(-(-held // v))
+        return out
+    return [min(p - (k % p), m) for k in range(p * v)]
+
+
+@dataclass(frozen=True)
+class Prediction:
+    """What a configuration costs, before it is dressed as a Plan."""
+
+    step_s: float
+    bubble: float
+    rank_memory_bytes: np.ndarray
+    chunk_memory_bytes: np.ndarray
+    model_flops: float  # the whole step, all GPUs
+    hardware_flops: float
+    transfer_s: np.ndarray  # per chunk: its output to the next chunk (0 for the last)
+
+    @property
+    def peak_memory_bytes(self) -> float:
+        return float(self.rank_memory_bytes.max())
+
+
+def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+            stages: Stages, simulated: bool = False, sim_cache: dict | None = None) -> Prediction:
+    """Step time, bubble and memory of a configuration with the given split. With ``simulated``
+    the schedule runs op by op (planner/simulate.py): step time, bubble and the activations each
+    rank holds come from the simulation instead of the closed forms."""
+    hw, p = cluster.hardware, par.pp
+    p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
+    inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
+                                             par.virtual_stages), dtype=float)
+    rank_time = stages.by_rank(stages.time_s + 2 * p2p, p)
+    held = None
+    if simulated:
+        args = (par.schedule, p, par.num_microbatches, par.virtual_stages,
+                tuple(stages.fwd_s.tolist()), tuple(stages.bwd_s.tolist()),
+                tuple(stages.bwd_weight_s.tolist()), tuple(p2p[:-1].tolist()),
+                tuple(stages.act_bytes.tolist()))
+        sim = (sim_cache or {}).get(args)
+        if sim is None:
+            name, pp, m, v, fwd, bwd, wgrad, comm_s, act = args
+            sim = simulate(name, pp, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm_s,
+                           act_bytes=act, timeline=False)
+            if sim_cache is not None:  # configurations differing only in ZeRO share a schedule
+                sim_cache[args] = sim
+        pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
+        held = np.array(sim.peak_activation_bytes)
+    else:
+        pipeline_s = _pipeline_closed_form(par, rank_time)
+        busy = rank_time.sum() * par.num_microbatches
+        bubble = max(0.0, 1 - busy / (p * pipeline_s))
+
+    states = state_bytes(stages.params, par, opts)
+    chunk_mem = states + inflight * stages.act_bytes
+    rank_mem = _rank_memory(model, par, stages, inflight, states, opts, held)
+    dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
+    owned = stages.by_rank(stages.params, p).max() / (par.dp if par.zero >= 1 else 1)
+    optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / (
+        hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY))
+    replicas = par.tp * par.dp * par.num_microbatches  # per-GPU microbatch FLOPs -> whole step
+    return Prediction(step_s=float(pipeline_s + dp_exposed + optimizer_s), bubble=float(bubble),
+                      rank_memory_bytes=rank_mem, chunk_memory_bytes=chunk_mem,
+                      model_flops=float(stages.model_flops.sum()) * replicas,
+                      hardware_flops=float(stages.hardware_flops.sum()) * replicas,
+                      transfer_s=p2p)
+
+
+def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction) -> Metrics:
+    gpus, peak = cluster.gpus, cluster.hardware.peak_flops
+    step = pred.step_s
+    return Metrics(step_time_s=step,
+                   tokens_per_s=par.global_batch * model.seq_length / step,
+                   tflops_per_gpu=pred.model_flops / step / gpus / 1e12,
+                   mfu=pred.model_flops / (step * gpus * peak),
+                   hfu=pred.hardware_flops / (step * gpus * peak),
+                   bubble_fraction=pred.bubble, peak_memory_bytes=pred.peak_memory_bytes)
+
+
+def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions = RunOptions(),
+             bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
+             profile=None, tables: dict[str, CostTable] | None = None,
+             simulated: bool = False, sim_cache: dict | None = None) -> Plan:
+    """Predict the plan of one fully specified configuration (even split unless ``bounds``).
+
+    ``tables`` are the layer costs per recompute mode when the caller already has them."""
+    bounds = bounds or even_split(model, par.num_chunks)
+    modes = recompute_per_chunk or [par.recompute] * par.num_chunks
+    by_mode = dict(tables or {})
+    for mode in set(modes) - set(by_mode):
+        by_mode[mode] = CostTable(layer_costs(model, par, cluster.hardware, opts, mode, profile))
+    stages = split_stages(by_mode, bounds, modes)
+    pred = predict(model, cluster, par, opts, stages, simulated, sim_cache)
+    plan_stages = tuple(
+        Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),
+              recompute=stages.recompute[k], time_s=float(stages.time_s[k]),
+              memory_bytes=float(pred.chunk_memory_bytes[k]), fwd_s=float(stages.fwd_s[k]),
+              bwd_s=float(stages.bwd_s[k]), wgrad_s=float(stages.bwd_weight_s[k]),
+              send_s=float(pred.transfer_s[k]))
+        for k in range(par.num_chunks))
+    return Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
+                metrics=metrics_of(model, cluster, par, pred),
+                rank_memory_bytes=tuple(float(x) for x in pred.rank_memory_bytes),
+                notes=_notes(opts))
+
+
+def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
+    """1F1B/GPipe with unequal stages: the slowest rank paces the M-1 steady steps, every rank
+    is on the critical path once (fill and drain). Interleaving divides the fill and drain by v;
+    ZB-H1 hides about two thirds of it (Qi et al. 2023)."""
+    m, v = par.num_microbatches, par.virtual_stages
+    slowest = float(rank_time.max())
+    fill = float(rank_time.sum())
+    if par.schedule == "interleaved" and v > 1:
+        fill = slowest + (fill - slowest) / v
+    elif par.schedule == "zb-h1":
+        fill = slowest + (fill - slowest) / 3
+    return (m - 1) * slowest + fill
+
+
+def state_bytes(params, par: Parallel, opts: RunOptions):
+    """Model-state bytes of ``params`` parameters (scalar or array) under this configuration's
+    ZeRO stage and the framework's gradient and weight copies."""
+    return model_state_bytes(params, par.dp, par.zero, opts.held_grad_bytes,
+                             opts.held_weight_bytes(par.zero))
+
+
+def _rank_memory(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.ndarray,
+                 states: np.ndarray, opts: RunOptions, held_activations=None) -> np.ndarray:
+    """Peak bytes per pipeline rank, conservative: states + held activations (the closed-form
+    in-flight counts, or the simulated peak when given) + the largest transient, plus the
+    allocator's fragmentation (more on ranks that recompute) and the framework's reserve."""
+    p = par.pp
+    if held_activations is None:
+        held = stages.by_rank(states + inflight * stages.act_bytes, p)
+    else:
+        held = held_activations + stages.by_rank(states, p)
+    if opts.keep_stage_outputs:  # each in-flight microbatch's output of a non-last chunk
+        out_bytes = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
+            par.tp if par.sequence_parallel else 1)
+        not_last = np.ones(par.num_chunks)
+        not_last[-1] = 0.0
+        held = held + stages.by_rank(inflight * out_bytes * not_last, p)
+    if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
+        tied = model.vocab_size * model.hidden_size / par.tp
+        held = held - state_bytes(tied, par, opts)
+    transient = stages.rank_max(stages.work_bytes, p)
+    if par.zero >= 3:
+        # ZeRO-3 / FSDP gathers one wrapped unit (a layer) at a time and prefetches the next: at
+        # most two units are unsharded at once (PyTorch FSDP ``limit_all_gathers``; FSDP2 and
+        # DeepSpeed ZeRO-3 prefetch one unit ahead likewise). The largest layer of the model
+        # counts twice, 16-bit.
+        largest = max(sharded_params(layer, par.tp) for layer in model.layers)
+        transient = transient + 2 * largest * ACT_BYTES
+    recomputes = stages.by_rank(np.array([m != "none" for m in stages.recompute]), p) > 0
+    frag = np.where(recomputes, fragmentation(True), fragmentation(False))
+    return (held + transient) / (1 - frag) + constants.RESERVED_BYTES
+
+
+def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
+                     opts: RunOptions) -> list[float]:
+    """One microbatch's activations across each chunk boundary (chunk k to k + 1), on NVLink or
+    the network depending on where the two stages' ranks live (tp-dp-pp order). With Megatron's
+    scatter/gather each GPU sends 1/tp of the tensor and the receiver re-gathers it over NVLink
+    (Narayanan et al. 2021 §4.1); with sequence parallelism the tensor is already sharded."""
+    chunks = par.num_chunks
+    if chunks == 1:
+        return []
+    intra, inter = comm.links(cluster.hardware)
+    full = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size
+    sharded = par.sequence_parallel or opts.scatter_gather
+    nbytes = full / par.tp if sharded else full
+    regather = (comm.all_gather_s(full, par.tp, intra)
+                if opts.scatter_gather and not par.sequence_parallel else 0.0)
+    out = []
+    for k in range(chunks - 1):
+        a, b = k % par.pp, (k + 1) % par.pp
+        crosses = cluster.nodes > 1 and stage_hop_crosses_nodes(a, b, par.tp, par.dp,
+                                                                 cluster.gpus_per_node)
+        out.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
+    return out
+
+
+def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
+                  stages: Stages) -> np.ndarray:
+    """Gradient synchronisation each rank cannot hide. ZeRO-0: all-reduce of the gradients;
+    ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights once per
+    step; ZeRO-2 reduce-scatters after every microbatch (DeepSpeed keeps only the shard);
+    ZeRO-3 also gathers the weights for every forward and backward (Rajbhandari et al. 2020).
+    With overlap the reduce hides behind the last microbatch's backward and the gather behind the
+    first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather). Hidden is not
+    free: while a collective runs beside compute it holds SMs the compute cannot use, so the step
+    pays that share of the hidden time (comm.overlap_interference) on top of the exposed part."""
+    p = par.pp
+    if par.dp == 1:
+        return np.zeros(p)
+    # tp-dp-pp rank order: a DP group has gpus_per_node / tp members on each node it spans.
+    per_node = max(1, min(par.dp, cluster.gpus_per_node // par.tp))
+    spans = cluster.nodes > 1 and dp_group_crosses_nodes(par.tp, par.dp, par.pp,
+                                                         cluster.gpus_per_node)
+    link = comm.group_link(cluster.hardware, per_node, spans)
+    params = stages.by_rank(stages.params, p)
+    grads = params * opts.grad_bytes
+    if par.zero == 0:
+        reduce_s, gather_s = comm.all_reduce_s(grads, par.dp, link), np.zeros(p)
+    else:
+        reduce_s = comm.reduce_scatter_s(grads, par.dp, link)
+        gather_s = comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+    m = par.num_microbatches
+    if par.zero >= 2:  # only a gradient shard is kept: reduce-scatter after every microbatch
+        reduce_s = reduce_s * m
+    bwd_gather_s = np.zeros(p)
+    if par.zero >= 3:
+        # Weights gathered for every microbatch's forward and again for its backward (FSDP
+        # FULL_SHARD reshards after the forward); nothing is gathered after the optimizer step.
+        gather_s = m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+        bwd_gather_s = gather_s
+    if not opts.overlap_dp:
+        return reduce_s + gather_s + bwd_gather_s
+    # Each per-microbatch collective hides behind its own pass: forward gathers behind the
+    # forwards, backward gathers and gradient reduce-scatters (one link) behind the backwards.
+    windows = m if par.zero >= 2 else 1
+    bwd, fwd = stages.by_rank(stages.bwd_s, p), stages.by_rank(stages.fwd_s, p)
+    interference = comm.overlap_interference(cluster.hardware)
+    return _overlapped_cost_s(reduce_s + bwd_gather_s, windows * bwd, interference) + \
+        _overlapped_cost_s(gather_s, (m if par.zero >= 3 else 1) * fwd, interference)
+
+
+def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,
+                       interference: float) -> np.ndarray:
+    """What overlapping ``comm_s`` with a compute window of ``window_s`` adds to the step: the part
+    that does not fit is exposed, and while the part that fits runs the compute is slowed by
+    ``interference`` (the share of SMs the collective holds). The window's own growth under that
+    slowdown (which would hide a little more) is second order and left out."""
+    exposed = np.maximum(0.0, comm_s - window_s)
+    return exposed + interference * (comm_s - exposed)
+
+
+def _notes(opts: RunOptions) -> tuple[str, ...]:
+    attention = "flash attention (scores not stored)" if opts.flash_attention else \
+        "unfused attention"
+    return (f"assumes {attention}",
+            f"assumes DP overlap {'on' if opts.overlap_dp else 'off'}, TP overlap "
+            f"{'on' if opts.overlap_tp else 'off'}, {'fp32' if opts.grad_bytes == 4 else '16-bit'}"
+            " gradients")

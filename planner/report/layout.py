@@ -1,0 +1,80 @@
+"""Terminal picture of a rank layout: nodes x local ranks, coloured by pipeline stage.
+
+Big clusters are shown in part: the first and last few nodes and groups, with a line saying how
+many were left out, so `plan layout` stays readable for thousands of GPUs.
+"""
+
+from __future__ import annotations
+
+from rich.console import Console
+from rich.table import Table
+from rich.text import Text
+
+from planner.layout.ranks import RankLayout
+
+STAGE_COLOURS = ("cyan", "magenta", "green", "yellow", "blue", "red", "bright_cyan",
+                 "bright_magenta", "bright_green", "bright_yellow", "bright_blue", "bright_red")
+MAX_NODES = 8  # nodes drawn in the grid; beyond this, the first and last half are drawn
+MAX_GROUPS = 6  # groups listed per dimension
+
+
+def _head_tail(items: list, limit: int) -> tuple[list, int]:
+    """The first and last limit/2 items, and how many were dropped in between."""
+    if len(items) <= limit:
+        return items, 0
+    half = limit // 2
+    return items[:half] + items[-half:], len(items) - 2 * half
+
+
+def _group_line(groups, limit: int = MAX_GROUPS) -> str:
+    shown, dropped = _head_tail([list(g) for g in groups], limit)
+    parts = [_short(g) for g in shown]
+    if dropped:
+        parts.insert(len(parts) // 2, f"… {dropped} more …")
+    return ", ".join(parts)
+
+
+def _short(group: list[int], limit: int = 8) -> str:
+    if len(group) <= limit:
+        return "[" + ",".join(map(str, group)) + "]"
+    return "[" + ",".join(map(str, group[:3])) + f",…({len(group) - 6})…," + \
+        ",".join(map(str, group[-3:])) + "]"
+
+
+def render_layout(layout: RankLayout, console: Console) -> None:
+    """Draw the node grid and list the groups of each dimension below it."""
+    gpn = layout.gpus_per_node
+    console.print(f"[bold]Rank layout[/bold] order {layout.order}: tp={layout.tp} pp={layout.pp} "
+                  f"dp={layout.dp} = {layout.world_size} GPUs on {layout.num_nodes} node(s) "
+                  f"of {gpn}")
+    table = Table(show_header=True, header_style="bold", box=None, padding=(0, 1))
+    table.add_column("node", justify="right")
+    for local in range(gpn):
+        table.add_column(f"gpu{local}", justify="center")
+    nodes, dropped = _head_tail(list(range(layout.num_nodes)), MAX_NODES)
+    for i, node in enumerate(nodes):
+        if dropped and i == len(nodes) // 2:
+            table.add_row("…", *[Text("…", style="dim")] * gpn)
+        cells = []
+        for local in range(gpn):
+            rank = node * gpn + local
+            if rank >= layout.world_size:
+                cells.append(Text("-", style="dim"))
+                continue
+            r = layout.ranks[rank]
+            colour = STAGE_COLOURS[r.pp % len(STAGE_COLOURS)]
+            cells.append(Text(f"{r.rank}\n({r.tp},{r.pp},{r.dp})", style=colour))
+        table.add_row(str(node), *cells)
+    console.print(table)
+    if dropped:
+        console.print(f"[dim]{dropped} nodes not shown[/dim]")
+    console.print("[dim]cell: rank and (tp, pp, dp); colour = pipeline stage[/dim]")
+    for name, groups in (("TP", layout.tp_groups), ("PP", layout.pp_groups),
+                         ("DP", layout.dp_groups), ("embedding", layout.embedding_groups)):
+        console.print(f"[bold]{name} groups[/bold] ({len(groups)}): {_group_line(groups)}")
+    tp_note = ("TP within nodes" if layout.tp_within_node
+               else "[red]TP crosses nodes: TP traffic leaves NVLink[/red]")
+    pp_note = (f"PP boundaries crossing nodes: {list(layout.cross_node_pp_boundaries)}"
+               if layout.cross_node_pp_boundaries else "no PP boundary crosses nodes")
+    dp_note = "DP groups cross nodes" if layout.dp_crosses_nodes else "DP groups within nodes"
+    console.print(f"{tp_note}; {pp_note}; {dp_note}")

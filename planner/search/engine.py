@@ -1,0 +1,258 @@
+"""The search: every configuration of the space screened, the best refined, all ranked.
+
+Screening predicts each configuration of planner/space.py with the closed-form evaluation (even
+split); every rejection is counted by reason. The best candidates are then refined (stage
+partition, schedule simulation) and ranked by step time, ties broken by lower memory, then by the
+configuration itself, so the same inputs always give the same ranking.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter
+from dataclasses import dataclass, field, replace
+
+from planner.cost import constants
+from planner.core.errors import NoFeasiblePlan, PlanInputError
+from planner.predict.step import (CostTable, Stages, evaluate, even_split, layer_costs, predict,
+                              split_stages)
+from planner.hardware.profiles import Cluster
+from planner.model.spec import ModelSpec
+from planner.partition.problem import PartitionError
+from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
+from planner.predict.plan import Plan
+from planner.search.space import (Pins, Request, enumerate_configs, launcher_rule, microbatches,
+                           schedule_rule, tp_rule, validate_pins)
+from planner.predict.stages import allowed_modes, best_split
+
+__all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_configs",
+           "validate_pins", "tp_rule"]
+
+
+@dataclass(frozen=True)
+class SearchResult:
+    plans: tuple[Plan, ...]
+    rejected: dict[str, int]
+    screened: int
+    elapsed_s: float
+    notes: tuple[str, ...] = field(default=())
+
+
+def capacity_bytes(cluster: Cluster) -> float:
+    return cluster.hardware.memory_bytes
+
+
+def _rank_key(par: Parallel, step_s: float, memory_bytes: float):
+    """Fastest first, then least memory, then the configuration itself: a total order, so the
+    same inputs always give the same ranking."""
+    return (round(step_s, 9), round(memory_bytes), par.tp, par.pp, par.micro_batch,
+            SCHEDULES.index(par.schedule), par.virtual_stages,
+            RECOMPUTE_MODES.index(par.recompute), par.zero, par.sequence_parallel)
+
+
+def _plan_key(plan: Plan):
+    return _rank_key(plan.parallel, plan.metrics.step_time_s, plan.metrics.peak_memory_bytes)
+
+
+class _Costs:
+    """Layer-cost tables and even-split stage totals shared by the configurations of a search."""
+
+    def __init__(self, req: Request):
+        self.req = req
+        self.tables: dict = {}
+        self.stages: dict = {}
+        self.simulations: dict = {}
+
+    def table(self, par: Parallel, mode: str) -> CostTable:
+        key = (par.tp, par.sequence_parallel, par.micro_batch, mode)
+        if key not in self.tables:
+            r = self.req
+            self.tables[key] = CostTable(layer_costs(r.model, par, r.cluster.hardware, r.options,
+                                                     mode, r.profile))
+        return self.tables[key]
+
+    def even_stages(self, par: Parallel) -> Stages:
+        key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute, par.num_chunks)
+        if key not in self.stages:
+            bounds = even_split(self.req.model, par.num_chunks)
+            self.stages[key] = split_stages({par.recompute: self.table(par, par.recompute)},
+                                            bounds, [par.recompute] * par.num_chunks)
+        return self.stages[key]
+
+    def refined(self, par: Parallel) -> Plan | str:
+        """Partition (compute-balanced under memory) and simulate one configuration; a
+        rejection reason when no split fits."""
+        r = self.req
+        known = {m: self.table(par, m) for m in allowed_modes(par, r.options,
+                                                               r.pins.recompute is not None)}
+        try:
+            split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
+        except PartitionError:
+            return "memory (no stage split fits)"
+        plan = evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
+                        recompute_per_chunk=list(split.recompute), tables=known,
+                        profile=r.profile, simulated=True, sim_cache=self.simulations)
+        how = split.partition.method if split.partition else "even (interleaved chunks)"
+        return replace(plan, notes=plan.notes + (f"stage split: {how}",))
+
+
+def search(req: Request, progress=None) -> SearchResult:
+    """Screen every configuration, keep the ones that fit, rank them (best first)."""
+    validate_pins(req)
+    start = time.perf_counter()
+    rejected: Counter = Counter()
+    configs = list(enumerate_configs(req, rejected))
+    capacity = capacity_bytes(req.cluster)
+    costs = _Costs(req)
+    kept = []
+    for n, par in enumerate(configs):
+        if progress and n % 256 == 0:
+            progress(n, len(configs))
+        pred = predict(req.model, req.cluster, par, req.options, costs.even_stages(par))
+        if pred.peak_memory_bytes > capacity:
+            rejected["memory"] += 1
+        elif req.max_bubble is not None and pred.bubble > req.max_bubble:
+            rejected["bubble above limit"] += 1
+        else:
+            kept.append((_rank_key(par, pred.step_s, pred.peak_memory_bytes), par))
+    if progress:
+        progress(len(configs), len(configs))
+    kept.sort(key=lambda item: item[0])
+    refined = []
+    for par in _best_groups([par for _, par in kept], max(req.refine, req.top)):
+        plan = costs.refined(par)
+        if isinstance(plan, str):
+            rejected[plan] += 1
+        elif plan.metrics.peak_memory_bytes > capacity:
+            rejected["memory (simulated in-flight)"] += 1
+        elif req.max_bubble is not None and plan.metrics.bubble_fraction > req.max_bubble:
+            rejected["bubble above limit"] += 1
+        else:
+            refined.append(plan)
+    if not refined:
+        raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
+    refined.sort(key=_plan_key)
+    plans, hidden = _distinct_beyond_zero(refined)
+    return SearchResult(plans=tuple(plans[: req.top]), rejected=dict(sorted(rejected.items())),
+                        screened=len(configs), elapsed_s=time.perf_counter() - start,
+                        notes=(f"{hidden} plans that differ from a better one only in ZeRO stage "
+                               "are not shown",) if hidden else ())
+
+
+def _best_groups(ranked: list[Parallel], groups: int) -> list[Parallel]:
+    """The configurations of the ``groups`` best configurations-up-to-ZeRO, with every ZeRO
+    stage of each (refinement may reorder them: the simulated memory decides which fit)."""
+    chosen: dict = {}
+    for par in ranked:
+        key = replace(par, zero=0)
+        if key in chosen:
+            chosen[key].append(par)
+        elif len(chosen) < groups:
+            chosen[key] = [par]
+    return [par for variants in chosen.values() for par in variants]
+
+
+def _distinct_beyond_zero(plans: list[Plan]) -> tuple[list[Plan], int]:
+    """Keep the best plan of each configuration that differs in more than the ZeRO stage: a
+    ZeRO-2 twin of a ZeRO-1 plan at the same speed tells the user nothing new."""
+    seen, out = set(), []
+    for plan in plans:
+        key = replace(plan.parallel, zero=0)
+        if key not in seen:
+            seen.add(key)
+            out.append(plan)
+    return out, len(plans) - len(out)
+
+
+def check_profile_matches(profile, model: ModelSpec) -> None:
+    if len(profile.layers) != len(model.layers) or profile.model_name != model.name:
+        raise PlanInputError(
+            f"the profile is of {profile.model_name} ({len(profile.layers)} layers), not of "
+            f"{model.name} ({len(model.layers)} layers): profile this model or pass --model "
+            f"{profile.model_name}")
+
+
+def analytical_comparison(req: Request, plan: Plan) -> str:
+    """The best plan's step time from the measured profile beside the analytical model's."""
+    p = plan.parallel
+    analytical = evaluate(req.model, req.cluster, p, req.options,
+                          bounds=[(s.first, s.last) for s in plan.stages],
+                          recompute_per_chunk=[s.recompute for s in plan.stages],
+                          simulated=True)
+    return (f"step time of plan 1: {plan.metrics.step_time_s:.3f} s from the measured profile "
+            f"({req.profile.device_name}, {req.profile.dtype}), "
+            f"{analytical.metrics.step_time_s:.3f} s from the analytical model of "
+            f"{req.cluster.hardware.name}. Compute times come from the profile; memory, links and "
+            f"MFU's peak from {req.cluster.hardware.name} (for a cluster of the profiled device, "
+            "pass --hardware with the file `plan profile --calibrate` writes on it)")
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One pinned configuration: its prediction, whether it fits, and why not if not."""
+
+    parallel: Parallel | None
+    plan: Plan | None
+    capacity_bytes: float
+    rule: str | None  # a rule that forbids it before any prediction
+
+    @property
+    def fits(self) -> bool:
+        return (self.rule is None and self.plan is not None
+                and self.plan.metrics.peak_memory_bytes <= self.capacity_bytes)
+
+
+def explain(req: Request) -> Explanation:
+    """Evaluate the pinned configuration (defaults for what is not pinned: 1f1b, v = 1, no
+    recompute, ZeRO-1, SP when tp > 1), whatever its fate in the search."""
+    validate_pins(req)
+    pins, gpus = req.pins, req.cluster.gpus
+    capacity = capacity_bytes(req.cluster)
+    tp, pp = pins.tp or 1, pins.pp or 1
+    dp = pins.dp or gpus // (tp * pp)
+    mb = pins.micro_batch or 1
+    if tp * pp * dp != gpus:
+        return Explanation(None, None, capacity,
+                           f"tp {tp} x pp {pp} x dp {dp} != {gpus} GPUs: pin two of them or all "
+                           "three consistently")
+    rule = tp_rule(req.model, req.cluster, tp)
+    m = microbatches(req, mb * dp)
+    if m is None:
+        rule = rule or f"global batch {req.batch} is not a multiple of micro-batch x dp = {mb * dp}"
+        m = 1
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=m,
+                   schedule=pins.schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
+                   recompute=pins.recompute or "none",
+                   zero=1 if pins.zero is None else pins.zero,
+                   sequence_parallel=tp > 1 if pins.sequence_parallel is None
+                   else pins.sequence_parallel)
+    if rule is None:
+        rule = schedule_rule(req.model, par)
+    if rule is None and req.launcher:
+        rule = launcher_rule(req, par)
+    if rule is not None and rule.startswith("TP across"):
+        rule = (f"TP {tp} crosses nodes: it must divide the {req.cluster.gpus_per_node} GPUs "
+                "of a node")
+    if rule is not None:
+        return Explanation(par, None, capacity, rule)
+    plan = _Costs(req).refined(par)
+    if isinstance(plan, str):  # no split fits: show how far Megatron's even split is over
+        plan = evaluate(req.model, req.cluster, par, req.options, profile=req.profile,
+                        simulated=True)
+    return Explanation(par, plan, capacity, None)
+
+
+def _no_plan_message(req: Request, rejected: Counter, screened: int) -> str:
+    gib = (capacity_bytes(req.cluster) - constants.RESERVED_BYTES) / 1024**3
+    reasons = ", ".join(f"{n} {r}" for r, n in rejected.most_common())
+    top = rejected.most_common(1)[0][0] if rejected else ""
+    if top.startswith("memory"):
+        hint = (f"the model does not fit in {gib:.0f} GiB per GPU with the options tried: add "
+                "GPUs, allow recompute and ZeRO (drop pins) or use a larger GPU")
+    elif top == "batch not divisible":
+        hint = (f"the global batch ({req.batch}) cannot be split over this many data-parallel "
+                "ranks: raise --global-batch, give --global-batch-range, or use fewer GPUs")
+    else:
+        hint = "relax the pins or limits that rejected the most"
+    return (f"{req.model.name} on {req.cluster.gpus} x {req.cluster.hardware.name}: "
+            f"{screened} configurations screened; rejected: {reasons or 'none'}. {hint}")

@@ -1,0 +1,223 @@
+"""The search space: what the user asked for (request and pins), and every parallel
+configuration it allows, with the rule each rejected one breaks.
+
+A configuration is (tp, pp, dp, micro-batch, M, schedule, virtual stages, recompute, ZeRO, SP).
+TP stays inside a node and divides heads, KV heads, FFN and vocabulary; pp·v chunks need at least
+as many layers; interleaving needs M divisible by pp and blocks divisible by pp·v (Megatron's
+rules); M follows from the global batch, micro-batch and dp. Every pin narrows the space.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, replace
+from itertools import product
+
+from planner.cost.layer import RunOptions
+from planner.core.errors import PlanInputError
+from planner.launchers import LAUNCHERS, Facts, launcher_allows
+from planner.hardware.profiles import Cluster
+from planner.model.spec import ModelSpec
+from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
+from planner.predict.stages import METHODS
+
+DEFAULT_TOKENS_PER_BATCH = 4 * 1024 * 1024  # ~4M tokens: Llama-2/3 and GPT-3 scale batches
+MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
+VIRTUAL_STAGES = (2, 3, 4, 6, 8)
+
+
+@dataclass(frozen=True)
+class Pins:
+    """Dimensions the user fixed; None means search it."""
+
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    micro_batch: int | None = None
+    schedule: str | None = None
+    virtual_stages: int | None = None
+    recompute: str | None = None
+    zero: int | None = None
+    sequence_parallel: bool | None = None
+
+
+@dataclass(frozen=True)
+class Request:
+    model: ModelSpec
+    cluster: Cluster
+    global_batch: int | None = None
+    batch_range: tuple[int, int] | None = None  # let the search choose the batch in [min, max]
+    max_bubble: float | None = None
+    pins: Pins = Pins()
+    options: RunOptions = RunOptions()
+    top: int = 10
+    refine: int = 20
+    launcher: str | None = None  # only configurations this launcher runs
+    partition_method: str = "ilp"  # the ILP, or "dp": the exact DP it is tested against
+    profile: object = None  # a measured Profile (planner/profile.py) replacing analytical times
+
+    @property
+    def batch(self) -> int:
+        return self.global_batch or default_global_batch(self.model.seq_length)
+
+
+def default_global_batch(seq_len: int) -> int:
+    return max(1, DEFAULT_TOKENS_PER_BATCH // seq_len)
+
+
+def divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def validate_pins(req: Request) -> None:
+    """Pins that contradict each other or the GPU count: one line, before any search."""
+    pins, gpus = req.pins, req.cluster.gpus
+    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
+        value = getattr(pins, name)
+        if value is not None and value < 1:
+            raise PlanInputError(f"--{name.replace('_', '-')} must be positive, got {value}")
+    fixed = [v for v in (pins.tp, pins.pp, pins.dp) if v is not None]
+    prod = 1
+    for v in fixed:
+        prod *= v
+    if len(fixed) == 3 and prod != gpus:
+        raise PlanInputError(f"--tp {pins.tp} x --pp {pins.pp} x --dp {pins.dp} = {prod}, but "
+                             f"there are {gpus} GPUs; the three must multiply to the GPU count")
+    if fixed and gpus % prod:
+        raise PlanInputError(f"the pinned degrees multiply to {prod}, which does not divide "
+                             f"{gpus} GPUs")
+    if pins.schedule is not None and pins.schedule not in SCHEDULES:
+        raise PlanInputError(f"--schedule must be one of {', '.join(SCHEDULES)}, "
+                             f"got {pins.schedule!r}")
+    if pins.recompute is not None and pins.recompute not in RECOMPUTE_MODES:
+        raise PlanInputError(f"--recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
+                             f"got {pins.recompute!r}")
+    if pins.zero is not None and pins.zero not in (0, 1, 2, 3):
+        raise PlanInputError(f"--zero must be 0, 1, 2 or 3, got {pins.zero}")
+    if pins.sequence_parallel and pins.tp == 1:
+        raise PlanInputError("--sequence-parallel needs --tp > 1 (it shards what TP replicates)")
+    if pins.virtual_stages and pins.virtual_stages > 1 and pins.schedule not in (
+            None, "interleaved"):
+        raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved")
+    if req.global_batch is not None and req.global_batch < 1:
+        raise PlanInputError(f"--global-batch must be positive, got {req.global_batch}")
+    if req.batch_range is not None:
+        low, high = req.batch_range
+        if req.global_batch is not None:
+            raise PlanInputError("give --global-batch or --global-batch-range, not both")
+        if not 1 <= low <= high:
+            raise PlanInputError(f"--global-batch-range needs 1 <= MIN <= MAX, got {low},{high}")
+    if req.partition_method not in METHODS:
+        raise PlanInputError(f"--partition must be one of {', '.join(METHODS)}, "
+                             f"got {req.partition_method!r}")
+    if req.top < 1:
+        raise PlanInputError(f"--top must be at least 1, got {req.top}")
+    if req.refine < 1:
+        raise PlanInputError(f"--refine must be at least 1, got {req.refine}")
+    if req.launcher is not None and req.launcher not in LAUNCHERS:
+        raise PlanInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
+                             f"got {req.launcher!r}")
+    if req.max_bubble is not None and not 0 < req.max_bubble <= 1:
+        raise PlanInputError(f"--max-bubble is a fraction in (0, 1], got {req.max_bubble}")
+
+
+def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
+    """Why tensor parallelism of this degree cannot run here (None when it can)."""
+    if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
+        return "TP across nodes"
+    for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
+                    ("FFN", model.ffn_hidden_size), ("vocabulary", model.vocab_size)):
+        if n % tp:
+            return f"{what} not divisible by TP"
+    return None
+
+
+def enumerate_configs(req: Request, rejected: Counter):
+    """Yield every Parallel the pins allow; count each rejection by its reason."""
+    model, cluster, pins = req.model, req.cluster, req.pins
+    gpus = cluster.gpus
+    for tp in [pins.tp] if pins.tp else divisors(gpus):
+        if gpus % tp:
+            continue
+        reason = tp_rule(model, cluster, tp)
+        if reason:
+            rejected[reason] += 1
+            continue
+        for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
+            if (gpus // tp) % pp:
+                continue
+            dp = gpus // (tp * pp)
+            if pins.dp and dp != pins.dp:
+                continue
+            if pp > len(model.layers):
+                rejected["more stages than layers"] += 1
+                continue
+            for mb in [pins.micro_batch] if pins.micro_batch else MICRO_BATCHES:
+                m = microbatches(req, mb * dp)
+                if m is None:
+                    rejected["batch not divisible"] += 1
+                    continue
+                yield from _knobs(req, Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                                                num_microbatches=m), rejected)
+
+
+def microbatches(req: Request, per_microbatch_step: int) -> int | None:
+    """M for an exact batch, or the most microbatches that keep the batch inside the range
+    (more microbatches shrink the pipeline bubble); None when no M fits."""
+    if req.batch_range is None:
+        batch = req.batch
+        return batch // per_microbatch_step if batch % per_microbatch_step == 0 else None
+    low, high = req.batch_range
+    m = high // per_microbatch_step
+    return m if m >= 1 and m * per_microbatch_step >= low else None
+
+
+def _knobs(req: Request, shape: Parallel, rejected: Counter):
+    """The schedule, virtual-stage, recompute, ZeRO and SP choices of one (tp, pp, dp, mb, M)."""
+    pins, tp = req.pins, shape.tp
+    schedules = [pins.schedule] if pins.schedule else (
+        ["1f1b"] if shape.pp == 1 else list(SCHEDULES))
+    recomputes = [pins.recompute] if pins.recompute else [
+        r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
+    zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
+    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else (
+        [True, False] if tp > 1 else [False])
+    for schedule in schedules:
+        vs = [1]
+        if schedule == "interleaved":
+            vs = [pins.virtual_stages] if pins.virtual_stages else list(VIRTUAL_STAGES)
+        for v in vs:
+            timed = replace(shape, schedule=schedule, virtual_stages=v)
+            if schedule_rule(req.model, timed):
+                rejected["schedule rule"] += 1
+                continue
+            for recompute, zero, sp in product(recomputes, zeros, sps):
+                par = replace(timed, recompute=recompute, zero=zero, sequence_parallel=sp)
+                if req.launcher and launcher_rule(req, par):
+                    rejected[f"{req.launcher} cannot run it"] += 1
+                    continue
+                yield par
+
+
+def launcher_rule(req: Request, par: Parallel) -> str | None:
+    """The first rule of ``req.launcher`` this configuration breaks (None when it runs)."""
+    return launcher_allows(req.launcher, Facts.of(par, req.model))
+
+
+def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:
+    """Why the pipeline schedule cannot run this way (Megatron's rules), None when it can."""
+    layers = len(model.layers)
+    if par.num_chunks > layers:
+        return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
+    if par.schedule == "interleaved":
+        if par.pp == 1:
+            return "interleaved needs pp > 1"
+        if par.num_microbatches % par.pp:
+            return (f"interleaved needs the microbatch count ({par.num_microbatches}) divisible "
+                    f"by pp ({par.pp})")
+    elif par.virtual_stages > 1:
+        return "virtual stages need the interleaved schedule"
+    if par.virtual_stages > 1 and model.num_layers % par.num_chunks:
+        return (f"{model.num_layers} blocks do not split evenly into {par.num_chunks} "
+                "virtual stages")
+    return None

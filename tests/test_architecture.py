@@ -1,0 +1,96 @@
+"""The package layering: no import cycles between modules, and no import that points up a floor.
+
+Floors (a module may import its own package and lower floors only); planner/__init__.py and cli.py
+sit on top. A new package must be added here, which is the point: the layering is a decision.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+FLOORS = {
+    "core": 0,
+    "model": 1, "hardware": 1, "layout": 1,
+    "cost": 2, "pipeline": 2, "partition": 2, "profile": 2,
+    "predict": 3,
+    "launchers": 4,
+    "search": 5,
+    "fidelity": 6,
+    "report": 7,
+}
+TOP = 99
+
+
+def _module_name(path: Path) -> str:
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _modules() -> dict[str, Path]:
+    paths = sorted((ROOT / "planner").rglob("*.py")) + [ROOT / "cli.py"]
+    return {_module_name(p): p for p in paths}
+
+
+def _imports(path: Path, known: set[str]) -> set[str]:
+    """planner modules a file imports, at any depth (function-level imports count too)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        found |= {n for n in names if n in known}
+    return found
+
+
+def _floor(module: str) -> int:
+    parts = module.split(".")
+    if module == "cli" or module == "planner" or len(parts) < 3 and parts[-1] == "api":
+        return TOP
+    return FLOORS[parts[1]]
+
+
+def _graph() -> dict[str, set[str]]:
+    mods = _modules()
+    return {m: _imports(p, set(mods)) - {m} for m, p in mods.items()}
+
+
+def test_every_package_has_a_floor():
+    packages = {p.name for p in (ROOT / "planner").iterdir() if (p / "__init__.py").exists()}
+    assert packages <= set(FLOORS), f"add {sorted(packages - set(FLOORS))} to FLOORS"
+
+
+def test_no_import_points_up():
+    upward = []
+    for mod, deps in _graph().items():
+        for dep in deps:
+            same_package = dep.split(".")[:2] == mod.split(".")[:2]
+            if _floor(dep) > _floor(mod) or (_floor(dep) == _floor(mod) < TOP and not same_package):
+                upward.append(f"{mod} -> {dep}")
+    assert not upward, "imports against the layering:\n" + "\n".join(sorted(upward))
+
+
+def test_no_import_cycles():
+    graph = _graph()
+    state: dict[str, int] = {}
+    cycles = []
+
+    def visit(node: str, stack: list[str]) -> None:
+        state[node] = 1
+        for dep in sorted(graph.get(node, ())):
+            if dep.endswith("__init__") or dep not in graph:
+                continue
+            if state.get(dep) == 1:
+                cycles.append(" -> ".join(stack[stack.index(dep):] + [dep]))
+            elif dep not in state:
+                visit(dep, stack + [dep])
+        state[node] = 2
+
+    for node in sorted(graph):
+        if node not in state:
+            visit(node, [node])
+    assert not cycles, "import cycles:\n" + "\n".join(cycles)
