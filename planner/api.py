@@ -21,12 +21,26 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from planner import frames
-from planner.cost import RunOptions
-from planner.errors import NoFeasiblePlan, PlanInputError
-from planner.hardware import Cluster, Hardware, load_hardware, make_cluster
-from planner.model import ModelSpec, load_model
-from planner.plan import Parallel, Plan
+# Every sub-package is imported here, not inside the functions: `planner.partition` and
+# `planner.profile` are both sub-packages and API functions, and importing a sub-package for the
+# first time re-binds its name on `planner` (see planner/__init__.py).
+from planner.core.errors import NoFeasiblePlan, PlanInputError
+from planner.core.parallel import Parallel
+from planner.cost.layer import RunOptions
+from planner.fidelity.published import DEFAULT_FILES, validate_file
+from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
+from planner.model.spec import ModelSpec, load_model
+from planner.partition.problem import PartitionError
+from planner.pipeline.schedule import ScheduleError
+from planner.predict.plan import Plan
+from planner.predict.stages import METHODS
+from planner.profile.profiler import load_profile, profile_model, save_profile
+from planner.report import frames
+from planner.report.partition import compare_splits
+from planner.search.advice import batch_hint
+from planner.search.engine import check_profile_matches, search
+from planner.search.engine import explain as explain_request
+from planner.search.space import Pins, Request, tp_rule, validate_pins
 
 __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
            "Explanation", "Partition", "Validation", "Profiled", "PlanInputError",
@@ -56,6 +70,7 @@ class Solution:
     screened: int
     elapsed_s: float
     notes: tuple[str, ...]
+    hint: str | None = None  # a larger global batch, when the best plan's pipeline idles
 
     @property
     def best(self) -> Plan:
@@ -146,7 +161,6 @@ class Profiled:
         return frames.profile_frame(self.profile)
 
     def save(self, path, force: bool = False) -> Path:
-        from planner.profile import save_profile
 
         return save_profile(self.profile, path, force=force)
 
@@ -172,13 +186,10 @@ def _cluster(gpus: int, nodes: int, gpu: str | None, hardware) -> Cluster:
 def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
              max_bubble, top, refine, launcher, partition_solver, profile, flash, overlap,
              pins: dict):
-    from planner.search import check_profile_matches
-    from planner.space import Pins, Request
 
     spec = _model(model, seq_len)
     measured = profile
     if isinstance(profile, (str, Path)):
-        from planner.profile import load_profile
 
         measured = load_profile(profile)
     if measured is not None:
@@ -206,7 +217,6 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
     """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
     return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension;
     ``progress(done, total)`` is called while screening."""
-    from planner.search import search
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
@@ -216,7 +226,8 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
     result = search(req, progress)
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
-                    elapsed_s=result.elapsed_s, notes=result.notes)
+                    elapsed_s=result.elapsed_s, notes=result.notes,
+                    hint=batch_hint(req, result.plans[0], search))
 
 
 def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
@@ -226,7 +237,6 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
             virtual_stages: int | None = None, recompute: str | None = None,
             zero: int | None = None, sequence_parallel: bool | None = None) -> Explanation:
     """Predict one pinned configuration (`plan solve --explain`): fits or not, by how much."""
-    from planner.search import explain as explain_request
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
@@ -244,11 +254,6 @@ def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int
     """Split the layers into ``pp`` stages balanced by compute under memory (`plan partition`),
     beside the even and the equal-parameter split. ``microbatches`` defaults to 4 x pp; the
     tp·pp·dp GPUs fill whole nodes of the GPU's node size (one node when they do not)."""
-    from planner.partition import PartitionError
-    from planner.partition_report import compare_splits
-    from planner.schedule import ScheduleError
-    from planner.space import Pins, Request, tp_rule, validate_pins
-    from planner.split import METHODS
 
     spec = _model(model, seq_len)
     if solver not in METHODS:
@@ -277,7 +282,6 @@ def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int
 
 def validate(file=None, progress=None) -> Validation:
     """Predict the bundled published runs (or those of ``file``) and compare (`plan validate`)."""
-    from planner.validate import DEFAULT_FILES, validate_file
 
     rows, summary = validate_file(file or DEFAULT_FILES, progress=progress)
     return Validation(rows, summary)
@@ -287,7 +291,6 @@ def profile(model=None, *, device: str = "cpu", tp: int = 1, micro_batch: int = 
             seq_len: int | None = None, budget_s: float = 10.0, repeats: int = 5,
             progress=None) -> Profiled:
     """Measure every distinct layer's passes on this machine (`plan profile`)."""
-    from planner.profile import profile_model
 
     return Profiled(profile_model(_model(model), device=device, tp=tp, micro_batch=micro_batch,
                                   seq_len=seq_len, budget_s=budget_s, repeats=repeats,

@@ -2,10 +2,10 @@
 
 from hypothesis import given, strategies as st
 
-from planner.advice import BUBBLE_HINT, batch_hint, microbatches_for
+from planner.search.advice import BUBBLE_HINT, batch_hint, microbatches_for
 from planner.api import _request
-from planner.search import search
-from planner.simulate import closed_form_bubble
+from planner.search.engine import search
+from planner.pipeline.simulate import closed_form_bubble
 
 
 @given(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb-h1"]), st.integers(2, 64),

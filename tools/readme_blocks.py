@@ -142,7 +142,7 @@ def render_block(block: Block, outputs: list[list[str]]) -> str:
 
 
 def validation_markdown() -> str:
-    from planner.validate import DEFAULT_FILES, validate_file, validation_markdown as md
+    from planner.fidelity.published import DEFAULT_FILES, validate_file, validation_markdown as md
 
     return md(*validate_file(DEFAULT_FILES))
 

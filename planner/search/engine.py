@@ -31,11 +31,32 @@ __all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_co
 
 @dataclass(frozen=True)
 class SearchResult:
+    """The ranked plans and where every configuration considered went, in whole configurations:
+
+        considered = sum(rejected) + not_refined + feasible     (``accounted`` checks it)
+        feasible   = len(plans) + folded + below_top
+
+    ``not_refined``: fit at screening but slower than the ``refine`` best; ``folded``: feasible
+    plans equal to a better one but for the ZeRO stage or recompute its stages do not use."""
+
     plans: tuple[Plan, ...]
     rejected: dict[str, int]
     screened: int
     elapsed_s: float
     notes: tuple[str, ...] = field(default=())
+    considered: int = 0
+    not_refined: int = 0
+    feasible: int = 0
+    folded: int = 0
+
+    @property
+    def below_top(self) -> int:
+        return self.feasible - self.folded - len(self.plans)
+
+    @property
+    def accounted(self) -> bool:
+        return (self.considered == sum(self.rejected.values()) + self.not_refined + self.feasible
+                and self.below_top >= 0)
 
 
 def capacity_bytes(cluster: Cluster) -> float:
@@ -117,9 +138,11 @@ def search(req: Request, progress=None) -> SearchResult:
             kept.append((_rank_key(par, pred.step_s, pred.peak_memory_bytes), par))
     if progress:
         progress(len(configs), len(configs))
+    considered = sum(rejected.values()) + len(kept)  # before refinement rejects some kept ones
     kept.sort(key=lambda item: item[0])
     refined = []
-    for par in _best_groups([par for _, par in kept], max(req.refine, req.top)):
+    chosen = _best_groups([par for _, par in kept], max(req.refine, req.top))
+    for par in chosen:
         plan = costs.refined(par)
         if isinstance(plan, str):
             rejected[plan] += 1
@@ -130,13 +153,14 @@ def search(req: Request, progress=None) -> SearchResult:
         else:
             refined.append(plan)
     if not refined:
-        raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
+        raise NoFeasiblePlan(_no_plan_message(req, rejected, considered,
+                                              len(kept) - len(chosen)), dict(rejected))
     refined.sort(key=_plan_key)
-    plans, hidden = _distinct_beyond_zero(refined)
+    plans, hidden = _distinct(refined)
     return SearchResult(plans=tuple(plans[: req.top]), rejected=dict(sorted(rejected.items())),
                         screened=len(configs), elapsed_s=time.perf_counter() - start,
-                        notes=(f"{hidden} plans that differ from a better one only in ZeRO stage "
-                               "are not shown",) if hidden else ())
+                        considered=considered, not_refined=len(kept) - len(chosen),
+                        feasible=len(refined), folded=hidden)
 
 
 def _best_groups(ranked: list[Parallel], groups: int) -> list[Parallel]:
@@ -152,12 +176,15 @@ def _best_groups(ranked: list[Parallel], groups: int) -> list[Parallel]:
     return [par for variants in chosen.values() for par in variants]
 
 
-def _distinct_beyond_zero(plans: list[Plan]) -> tuple[list[Plan], int]:
-    """Keep the best plan of each configuration that differs in more than the ZeRO stage: a
-    ZeRO-2 twin of a ZeRO-1 plan at the same speed tells the user nothing new."""
+def _distinct(plans: list[Plan]) -> tuple[list[Plan], int]:
+    """Keep the best plan of each configuration that differs in more than the ZeRO stage or the
+    recompute it allows but none of its stages uses: a ZeRO-2 twin of a ZeRO-1 plan at the same
+    speed, or a "full recompute allowed" plan whose stages all chose none, tells the user nothing
+    new (and looked like a duplicate row)."""
     seen, out = set(), []
     for plan in plans:
-        key = replace(plan.parallel, zero=0)
+        key = (replace(plan.parallel, zero=0, recompute=""),
+               tuple(s.recompute for s in plan.stages))
         if key not in seen:
             seen.add(key)
             out.append(plan)
@@ -242,7 +269,7 @@ def explain(req: Request) -> Explanation:
     return Explanation(par, plan, capacity, None)
 
 
-def _no_plan_message(req: Request, rejected: Counter, screened: int) -> str:
+def _no_plan_message(req: Request, rejected: Counter, considered: int, not_refined: int) -> str:
     gib = (capacity_bytes(req.cluster) - constants.RESERVED_BYTES) / 1024**3
     reasons = ", ".join(f"{n} {r}" for r, n in rejected.most_common())
     top = rejected.most_common(1)[0][0] if rejected else ""
@@ -255,4 +282,6 @@ def _no_plan_message(req: Request, rejected: Counter, screened: int) -> str:
     else:
         hint = "relax the pins or limits that rejected the most"
     return (f"{req.model.name} on {req.cluster.gpus} x {req.cluster.hardware.name}: "
-            f"{screened} configurations screened; rejected: {reasons or 'none'}. {hint}")
+            f"{considered} configurations considered; rejected: {reasons or 'none'}"
+            + (f"; {not_refined} more fit when screened but were not refined (raise --refine)"
+               if not_refined else "") + f". {hint}")

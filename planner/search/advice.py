@@ -13,9 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from planner.errors import NoFeasiblePlan
-from planner.plan import Plan
-from planner.simulate import closed_form_bubble
+from planner.core.errors import NoFeasiblePlan
+from planner.predict.plan import Plan
+from planner.pipeline.simulate import closed_form_bubble
 
 # Hint when the best plan idles more than this share of its step. A judgement, not a fitted or
 # published number: Narayanan et al. 2021 size M so the bubble is small next to the compute, and

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict
 
-from planner.plan import Plan
+from planner.predict.plan import Plan
 
 # The plans frame's columns, in order: the plan JSON's field names (parallel, then metrics), the
 # CSV header of `plan solve --csv`, then what the table shows besides (per-stage recompute, blocks).
