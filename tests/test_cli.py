@@ -251,18 +251,21 @@ def test_large_vocabulary_gives_the_edge_stages_fewer_blocks(tmp_path):
     assert doc["gain_over_even"] > 0
 
 
-def test_issue_command_for_gpt3_is_within_25_percent_with_default_stack(published_runs):
-    """The literal command of the foundation issue: tp 8, pp 16, mb 1, full recompute pinned; the
-    search picks schedule, ZeRO and SP with today's defaults (flash attention, overlap), which the
-    2021 run did not have, so the prediction is faster than the 32 s measured (by ~24%)."""
-    case = next(c for c in published_runs if c["name"] == "megatron-readme-gpt3-175B-1024gpu")
-    result = run("solve", "--model", "gpt3-175b", "--gpus", "1024", "--nodes", "128", "--gpu",
-                 "a100-80gb", "--global-batch", "1536", "--tp", "8", "--pp", "16",
-                 "--micro-batch", "1", "--recompute", "full", "--json")
-    assert result.exit_code == 0, result.output
-    plan = json.loads(result.output)["plans"][0]
-    assert plan["metrics"]["step_time_s"] == pytest.approx(case["measured"]["step_time_s"],
-                                                           rel=0.25)
+def test_issue_command_for_gpt3_with_todays_stack_is_faster_than_the_2021_stack():
+    """The literal command of the foundation issue (tp 8, pp 16, mb 1, full recompute pinned) lets
+    the search pick schedule, ZeRO and SP on today's default stack (flash attention, overlap). Every
+    one of those is a speed-up the 2021 run lacked, so the prediction must be faster than the same
+    pins on the 2021 stack (which test_gpt3_175b_on_1024_gpus_within_25_percent_of_published
+    checks against the measured 32 s)."""
+    pins = ["solve", "--model", "gpt3-175b", "--gpus", "1024", "--nodes", "128", "--gpu",
+            "a100-80gb", "--global-batch", "1536", "--tp", "8", "--pp", "16",
+            "--micro-batch", "1", "--recompute", "full", "--json"]
+    today = run(*pins)
+    old = run(*pins, "--schedule", "1f1b", "--zero", "0", "--no-sequence-parallel", "--no-flash",
+              "--no-overlap")
+    assert today.exit_code == 0 and old.exit_code == 0, today.output + old.output
+    step = [json.loads(r.output)["plans"][0]["metrics"]["step_time_s"] for r in (today, old)]
+    assert step[0] < step[1]
 
 
 def test_validate_refuses_a_malformed_file_in_one_line(tmp_path):

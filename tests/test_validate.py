@@ -50,12 +50,12 @@ def test_memory_error(result):
     # zero-bubble Table 4: never under-estimated by more than 3% (issue target), over <= 15%
     zb = [r.memory_error for r in rows if r.group == "zero_bubble_table4" and r.supported]
     assert min(zb) >= -0.03 and max(zb) <= 0.15
-    # BLOOM (nvidia-smi, full recompute): never under-estimated by more than 3% (issue target),
-    # but with little margin: -1.9 .. -2.9% (the allocator's fragmentation under recompute is a
-    # published average, planner/cost/constants.py)
+    # BLOOM (nvidia-smi, full recompute): never under-estimated by more than 3% (issue target);
+    # the margin is thin (-1.9 .. -2.9% today, see the fragmentation share in planner/cost/constants.py).
+    # Over-estimating is allowed: only running out of memory that the plan promised is a failure.
     bloom = [r.memory_error for r in rows if r.group.startswith("bloom") and r.supported
              and r.memory_error is not None]
-    assert len(bloom) == 5 and min(bloom) >= -0.03 and max(bloom) <= 0.0
+    assert len(bloom) == 5 and min(bloom) >= -0.03
     assert s.min_memory_error == pytest.approx(-0.029, abs=0.005)
     assert s.max_memory_error <= 0.15
 

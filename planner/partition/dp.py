@@ -35,7 +35,7 @@ from planner.partition.problem import (
     PartitionProblem,
     Prepared,
     _upper_bound,
-    evaluate,
+    score_split,
     prepare,
 )
 
@@ -333,7 +333,7 @@ def partition_dp(problem: PartitionProblem, num_chunks: int, p: int) -> Partitio
         sol = _exhaustive(prep)
     if sol is None:
         raise infeasible_error(prep)
-    return evaluate(prep, sol[0], sol[1], method="dp", optimal=True)
+    return score_split(prep, sol[0], sol[1], method="dp", optimal=True)
 
 
 def infeasible_error(prep: Prepared) -> PartitionError:

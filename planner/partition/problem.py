@@ -242,7 +242,7 @@ def le_tol(a: float, b: float) -> bool:
     return a <= b + TIE_RTOL * max(abs(b), 1e-300) + 1e-300
 
 
-def evaluate(
+def score_split(
     prep: Prepared,
     ends: Sequence[int],
     modes: Sequence[int],
@@ -312,7 +312,7 @@ def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, m
     """Evaluate given ends; with recompute=None pick per chunk the fastest mode that fits."""
     mode = _resolve_mode(prep.problem, recompute)
     if mode is not None:
-        return evaluate(prep, ends, [mode] * prep.K, method=method)
+        return score_split(prep, ends, [mode] * prep.K, method=method)
     modes = []
     start = 0
     for k, e in enumerate(ends):
@@ -324,7 +324,7 @@ def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, m
         )
         modes.append(pick)
         start = e
-    return evaluate(prep, ends, modes, method=method)
+    return score_split(prep, ends, modes, method=method)
 
 
 def _balanced_ends(weights: np.ndarray, K: int) -> list[int]:

@@ -13,7 +13,7 @@ import pulp
 from planner.partition.dp import _bottleneck_v1, canonical, infeasible_error, partition_dp
 from planner.partition import milp
 from planner.partition.problem import (TIE_RTOL, Partition, PartitionError, PartitionProblem, Prepared,
-                                       _gap, _lower_bound, _replace, evaluate,
+                                       _gap, _lower_bound, _replace, score_split,
                                        prepare, total_compute_s, _upper_bound)
 
 
@@ -53,7 +53,7 @@ def _seed(prep: Prepared) -> Partition | None:
     b = _bottleneck_v1(sub, best.bottleneck_s if (best is not None and v == 1) else math.inf)
     sol = canonical(sub, b, None) if math.isfinite(b) else None
     if sol is not None:
-        cand = evaluate(prep, sol[0], sol[1], method="seed")
+        cand = score_split(prep, sol[0], sol[1], method="seed")
         if max(cand.rank_memory_bytes) <= prep.cap * (1 + TIE_RTOL) and (
             best is None or cand.bottleneck_s < best.bottleneck_s
         ):
@@ -142,7 +142,7 @@ def partition(
     if status == "none":
         return fallback(f"solver found no solution within {time_limit_s:g} s")
     ends, modes = model.solution()
-    first = evaluate(prep, ends, modes, method=method)
+    first = score_split(prep, ends, modes, method=method)
     if status == "feasible":
         if v1:
             return fallback(f"solver timed out after {time_limit_s:g} s without proving optimality")
@@ -153,14 +153,14 @@ def partition(
         sol = canonical(prep, b_star, None)
         if sol is None:  # solver tolerance let a hair-infeasible split through
             return fallback("ILP split failed the exact check")
-        return evaluate(prep, sol[0], sol[1], method=method, optimal=True)
+        return score_split(prep, sol[0], sol[1], method=method, optimal=True)
     # v > 1: least compute time at this bottleneck, then the lexicographic tie-break
     model.B.upBound = b_star * (1 + TIE_RTOL) / model.tscale
     model.prob.setObjective(pulp.lpSum(model.tk))
     status2, _ = milp.solve(model, name, max(deadline - time.monotonic(), 0.05))
     if status2 in ("optimal", "feasible"):
         e2, m2 = model.solution()
-        second = evaluate(prep, e2, m2, method=method)
+        second = score_split(prep, e2, m2, method=method)
         if second.bottleneck_s <= b_star * (1 + TIE_RTOL) and max(
             r - c for r, c in zip(second.rank_memory_bytes, [prep.cap] * prep.p)
         ) <= prep.cap * TIE_RTOL:
@@ -171,4 +171,4 @@ def partition(
     if sol is None:
         note = (note + "; " if note else "") + "tie-break search gave up, ties may differ from the DP"
         sol = (ends, modes)
-    return evaluate(prep, sol[0], sol[1], method=method, optimal=True, note=note)
+    return score_split(prep, sol[0], sol[1], method=method, optimal=True, note=note)

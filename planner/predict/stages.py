@@ -14,7 +14,7 @@ import numpy as np
 
 from planner.cost import constants
 from planner.cost.layer import RunOptions
-from planner.predict.step import (CostTable, even_split, inflight_closed_form, layer_costs,
+from planner.predict.step import (CostTable, even_block_bounds, inflight_closed_form, model_layer_costs,
                               stage_transfer_s, state_bytes)
 from planner.hardware.profiles import Cluster
 from planner.cost.memory import fragmentation
@@ -73,7 +73,7 @@ def cost_tables(model: ModelSpec, par: Parallel, hw, opts: RunOptions, profile=N
                 known: dict | None = None, exact: bool = False) -> dict[str, CostTable]:
     """Cost tables for every mode the configuration allows (reusing ``known`` ones)."""
     known = known or {}
-    return {m: known.get(m) or CostTable(layer_costs(model, par, hw, opts, m, profile))
+    return {m: known.get(m) or CostTable(model_layer_costs(model, par, hw, opts, m, profile))
             for m in allowed_modes(par, opts, exact)}
 
 
@@ -82,7 +82,7 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptio
     """The compute-balanced split under memory. Interleaved chunks stay even: Megatron's
     interleaved schedule wants the same layer count in every virtual stage."""
     if par.virtual_stages > 1:
-        bounds = tuple(even_split(model, par.num_chunks))
+        bounds = tuple(even_block_bounds(model, par.num_chunks))
         return Split(bounds, (par.recompute,) * par.num_chunks, None)
     if method == "ilp":
         return _solved(lambda problem: partition(problem, par.num_chunks, par.pp,
@@ -105,7 +105,7 @@ def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOpti
 def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
                    tables: dict[str, CostTable]) -> Split:
     """Megatron's default even split, each stage with its fastest recompute mode that fits."""
-    ends = [b for _, b in even_split(model, par.num_chunks)]
+    ends = [b for _, b in even_block_bounds(model, par.num_chunks)]
     return _solved(lambda problem: fixed_split(problem, ends, par.pp, None),
                    model, cluster, par, opts, tables)
 

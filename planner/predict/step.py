@@ -98,7 +98,7 @@ def split_stages(tables: dict[str, CostTable], bounds, modes) -> Stages:
     return Stages(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)
 
 
-def layer_costs(model: ModelSpec, par: Parallel, hw, opts: RunOptions, recompute: str,
+def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: RunOptions, recompute: str,
                 profile=None) -> list[LayerCost]:
     """The cost of every layer of the model under one parallel shape and recompute mode."""
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
@@ -114,7 +114,7 @@ def layer_costs(model: ModelSpec, par: Parallel, hw, opts: RunOptions, recompute
     return out
 
 
-def even_split(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
+def even_block_bounds(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
     """Megatron's default split: the blocks evenly (counts differing by at most one, larger ones
     first), the embedding joining the first chunk and the head the last. A model without that
     shape is split evenly over all its layers."""
@@ -236,11 +236,11 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
     """Predict the plan of one fully specified configuration (even split unless ``bounds``).
 
     ``tables`` are the layer costs per recompute mode when the caller already has them."""
-    bounds = bounds or even_split(model, par.num_chunks)
+    bounds = bounds or even_block_bounds(model, par.num_chunks)
     modes = recompute_per_chunk or [par.recompute] * par.num_chunks
     by_mode = dict(tables or {})
     for mode in set(modes) - set(by_mode):
-        by_mode[mode] = CostTable(layer_costs(model, par, cluster.hardware, opts, mode, profile))
+        by_mode[mode] = CostTable(model_layer_costs(model, par, cluster.hardware, opts, mode, profile))
     stages = split_stages(by_mode, bounds, modes)
     pred = predict(model, cluster, par, opts, stages, simulated, sim_cache)
     plan_stages = tuple(

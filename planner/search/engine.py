@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 
 from planner.cost import constants
 from planner.core.errors import NoFeasiblePlan, PlanInputError
-from planner.predict.step import (CostTable, Stages, evaluate, even_split, layer_costs, predict,
+from planner.predict.step import (CostTable, Stages, evaluate, even_block_bounds, model_layer_costs, predict,
                               split_stages)
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
@@ -88,14 +88,14 @@ class _Costs:
         key = (par.tp, par.sequence_parallel, par.micro_batch, mode)
         if key not in self.tables:
             r = self.req
-            self.tables[key] = CostTable(layer_costs(r.model, par, r.cluster.hardware, r.options,
+            self.tables[key] = CostTable(model_layer_costs(r.model, par, r.cluster.hardware, r.options,
                                                      mode, r.profile))
         return self.tables[key]
 
     def even_stages(self, par: Parallel) -> Stages:
         key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute, par.num_chunks)
         if key not in self.stages:
-            bounds = even_split(self.req.model, par.num_chunks)
+            bounds = even_block_bounds(self.req.model, par.num_chunks)
             self.stages[key] = split_stages({par.recompute: self.table(par, par.recompute)},
                                             bounds, [par.recompute] * par.num_chunks)
         return self.stages[key]
