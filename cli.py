@@ -32,10 +32,12 @@ from planner.profile.machine import calibrate
 from planner.core.files import refuse_overwrite, write_text
 from planner.profile.profiler import load_profile, profile_model, save_profile
 from planner.report.profile import profile_table
+from planner.search.advice import batch_hint
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
 from planner.search.space import Pins, Request, tp_rule, validate_pins
 from planner.predict.stages import METHODS
-from planner.fidelity.published import DEFAULT_FILES, validate_file, validation_markdown, validation_table
+from planner.fidelity.published import DEFAULT_FILES, validate_file
+from planner.report.validation import validation_markdown, validation_table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor x pipeline x data parallel training of large models.\n\n"
@@ -84,63 +86,103 @@ def progress_bar(label: str):
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
+# Help panels of `plan solve --help`, so 30 options read as four groups. Other commands use the
+# same names for the same things, and the short options mean one thing everywhere: -m --model,
+# -M --microbatches, -o --out.
+PLAN = "What to plan"
+PINS = "Pins (fix a dimension; the search covers the rest)"
+LIMITS = "Constraints"
+OUTPUT = "Output"
+
+
+def _flag(default: bool, decls: str, help: str, panel: str | None = None):
+    """A boolean flag: no value placeholder in --help, its default named."""
+    return typer.Option(default, decls, help=help, metavar="", rich_help_panel=panel)
+
+
 @app.command()
 def solve(
-    gpus: int = typer.Option(..., "--gpus", help="Total GPUs."),
-    nodes: int = typer.Option(..., "--nodes", help="Nodes; GPUs per node = gpus / nodes."),
-    model: Optional[str] = typer.Option(None, "--model", "-m",
-                                        help="Preset name, model.json or HF config.json "
-                                             "(default: llama3-8b)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU (plan hardware)."),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
+    gpus: int = typer.Option(..., "--gpus", help="Total GPUs.", rich_help_panel=PLAN),
+    nodes: int = typer.Option(..., "--nodes", help="Nodes; GPUs per node = gpus / nodes.",
+                              rich_help_panel=PLAN),
+    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="llama3-8b",
+                                        help="Preset name, model.json or HF config.json.",
+                                        rich_help_panel=PLAN),
+    gpu: Optional[str] = typer.Option(None, "--gpu", show_default="a100-80gb",
+                                      help="Bundled GPU (plan hardware).", rich_help_panel=PLAN),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON.",
+                                            rich_help_panel=PLAN),
     global_batch: Optional[int] = typer.Option(None, "--global-batch",
-                                               help="Sequences per step (default ~4M tokens)."),
-    batch_range: Optional[str] = typer.Option(None, "--global-batch-range",
-                                              help="MIN,MAX: let the search choose the batch."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
-    max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
-                                               help="Reject plans idling more than this fraction."),
-    top: int = typer.Option(10, "--top", help="How many plans to show."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plans as JSON."),
-    csv_file: Optional[Path] = typer.Option(None, "--csv", help="Also write the plans as CSV."),
-    explain_it: bool = typer.Option(False, "--explain",
-                                    help="Explain the pinned configuration: fits or not, by "
-                                         "how much."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Pin data-parallel size."),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Pin micro-batch."),
-    schedule: Optional[str] = typer.Option(None, "--schedule",
-                                           help="Pin gpipe | 1f1b | interleaved | zb-h1."),
-    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
-                                                 help="Pin chunks per rank (interleaved)."),
-    recompute: Optional[str] = typer.Option(None, "--recompute",
-                                            help="Pin none | selective | full."),
-    zero: Optional[int] = typer.Option(None, "--zero", help="Pin ZeRO stage 0-3 (1 = "
-                                                           "distributed optimizer)."),
-    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/"
-                                                     "--no-sequence-parallel",
-                                                     help="Pin sequence parallelism."),
-    launcher: Optional[str] = typer.Option(None, "--launcher",
-                                           help="Only plans this launcher runs: megatron | "
-                                                "deepspeed | torchtitan."),
-    refine: int = typer.Option(20, "--refine", help="Partition and simulate the best K "
-                                                    "screened plans."),
-    partition_solver: str = typer.Option("ilp", "--partition",
-                                         help="Stage split solver: ilp (PuLP: HiGHS or CBC) or "
-                                              "dp (the exact DP it is tested against)."),
-    export: Optional[str] = typer.Option(None, "--export",
-                                         help="Write the best plan for: json, megatron, "
-                                              "deepspeed, torchtitan, torchrun (comma list)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Directory for --export."),
-    force: bool = typer.Option(False, "--force", help="Overwrite exported files."),
+                                               show_default="~4M tokens",
+                                               help="Sequences per step.", rich_help_panel=PLAN),
+    batch_range: Optional[str] = typer.Option(None, "--global-batch-range", metavar="MIN,MAX",
+                                              help="Let the search choose the batch.",
+                                              rich_help_panel=PLAN),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", show_default="the model's",
+                                          help="Override the sequence length.",
+                                          rich_help_panel=PLAN),
     profile_file: Optional[Path] = typer.Option(None, "--profile",
                                                 help="Plan from measured layer times "
-                                                     "(plan profile --out FILE)."),
-    flash: bool = typer.Option(True, "--flash/--no-flash",
-                               help="Flash attention (scores not stored) or unfused attention."),
-    overlap: bool = typer.Option(True, "--overlap/--no-overlap",
-                                 help="Overlap DP gradient sync with the backward pass."),
+                                                     "(plan profile --out FILE).",
+                                                rich_help_panel=PLAN),
+    flash: bool = _flag(True, "--flash/--no-flash",
+                        "Flash attention (scores not stored) or unfused attention.", PLAN),
+    overlap: bool = _flag(True, "--overlap/--no-overlap",
+                          "Overlap DP gradient sync with the backward pass.", PLAN),
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size.",
+                                     rich_help_panel=PINS),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size.",
+                                     rich_help_panel=PINS),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size.",
+                                     rich_help_panel=PINS),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Micro-batch size.",
+                                              rich_help_panel=PINS),
+    schedule: Optional[str] = typer.Option(None, "--schedule",
+                                           help="gpipe | 1f1b | interleaved | zb-h1.",
+                                           rich_help_panel=PINS),
+    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
+                                                 help="Chunks per rank (interleaved).",
+                                                 rich_help_panel=PINS),
+    recompute: Optional[str] = typer.Option(None, "--recompute",
+                                            help="none | selective | full.",
+                                            rich_help_panel=PINS),
+    zero: Optional[int] = typer.Option(None, "--zero",
+                                       help="ZeRO stage 0-3 (1 = distributed optimizer).",
+                                       rich_help_panel=PINS),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/"
+                                                     "--no-sequence-parallel", metavar="",
+                                                     show_default="searched",
+                                                     help="Sequence parallelism on or off.",
+                                                     rich_help_panel=PINS),
+    max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
+                                               help="Reject plans idling more than this "
+                                                    "fraction of the step.",
+                                               rich_help_panel=LIMITS),
+    launcher: Optional[str] = typer.Option(None, "--launcher",
+                                           help="Only plans this launcher runs: megatron | "
+                                                "deepspeed | torchtitan.",
+                                           rich_help_panel=LIMITS),
+    refine: int = typer.Option(20, "--refine", help="Partition and simulate the best K "
+                                                    "screened configurations.",
+                               rich_help_panel=LIMITS),
+    partition_solver: str = typer.Option("ilp", "--partition",
+                                         help="Stage split solver: ilp (PuLP: HiGHS, else CBC) "
+                                              "or dp (the exact DP it is tested against).",
+                                         rich_help_panel=LIMITS),
+    top: int = typer.Option(10, "--top", help="How many plans to show.", rich_help_panel=OUTPUT),
+    wide: bool = _flag(False, "--wide", "Every column, however wide the terminal.", OUTPUT),
+    as_json: bool = _flag(False, "--json", "Print the plans as JSON.", OUTPUT),
+    csv_file: Optional[Path] = typer.Option(None, "--csv", help="Also write the plans as CSV.",
+                                            rich_help_panel=OUTPUT),
+    explain_it: bool = _flag(False, "--explain", "Explain the pinned configuration: fits or "
+                                                 "not, by how much.", OUTPUT),
+    export: Optional[str] = typer.Option(None, "--export",
+                                         help="Write the best plan for: json, megatron, "
+                                              "deepspeed, torchtitan, torchrun (comma list).",
+                                         rich_help_panel=OUTPUT),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for --export.",
+                                           rich_help_panel=OUTPUT),
+    force: bool = _flag(False, "--force", "Overwrite exported files.", OUTPUT),
 ):
     """Search TP x PP x DP, micro-batch, schedule, recompute and ZeRO; print the best plans.
 
@@ -169,10 +211,14 @@ def solve(
                       launcher=launcher, partition_method=partition_solver,
                       options=RunOptions(flash_attention=flash, overlap_dp=overlap))
         if explain_it:
-            print_explanation(out, explain(req))
+            print_explanation(out, explain(req), wide=wide)
             return
         with progress_bar("searching") as progress:
             result = search(req, progress)
+        hint = None
+        if not as_json:
+            with progress_bar("checking a larger batch") as progress:
+                hint = batch_hint(req, result.plans[0], search)
         if csv_file is not None:
             write_text(csv_file, plans_csv(result.plans), force=force)
         if targets:
@@ -180,10 +226,12 @@ def solve(
             err.print("wrote " + ", ".join(str(p) for p in written), highlight=False)
         if as_json:
             doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
-                   "search": {"screened": result.screened, "returned": len(result.plans)}}
+                   "search": {"considered": result.considered, "screened": result.screened,
+                              "not_refined": result.not_refined, "feasible": result.feasible,
+                              "folded": result.folded, "returned": len(result.plans)}}
             print_json(doc)
         else:
-            print_search(out, result, spec, cluster)
+            print_search(out, result, spec, cluster, wide=wide, hint=hint)
             if measured is not None:
                 out.print(analytical_comparison(req, result.plans[0]), highlight=False)
 
@@ -377,16 +425,18 @@ def partition(
 
 @app.command()
 def validate(
-    file: Optional[Path] = typer.Argument(None, help="Published runs JSON (default: bundled)."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table."),
+    file: Optional[Path] = typer.Argument(None, help="Published runs JSON.",
+                                          show_default="the bundled runs"),
+    markdown: bool = typer.Option(False, "--markdown", metavar="",
+                                  help="Print a markdown table (the README's)."),
 ):
     """Predict published training runs and compare: step time, TFLOP/s, memory, ranking.
 
     Example: plan validate
     """
     with user_errors():
-        with progress_bar("validating") as _:
-            rows, summary = validate_file(file or DEFAULT_FILES)
+        with progress_bar("validating") as progress:
+            rows, summary = validate_file(file or DEFAULT_FILES, progress=progress)
         if markdown:
             sys.stdout.write(validation_markdown(rows, summary))
         else:

@@ -54,6 +54,7 @@ class Column:
     header: str
     cell: Callable[[Plan], str]
     left: bool = False
+    knob: bool = True  # part of the configuration (False: a predicted number)
 
 
 # Every column the plans table can show, most important first: at a narrow width the table drops
@@ -66,14 +67,14 @@ COLUMNS = (
     Column("schedule", lambda p: p.parallel.schedule + (f" v{p.parallel.virtual_stages}"
                                                         if p.parallel.virtual_stages > 1 else ""),
            left=True),
-    Column("step s", lambda p: f"{p.metrics.step_time_s:.3f}"),
-    Column("MFU", lambda p: f"{p.metrics.mfu:.1%}"),
-    Column("mem GiB", lambda p: f"{p.metrics.peak_memory_bytes / GIB:.1f}"),
-    Column("bubble", lambda p: f"{p.metrics.bubble_fraction:.1%}"),
+    Column("step s", lambda p: f"{p.metrics.step_time_s:.3f}", knob=False),
+    Column("MFU", lambda p: f"{p.metrics.mfu:.1%}", knob=False),
+    Column("mem GiB", lambda p: f"{p.metrics.peak_memory_bytes / GIB:.1f}", knob=False),
+    Column("bubble", lambda p: f"{p.metrics.bubble_fraction:.1%}", knob=False),
     Column("recomp", recompute_label, left=True),
     Column("ZeRO", lambda p: str(p.parallel.zero)),
     Column("SP", lambda p: "on" if p.parallel.sequence_parallel else "off"),
-    Column("tokens/s", lambda p: _si(p.metrics.tokens_per_s)),
+    Column("tokens/s", lambda p: _si(p.metrics.tokens_per_s), knob=False),
     Column("blocks", lambda p: blocks_per_stage(p), left=True),
 )
 # The order the columns appear in, whichever are shown.
@@ -96,8 +97,11 @@ def _cells(plans, columns) -> list[tuple[str, ...]]:
             for i, plan in enumerate(plans, 1)]
 
 
-def _distinct_rows(rows) -> bool:
-    return len({row[1:] for row in rows}) == len(rows)  # the rank aside
+def _distinct_rows(columns, rows) -> bool:
+    """No two rows show the same configuration (the predicted numbers aside: rows that differ
+    only there look like one configuration predicted twice)."""
+    knobs = [i for i, c in enumerate(columns) if c.knob and c.header != "#"]
+    return len({tuple(row[i] for i in knobs) for row in rows}) == len(rows)
 
 
 def _table(columns, rows, title: str | None = None) -> Table:
@@ -119,10 +123,10 @@ def plans_view(plans, width: int | None) -> PlansView:
     """Choose the columns for ``width`` characters (None: all of them).
 
     Columns go from the least important up while the table is wider than ``width``, skipping any
-    whose loss would make two rows look the same (the batch column is shown only when the plans'
-    batches differ: the title states a shared one). If the table is still too wide, the remaining
-    columns go too, rows that then look the same are folded into the first, and the caption says
-    so."""
+    whose loss would make two rows show the same configuration (the batch column is shown only
+    when the plans' batches differ: the title states a shared one). If the table is still too
+    wide, the remaining columns go too, a row then showing the same configuration as one above is
+    folded into it, and the caption says so."""
     batches = {p.parallel.global_batch for p in plans}
     candidates = [c for c in COLUMNS if c.header != "batch" or len(batches) > 1]
     shown = list(candidates)
@@ -137,13 +141,15 @@ def plans_view(plans, width: int | None) -> PlansView:
                 if table_width(*layout(shown)) <= width:
                     break
                 trial = [c for c in shown if c is not column]
-                if forced or _distinct_rows(layout(trial)[1]):
+                if forced or _distinct_rows(*layout(trial)):
                     shown = trial
     cols, rows = layout(shown)
+    knobs = [i for i, c in enumerate(cols) if c.knob and c.header != "#"]
     kept, seen = [], set()
     for row in rows:
-        if row[1:] not in seen:
-            seen.add(row[1:])
+        key = tuple(row[i] for i in knobs)
+        if key not in seen:
+            seen.add(key)
             kept.append(row)
     hidden = tuple(c.header for c in candidates if c not in shown)
     return PlansView(tuple(cols), tuple(kept), hidden, len(rows) - len(kept))
@@ -164,8 +170,8 @@ def plans_caption(view: PlansView, width: int | None) -> str | None:
     if view.hidden:
         parts.append(f"not shown at {width} columns: {', '.join(view.hidden)}")
     if view.folded:
-        parts.append(f"{view.folded} plan{'s' if view.folded > 1 else ''} that look the same "
-                     "as one above in these columns left out")
+        parts.append(f"{view.folded} plan{'s' if view.folded > 1 else ''} showing the same "
+                     "configuration as one above in these columns left out")
     return "; ".join(parts) + " (--wide shows all)" if parts else None
 
 
@@ -210,22 +216,16 @@ def search_title(result, model: ModelSpec, cluster) -> str:
 
 
 def funnel_lines(result) -> list[str]:
-    """Where the configurations went, as sums that add up (SearchResult.accounted):
-    considered = rejected + not refined + feasible; feasible = shown + folded + below the top."""
-    rejected = sum(result.rejected.values())
-    lines = [f"{result.considered} configurations considered in {result.elapsed_s:.2f} s: "
-             f"{rejected} rejected, {result.not_refined} not refined (slower when screened), "
-             f"{result.feasible} feasible"]
+    """Where the configurations went, as sums that add up (SearchResult.accounted)."""
+    lines = [f"{result.considered} configurations considered in {result.elapsed_s:.2f} s = "
+             f"{sum(result.rejected.values())} rejected + {result.not_refined} not refined "
+             f"(slower when screened) + {result.feasible} feasible"]
     if result.rejected:
         lines.append(rejected_line(result.rejected))
-    parts = [f"{len(result.plans)} shown"]
-    if result.folded:
-        parts.append(f"{result.folded} equal to a shown plan but for ZeRO stage or recompute "
-                     "its stages do not use")
-    if result.below_top:
-        parts.append(f"{result.below_top} below --top")
-    if len(parts) > 1:
-        lines.append(f"feasible {result.feasible}: " + ", ".join(parts))
+    if result.feasible > len(result.plans):
+        lines.append(f"feasible = {len(result.plans)} shown + {result.folded} folded (equal to a "
+                     "shown plan but for ZeRO stage or unused recompute) + "
+                     f"{result.below_top} below --top")
     return lines
 
 

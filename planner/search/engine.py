@@ -269,10 +269,18 @@ def explain(req: Request) -> Explanation:
     return Explanation(par, plan, capacity, None)
 
 
+STRUCTURAL = ("TP across nodes", "more stages than layers", "schedule rule", "heads not divisible",
+              "KV heads not divisible", "FFN not divisible", "vocabulary not divisible")
+
+
 def _no_plan_message(req: Request, rejected: Counter, considered: int, not_refined: int) -> str:
     gib = (capacity_bytes(req.cluster) - constants.RESERVED_BYTES) / 1024**3
     reasons = ", ".join(f"{n} {r}" for r, n in rejected.most_common())
-    top = rejected.most_common(1)[0][0] if rejected else ""
+    # The hint follows the most common reason the user can act on: the structural rules (TP inside
+    # a node and dividing the heads, no more stages than layers, the schedules' own rules) reject
+    # much of every large space, counted in whole configurations, whether or not anything fits.
+    actionable = Counter({r: n for r, n in rejected.items() if not r.startswith(STRUCTURAL)})
+    top = (actionable or rejected).most_common(1)[0][0] if rejected else ""
     if top.startswith("memory"):
         hint = (f"the model does not fit in {gib:.0f} GiB per GPU with the options tried: add "
                 "GPUs, allow recompute and ZeRO (drop pins) or use a larger GPU")
