@@ -11,7 +11,8 @@ from typing import Optional
 
 import typer
 from rich.console import Console
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from planner.cost.layer import RunOptions
 from planner.launchers import export_plan
@@ -80,10 +81,17 @@ def progress_bar(label: str):
     if not err.is_terminal:
         yield None
         return
-    with Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
-        task = bar.add_task(label, total=None)
+    with Progress(TextColumn(label), BarColumn(), _Count(), TimeElapsedColumn(), console=err,
+                  transient=True) as bar:
+        task = bar.add_task(label, total=None)  # a pulsing bar until the first (done, total)
         yield lambda done, total: bar.update(task, completed=done, total=total)
+
+
+class _Count(ProgressColumn):
+    """done/total once the total is known; nothing before (never "0/None")."""
+
+    def render(self, task) -> Text:
+        return Text("" if task.total is None else f"{task.completed:.0f}/{task.total:.0f}")
 
 
 # Help panels of `plan solve --help`, so 30 options read as four groups. Other commands use the
@@ -248,20 +256,23 @@ def parse_range(text: Optional[str]) -> Optional[tuple[int, int]]:
 
 @app.command()
 def profile(
-    model: Optional[str] = typer.Argument(None, help="Preset, model.json or HF config.json "
-                                                     "(default: llama3-8b)."),
+    model: Optional[str] = typer.Argument(None, help="Preset, model.json or HF config.json.",
+                                          show_default="llama3-8b"),
     device: str = typer.Option("cpu", "--device", help="cpu (numpy) or gpu (CuPy)."),
     tp: int = typer.Option(1, "--tp", help="Time the TP-sharded shapes of this degree."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length.",
+                                          show_default="the model's"),
+    repeats: int = typer.Option(5, "--repeats", help="Timed runs of each pass; the median is "
+                                                     "kept, the spread reported."),
     budget_s: float = typer.Option(10.0, "--budget-s",
                                    help="Per-layer time budget; bigger layers are measured "
                                         "smaller and scaled by FLOPs."),
-    out_file: Optional[Path] = typer.Option(None, "--out", help="Profile JSON to write."),
-    force: bool = typer.Option(False, "--force", help="Overwrite --out."),
-    calibrate_it: bool = typer.Option(False, "--calibrate",
-                                      help="Measure matmul and memory speed instead, and write a "
-                                           "hardware profile for --hardware."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Profile JSON to write."),
+    force: bool = _flag(False, "--force", "Overwrite --out."),
+    calibrate_it: bool = _flag(False, "--calibrate", "Measure matmul and memory speed instead, "
+                                                     "and write a hardware profile for "
+                                                     "--hardware."),
 ):
     """Measure per-layer forward/backward time with torch-free kernels on this machine.
 
@@ -291,7 +302,7 @@ def profile(
             refuse_overwrite([out_file], force)
         with progress_bar("profiling") as progress:
             measured = profile_model(spec, device=device, tp=tp, micro_batch=micro_batch,
-                                     seq_len=seq_len, budget_s=budget_s,
+                                     seq_len=seq_len, budget_s=budget_s, repeats=repeats,
                                      progress=_three(progress))
         out.print(profile_table(measured))
         if device == "gpu":
@@ -310,7 +321,7 @@ def _three(progress):
 @app.command()
 def simulate(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline ranks."),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m",
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step (M)."),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
@@ -319,9 +330,9 @@ def simulate(
                                                    "(backward = 2x); default all 1."),
     comm_time: float = typer.Option(0.0, "--comm-time", help="Transfer time per boundary."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Draw a saved plan.json."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    as_json: bool = _flag(False, "--json", "Print the summary as JSON."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Also write the chart as SVG."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the SVG file."),
+    force: bool = _flag(False, "--force", "Overwrite the SVG file."),
 ):
     """Run a pipeline schedule op by op and draw it.
 
@@ -366,24 +377,27 @@ def layout(
 @app.command()
 def partition(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Preset, model.json or HF "
-                                                                    "config.json."),
+                                                                    "config.json.",
+                                        show_default="llama3-8b"),
     pp: int = typer.Option(..., "--pp", help="Pipeline stages."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size (shards ZeRO states)."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size."),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches",
-                                               help="Microbatches per step (default 4 x pp)."),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
+                                               help="Microbatches per step.",
+                                               show_default="4 x pp"),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
     recompute: str = typer.Option("full", "--recompute",
                                   help="The most recompute a stage may use."),
     zero: int = typer.Option(1, "--zero", help="ZeRO stage."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU.",
+                                      show_default="a100-80gb"),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
     solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
-    as_json: bool = typer.Option(False, "--json", help="Print the splits as JSON."),
+    as_json: bool = _flag(False, "--json", "Print the splits as JSON."),
 ):
     """Split the layers into pipeline stages balanced by compute under memory.
 
