@@ -62,9 +62,18 @@ def print_json(doc) -> None:
     sys.stdout.write(json.dumps(doc, indent=2) + "\n")
 
 
+def _follow_columns() -> None:
+    """Piped or captured, the width is $COLUMNS as it is now (tests and scripts set it per call),
+    200 without it; a terminal's own width is left alone."""
+    for console in (out, err):
+        if not console.is_terminal:
+            console.width = int(os.environ.get("COLUMNS", "200"))
+
+
 @contextmanager
 def user_errors():
     """Bad input: one line and exit 2; nothing feasible: the reasons and exit 1."""
+    _follow_columns()
     try:
         yield
     except PlanInputError as e:

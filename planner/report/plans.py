@@ -164,6 +164,17 @@ def plans_table(plans: list[Plan] | tuple[Plan, ...], title: str | None = None,
     return _table(view.columns, view.rows, title)
 
 
+def _print_unsqueezed(console: Console, table: Table, width: int) -> None:
+    """Print at the table's own width even where the console is narrower (``--wide``): rich
+    would otherwise shrink the columns and cut their values with an ellipsis."""
+    saved = console.width
+    console.width = max(saved, width)
+    try:
+        console.print(table)
+    finally:
+        console.width = saved
+
+
 def plans_caption(view: PlansView, width: int | None) -> str | None:
     """One line on what the table left out, or None."""
     parts = []
@@ -236,8 +247,8 @@ def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool
     width = None if wide else console.width
     console.print(search_title(result, model, cluster), highlight=False)
     view = plans_view(result.plans, width)
-    table = _table(view.columns, view.rows)
-    console.print(table, width=max(console.width, table_width(view.columns, view.rows)))
+    _print_unsqueezed(console, _table(view.columns, view.rows),
+                      table_width(view.columns, view.rows))
     caption = plans_caption(view, width)
     if caption:
         console.print(f"[dim]{caption}[/dim]", highlight=False)
@@ -266,8 +277,8 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
     m = exp.plan.metrics
     console.print("the pinned configuration", highlight=False)
     view = plans_view([exp.plan], None if wide else console.width)
-    table = _table(view.columns, view.rows)
-    console.print(table, width=max(console.width, table_width(view.columns, view.rows)))
+    _print_unsqueezed(console, _table(view.columns, view.rows),
+                      table_width(view.columns, view.rows))
     caption = plans_caption(view, None if wide else console.width)
     if caption:
         console.print(f"[dim]{caption}[/dim]", highlight=False)
@@ -280,7 +291,7 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
                       f"{exp.capacity_bytes / GIB:.0f} GiB per GPU ({-spare / GIB:.1f} GiB over); "
                       "try recompute, more pipeline stages or a higher ZeRO stage")
     table = Table(title="per pipeline rank", title_justify="left")
-    for col in ("rank", "layers", "recompute", "time/microbatch s", "memory GiB"):
+    for col in ("rank", "layers", "recompute", "s/microbatch", "GiB"):
         table.add_column(col, justify="right")
     for r, mem in enumerate(exp.plan.rank_memory_bytes):
         chunks = [s for s in exp.plan.stages if s.rank == r]

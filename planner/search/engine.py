@@ -209,9 +209,12 @@ def analytical_comparison(req: Request, plan: Plan) -> str:
     return (f"step time of plan 1: {plan.metrics.step_time_s:.3f} s from the measured profile "
             f"({req.profile.device_name}, {req.profile.dtype}), "
             f"{analytical.metrics.step_time_s:.3f} s from the analytical model of "
-            f"{req.cluster.hardware.name}. Compute times come from the profile; memory, links and "
-            f"MFU's peak from {req.cluster.hardware.name} (for a cluster of the profiled device, "
-            "pass --hardware with the file `plan profile --calibrate` writes on it)")
+            f"{req.cluster.hardware.name}. Compute times and MFU's peak come from the profile"
+            + (" (its measured matmul peak)" if getattr(req.profile, "peak_flops", None) else
+               f" (no measured peak in it: {req.cluster.hardware.name}'s)")
+            + f"; memory and links from {req.cluster.hardware.name} (for a cluster of the "
+            "profiled device, pass --hardware with the file `plan profile --calibrate` writes on "
+            "it)")
 
 
 @dataclass(frozen=True)
