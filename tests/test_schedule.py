@@ -37,8 +37,8 @@ def test_interleaved_first_rank_follows_megatron_groups():
 
 
 @pytest.mark.parametrize("name,p,m,v,msg", [
-    ("interleaved", 4, 6, 2, "interleaved needs the microbatch count (m) divisible by pp (p)"),
-    ("1f1b", 4, 8, 2, "v=1"),
+    ("interleaved", 4, 6, 2, "interleaved needs the microbatch count (6) divisible by pp (4): use 8"),
+    ("1f1b", 4, 8, 2, "virtual stages need the interleaved schedule"),
     ("gpipe", 0, 8, 1, "pipeline size"),
     ("gpipe", 2, 0, 1, "microbatch count"),
     ("pipedream", 2, 2, 1, "unknown schedule"),

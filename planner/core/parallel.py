@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from planner.core.errors import PlanInputError
+
 RECOMPUTE_MODES = ("none", "selective", "full")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
@@ -23,6 +25,23 @@ class Parallel:
     zero: int = 1
     sequence_parallel: bool = False
 
+    def __post_init__(self) -> None:
+        for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ParallelError(f"{name} must be a positive integer, got {value!r}")
+        if self.schedule not in SCHEDULES:
+            raise ParallelError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
+        if self.recompute not in RECOMPUTE_MODES:
+            raise ParallelError(f"recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
+                                f"got {self.recompute!r}")
+        if self.zero not in (0, 1, 2, 3):
+            raise ParallelError(f"zero must be 0, 1, 2 or 3, got {self.zero!r}")
+
+    def schedule_problem(self) -> str | None:
+        """Why this pipeline schedule cannot run with these sizes (None when it can)."""
+        return schedule_problem(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
+
     @property
     def gpus(self) -> int:
         return self.tp * self.pp * self.dp
@@ -34,3 +53,27 @@ class Parallel:
     @property
     def num_chunks(self) -> int:
         return self.pp * self.virtual_stages
+
+
+class ParallelError(PlanInputError):
+    """A parallel configuration that cannot exist (a degree below 1, an unknown schedule ...)."""
+
+
+def schedule_problem(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> str | None:
+    """Why a pipeline schedule cannot run with these sizes, as Megatron-LM rules it; None when it can.
+
+    The one owner of the schedule rules: the search counts them, pins and the simulator refuse with
+    them, and the exporters add only their own launcher's rules on top.
+    Megatron-LM (megatron/training/arguments.py) allows virtual pipeline stages only with its
+    interleaved schedule, which needs pp > 1 and (in the releases we price) a microbatch count
+    divisible by pp.
+    """
+    if virtual_stages > 1 and schedule != "interleaved":
+        return "virtual stages need the interleaved schedule"
+    if schedule == "interleaved":
+        if pp == 1:
+            return "interleaved needs pp > 1"
+        if num_microbatches % pp:
+            return (f"interleaved needs the microbatch count ({num_microbatches}) divisible "
+                    f"by pp ({pp}): use {(num_microbatches // pp + 1) * pp} or another schedule")
+    return None

@@ -42,13 +42,18 @@ INTER_NODE_LATENCY_S = 10e-6
 RESERVED_BYTES = 2 * 1024**3
 
 # Share of the caching allocator's reserved memory that holds no tensor (fragmentation,
-# 1 - allocated/reserved). Tensors of steady sizes reuse their freed blocks and waste little: 5%
-# (PyTorch CUDA semantics notes, "optimizing memory usage"). Activation recomputation frees and
-# rebuilds a layer's activations once per microbatch between long-lived checkpoints, the irregular
-# pattern that splits cached blocks: 15% of reserved memory on average, up to 33%, over eight LLMs
-# trained with recomputation, ZeRO and offloading on A100-80GB (Guo et al. 2024, "GMLake",
-# ASPLOS, abstract). BLOOM's topology sweep (nvidia-smi, full recompute) checks it: predicted
-# 1.9-2.9% under the readings with 15%, 12-13% under with 5% (plan validate).
+# 1 - allocated/reserved).
+# - Steady tensor sizes reuse their freed blocks and waste little: 5% is our assumption, not a
+#   published figure (PyTorch's CUDA semantics notes describe the caching allocator and its
+#   fragmentation, but give no number).
+# - Activation recomputation frees and rebuilds a layer's activations once per microbatch, the
+#   irregular pattern that splits cached blocks. What is published is how much fragmentation a
+#   better allocator removes: "GMLake can reduce an average of 9.2 GB (up to 25 GB) GPU memory
+#   usage and 15% (up to 33% ) fragmentation among eight LLM models on GPU A100 with 80 GB memory"
+#   (Guo et al. 2024, "GMLake", ASPLOS, abstract). So PyTorch's allocator loses at least that
+#   much there; 15% takes the reduction as a floor on the fragmentation itself.
+#   Chosen with a validation result in view: BLOOM's topology sweep (nvidia-smi, full recompute)
+#   is predicted 1.9-2.9% under the readings with 15%, 12-13% under with 5% (plan validate).
 FRAGMENTATION = 0.05
 RECOMPUTE_FRAGMENTATION = 0.15
 

@@ -20,7 +20,7 @@ from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.predict.step import evaluate
 from planner.core.units import DATA_DIR, GIB
-from planner.hardware.profiles import Cluster, load_hardware
+from planner.hardware.profiles import Cluster, Hardware, load_hardware
 from planner.model.spec import ModelSpec, _gpt
 from planner.core.parallel import Parallel
 
@@ -133,7 +133,7 @@ def load_cases(path: str | Path = DEFAULT_FILE) -> list[dict]:
     return data
 
 
-def _base_profile(gpu: str) -> str:
+def base_profile(gpu: str) -> str:
     """The bundled profile of the case's GPU kind: its HBM bandwidth and measured efficiencies
     are the part's, whatever the source publishes about the cluster."""
     text = gpu.lower()
@@ -144,13 +144,14 @@ def _base_profile(gpu: str) -> str:
     return "a100-80gb"
 
 
-def case_cluster(case: dict) -> tuple[Cluster, tuple[str, ...]]:
+def case_cluster(case: dict, hardware: Hardware | None = None) -> tuple[Cluster, tuple[str, ...]]:
     """The case's GPUs and links on the bundled profile of its GPU kind (HBM bandwidth and
-    efficiencies); an unpublished inter-node bandwidth falls back to that profile's (one NIC
-    per GPU: 200 Gb/s HDR on A100, 400 Gb/s NDR on H100) and says so."""
+    efficiencies), or on ``hardware`` (a calibrated profile) when given; an unpublished
+    inter-node bandwidth falls back to that profile's (one NIC per GPU: 200 Gb/s HDR on A100,
+    400 Gb/s NDR on H100) and says so."""
     cl = case["cluster"]
-    profile = _base_profile(str(cl.get("gpu", "")))
-    base = load_hardware(profile)
+    profile = base_profile(str(cl.get("gpu", "")))
+    base = hardware or load_hardware(profile)
     notes = []
     inter = cl.get("inter_node_GBps")
     per_node = int(cl["gpus_per_node"])
@@ -187,11 +188,12 @@ def _megatron_interleave(layers_per_stage: int) -> int:
     return 1
 
 
-def case_setup(case: dict) -> CaseSetup:
-    """Model, cluster, published configuration and the source's documented stack for one case."""
+def case_setup(case: dict, hardware: Hardware | None = None) -> CaseSetup:
+    """Model, cluster, published configuration and the source's documented stack for one case
+    (on ``hardware`` instead of the bundled profile of its GPU kind, when given)."""
     name, group = case["name"], case.get("group", "")
     m, cf = case["model"], case["config"]
-    cluster, notes = case_cluster(case)
+    cluster, notes = case_cluster(case, hardware)
     notes = list(notes)
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
     gb = int(cf["global_batch"])
@@ -409,9 +411,11 @@ def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, 
             sum(g[2] for g in got) / len(got) / step, sum(g[3] for g in got) / len(got))
 
 
-def validate_case(case: dict, simulated: bool = True, dataset: str = "") -> ValidationRow:
-    """Evaluate one published case and compare it with what was measured."""
-    setup = case_setup(case)
+def validate_case(case: dict, simulated: bool = True, dataset: str = "",
+                  hardware: Hardware | None = None) -> ValidationRow:
+    """Evaluate one published case and compare it with what was measured (on ``hardware``, a
+    calibrated profile, instead of the bundled profile of its GPU kind, when given)."""
+    setup = case_setup(case, hardware)
     me = case["measured"]
     measured_s = float(me["step_time_s"])
     tokens = case["config"]["global_batch"] * case["model"]["seq_len"]
@@ -459,15 +463,15 @@ def _memory_gib(measured: dict) -> float | None:
     return float(mem) if mem is not None else None
 
 
-def validate_cases(cases: list[dict], simulated: bool = True,
-                   dataset: str = "", progress=None) -> tuple[ValidationRow, ...]:
-    """Every case predicted; ``progress(n)`` after each (the CLI's bar)."""
+def validate_cases(cases: list[dict], simulated: bool = True, dataset: str = "",
+                   hardware: Hardware | None = None, progress=None) -> tuple[ValidationRow, ...]:
+    """Every case predicted; ``progress(n)`` before each (the CLI's bar)."""
     rows = []
     for n, case in enumerate(cases):
         if progress:
             progress(n)
         try:
-            rows.append(validate_case(case, simulated, dataset))
+            rows.append(validate_case(case, simulated, dataset, hardware))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, PlanInputError):
                 raise
@@ -535,10 +539,11 @@ def _summarize(rows) -> ValidationSummary:
                            for r in rows if not r.supported))
 
 
-def validate_file(path=DEFAULT_FILES, simulated: bool = True, progress=None
-                  ) -> tuple[tuple[ValidationRow, ...], ValidationSummary]:
+def validate_file(path=DEFAULT_FILES, simulated: bool = True, hardware: Hardware | None = None,
+                  progress=None) -> tuple[tuple[ValidationRow, ...], ValidationSummary]:
     """Rows and summary for every case of one published-runs file or several (default: the old
-    and the modern file); each row's ``dataset`` names its file (DATASET_LABELS).
+    and the modern file); each row's ``dataset`` names its file (DATASET_LABELS). ``hardware``
+    (a calibrated profile) replaces the bundled profile of every case's GPU kind.
     ``progress(done, total)`` is called as the cases are predicted."""
     paths = [path] if isinstance(path, (str, Path)) else list(path or DEFAULT_FILES)
     files = [(Path(p), load_cases(p)) for p in paths]
@@ -548,7 +553,7 @@ def validate_file(path=DEFAULT_FILES, simulated: bool = True, progress=None
         label = DATASET_LABELS.get(p.stem, p.stem)
         done = len(rows)
         report = (lambda n, done=done: progress(done + n, total)) if progress else None
-        rows += validate_cases(cases, simulated, label, report)
+        rows += validate_cases(cases, simulated, label, hardware, report)
     if progress:
         progress(total, total)
     return rows, summarize(rows)

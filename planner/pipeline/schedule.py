@@ -21,7 +21,7 @@ from collections import deque
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.core.parallel import SCHEDULES
+from planner.core.parallel import SCHEDULES, schedule_problem
 COMPUTE_KINDS = ("F", "B", "W")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 
@@ -63,13 +63,9 @@ def _check_args(name: str, p: int, m: int, v: int) -> None:
         raise ScheduleError(f"microbatch count (m) must be an integer >= 1, got {m!r}")
     if not isinstance(v, int) or v < 1:
         raise ScheduleError(f"virtual stages (v) must be an integer >= 1, got {v!r}")
-    if v > 1 and name != "interleaved":
-        raise ScheduleError(f"{name} runs one chunk per rank (v=1); use --schedule interleaved for v={v}")
-    if name == "interleaved" and m % p != 0:
-        raise ScheduleError(
-            f"interleaved needs the microbatch count (m) divisible by pp (p); got m={m}, p={p}: "
-            f"use m={(m // p + 1) * p} or another schedule"
-        )
+    problem = schedule_problem(name, p, m, v)
+    if problem and not (name == "interleaved" and p == 1):  # p = 1 interleaving runs, as a plain loop
+        raise ScheduleError(f"{problem}; got {name} with p={p}, m={m}, v={v}")
 
 
 def _gpipe(p: int, m: int, r: int) -> list[Op]:

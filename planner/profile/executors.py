@@ -13,6 +13,9 @@ gradient; ``backward_weight`` then turns those into weight gradients.
 ``dense`` part (work proportional to tokens) and, for a block, the ``attention`` core (proportional
 to tokens x seq_len), so the profiler can scale the two separately. The executors run exactly the
 kernels these costs describe.
+
+Why one file of ~420 lines: the costs and the executors of a layer kind must agree kernel for
+kernel (tests/test_layer_exec.py checks it); keeping them together keeps that visible.
 """
 
 from __future__ import annotations

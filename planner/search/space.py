@@ -237,14 +237,9 @@ def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:
     layers = len(model.layers)
     if par.num_chunks > layers:
         return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
-    if par.schedule == "interleaved":
-        if par.pp == 1:
-            return "interleaved needs pp > 1"
-        if par.num_microbatches % par.pp:
-            return (f"interleaved needs the microbatch count ({par.num_microbatches}) divisible "
-                    f"by pp ({par.pp})")
-    elif par.virtual_stages > 1:
-        return "virtual stages need the interleaved schedule"
+    problem = par.schedule_problem()
+    if problem:
+        return problem
     if par.virtual_stages > 1 and model.num_layers % par.num_chunks:
         return (f"{model.num_layers} blocks do not split evenly into {par.num_chunks} "
                 "virtual stages")
