@@ -183,7 +183,7 @@ def _distinct(plans: list[Plan]) -> tuple[list[Plan], int]:
     new (and looked like a duplicate row)."""
     seen, out = set(), []
     for plan in plans:
-        key = (replace(plan.parallel, zero=0, recompute=""),
+        key = (replace(plan.parallel, zero=0, recompute="none"),
                tuple(s.recompute for s in plan.stages))
         if key not in seen:
             seen.add(key)
