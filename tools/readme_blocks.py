@@ -6,8 +6,8 @@
 An output block is a ```text fence whose first line is a shell command (``$ plan ...``; a line
 ending in a backslash continues on the next). Every command of a block runs, in order, in one
 fresh temporary directory (so ``--out run/`` then ``ls run/`` work), with the terminal width set by
-an optional ``<!-- readme: columns=N -->`` line right above the fence (default 100) and ``plan``
-being this repository's CLI. A command's shown output that ends in a line ``...`` is a prefix: only
+an optional ``<!-- readme: columns=N -->`` line right above the fence (default 100), ``plan``
+being this repository's CLI and ``python`` this interpreter (with the repository importable). A command's shown output that ends in a line ``...`` is a prefix: only
 the lines above it are compared and regenerated. The validation table between
 ``<!-- validation:start -->`` and ``<!-- validation:end -->`` is ``plan validate --markdown``.
 
@@ -88,12 +88,14 @@ def _env(columns: int, bindir: Path) -> dict:
 
 
 def _plan_shim(directory: Path) -> Path:
-    """A ``plan`` executable that runs this checkout's CLI with this interpreter."""
+    """``plan`` (this checkout's CLI) and ``python`` (this interpreter) executables."""
     bindir = directory / "bin"
     bindir.mkdir()
-    shim = bindir / "plan"
-    shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" -c "import cli; cli.app()" "$@"\n')
-    shim.chmod(0o755)
+    for name, line in (("plan", f'exec "{sys.executable}" -c "import cli; cli.app()" "$@"'),
+                       ("python", f'exec "{sys.executable}" "$@"')):
+        shim = bindir / name
+        shim.write_text(f"#!/bin/sh\n{line}\n")
+        shim.chmod(0o755)
     return bindir
 
 

@@ -275,7 +275,8 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
                       highlight=False)
         return
     m = exp.plan.metrics
-    console.print("the pinned configuration", highlight=False)
+    console.print(f"the pinned configuration, global batch {exp.plan.parallel.global_batch}",
+                  highlight=False)
     view = plans_view([exp.plan], None if wide else console.width)
     _print_unsqueezed(console, _table(view.columns, view.rows),
                       table_width(view.columns, view.rows))
