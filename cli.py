@@ -15,19 +15,21 @@ from rich.markup import escape
 from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from planner.cost.layer import RunOptions
-from planner.launchers import export_plan
+from planner.launchers import export_plan, implied_launcher
 from planner.report.gantt import render_gantt, to_svg
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
 from planner.report.layout import render_layout
-from planner.pipeline.job import run_simulation, simulation_job, simulation_summary
+from planner.pipeline.job import on_stack, run_simulation, simulation_job, simulation_summary
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.hardware.profiles import bundled_hardware, load_hardware, make_cluster
-from planner.model.spec import PRESETS, load_model
-from planner.report.plans import (hardware_table, models_table, plans_csv, print_explanation,
-                            print_search)
+from planner.model.spec import PRESETS, load_model, sequence_note
+from planner.model.template import model_template
+from planner.report.plans import (explanation_dict, hardware_table, models_table, plans_csv,
+                                  print_explanation, print_search, stacks_dict, stacks_table)
 from planner.partition.problem import PartitionError
-from planner.report.partition import comparison_dict, compare_splits, print_comparison
+from planner.report.models import template_table
+from planner.report.partition import (comparison_dict, compare_splits, place_nodes,
+                                      print_comparison)
 from planner.core.parallel import Parallel
 from planner.pipeline.schedule import ScheduleError
 from planner.profile.machine import calibrate
@@ -38,6 +40,7 @@ from planner.search.advice import batch_hint
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
 from planner.search.space import Pins, Request, tp_rule, validate_pins
 from planner.predict.stages import METHODS
+from planner.stack import bundled_stacks, resolve_stack
 from planner.fidelity.calibrate import calibrate as calibrate_runs, calibrated_profile, parse_factors
 from planner.fidelity.published import DEFAULT_FILES, load_cases, validate_file
 from planner.report.calibration import calibration_table
@@ -87,6 +90,16 @@ def user_errors():
         raise typer.Exit(1)
 
 
+def planned_model(model: Optional[str], seq_len: Optional[int]):
+    """The model as planned at --seq-len; a note on stderr when that is not the context it
+    declares (an imported config's capped default, or an override)."""
+    spec = load_model(model).with_seq_length(seq_len)
+    note = sequence_note(spec, seq_len)
+    if note:
+        err.print(f"note: {note}", highlight=False, soft_wrap=True)
+    return spec
+
+
 @contextmanager
 def progress_bar(label: str):
     """A progress callback; a bar on an interactive terminal only (never in pipes or --json)."""
@@ -120,6 +133,29 @@ def _flag(default: bool, decls: str, help: str, panel: str | None = None):
     return typer.Option(default, decls, help=help, metavar="", rich_help_panel=panel)
 
 
+def stack_flags(panel: str | None = None) -> dict:
+    """The direct flags that override one field of the stack (None: keep the stack's value)."""
+    return {
+        "flash": typer.Option(None, "--flash/--no-flash", metavar="", show_default="the stack's",
+                              help="Flash attention (scores not stored) or unfused attention.",
+                              rich_help_panel=panel),
+        "overlap": typer.Option(None, "--overlap/--no-overlap", metavar="",
+                                show_default="the stack's",
+                                help="Overlap DP grad reduce and param gather with compute.",
+                                rich_help_panel=panel),
+        "tp_overlap": typer.Option(None, "--tp-overlap/--no-tp-overlap", metavar="",
+                                   show_default="the stack's",
+                                   help="Hide TP communication in the GEMMs.",
+                                   rich_help_panel=panel),
+        "grad_dtype": typer.Option(None, "--grad-dtype", show_default="the stack's",
+                                   help="Gradient dtype: fp32, bf16 or fp16.",
+                                   rich_help_panel=panel),
+    }
+
+
+STACK_FLAGS = stack_flags()
+
+
 @app.command()
 def solve(
     gpus: int = typer.Option(..., "--gpus", help="Total GPUs.", rich_help_panel=PLAN),
@@ -145,10 +181,14 @@ def solve(
                                                 help="Plan from measured layer times "
                                                      "(plan profile --out FILE).",
                                                 rich_help_panel=PLAN),
-    flash: bool = _flag(True, "--flash/--no-flash",
-                        "Flash attention (scores not stored) or unfused attention.", PLAN),
-    overlap: bool = _flag(True, "--overlap/--no-overlap",
-                          "Overlap DP gradient sync with the backward pass.", PLAN),
+    stack: Optional[str] = typer.Option(None, "--stack", show_default="the launcher's, else "
+                                                                      "megatron-core",
+                                        help="Software stack NAME (plan stacks) or FILE.",
+                                        rich_help_panel=PLAN),
+    flash: Optional[bool] = stack_flags(PLAN)["flash"],
+    overlap: Optional[bool] = stack_flags(PLAN)["overlap"],
+    tp_overlap: Optional[bool] = stack_flags(PLAN)["tp_overlap"],
+    grad_dtype: Optional[str] = stack_flags(PLAN)["grad_dtype"],
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size.",
                                      rich_help_panel=PINS),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size.",
@@ -214,12 +254,13 @@ def solve(
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
     with user_errors():
-        spec = load_model(model).with_seq_length(seq_len)
+        spec = planned_model(model, seq_len)
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel)
         targets = [t.strip() for t in export.split(",") if t.strip()] if export else []
+        launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
         measured = load_profile(profile_file) if profile_file is not None else None
@@ -229,9 +270,14 @@ def solve(
                       batch_range=parse_range(batch_range), max_bubble=max_bubble,
                       profile=measured, pins=pins, top=top, refine=refine,
                       launcher=launcher, partition_method=partition_solver,
-                      options=RunOptions(flash_attention=flash, overlap_dp=overlap))
+                      options=resolve_stack(stack, launcher, flash, overlap, tp_overlap,
+                                            grad_dtype))
         if explain_it:
-            print_explanation(out, explain(req), wide=wide)
+            explanation = explain(req)
+            if as_json:
+                print_json(explanation_dict(explanation))
+            else:
+                print_explanation(out, explanation, wide=wide)
             return
         with progress_bar("searching") as progress:
             result = search(req, progress)
@@ -345,6 +391,9 @@ def simulate(
     as_json: bool = _flag(False, "--json", "Print the summary as JSON."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Also write the chart as SVG."),
     force: bool = _flag(False, "--force", "Overwrite the SVG file."),
+    stack: Optional[str] = typer.Option(None, "--stack",
+                                        help="Check the schedule runs on this stack NAME or FILE "
+                                             "and add its per-action overhead."),
 ):
     """Run a pipeline schedule op by op and draw it.
 
@@ -356,6 +405,8 @@ def simulate(
     with user_errors():
         job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                              plan_file)
+        if stack is not None:
+            job = on_stack(job, resolve_stack(stack), from_plan=plan_file is not None)
         result = run_simulation(job)
         if svg is not None:
             write_text(svg, to_svg(result), force=force)
@@ -406,10 +457,17 @@ def partition(
     gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU.",
                                       show_default="a100-80gb"),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes holding the tp x pp x dp "
+                                        "GPUs (default: the hardware's GPUs per node)."),
     seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
     solver: str = typer.Option("ilp", "--solver", help="ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
     as_json: bool = _flag(False, "--json", "Print the splits as JSON."),
+    stack: Optional[str] = typer.Option(None, "--stack", help="Software stack NAME or FILE."),
+    flash: Optional[bool] = STACK_FLAGS["flash"],
+    overlap: Optional[bool] = STACK_FLAGS["overlap"],
+    tp_overlap: Optional[bool] = STACK_FLAGS["tp_overlap"],
+    grad_dtype: Optional[str] = STACK_FLAGS["grad_dtype"],
 ):
     """Split the layers into pipeline stages balanced by compute under memory.
 
@@ -421,14 +479,15 @@ def partition(
       plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
     """
     with user_errors():
-        spec = load_model(model).with_seq_length(seq_len)
+        spec = planned_model(model, seq_len)
+        run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
         m = microbatches or 4 * pp
         gpus = tp * pp * dp
         hw = load_hardware(gpu, hardware)
-        cluster = make_cluster(hw, gpus, max(1, gpus // hw.gpus_per_node)
-                               if gpus % hw.gpus_per_node == 0 else 1)
+        node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
+        cluster = make_cluster(hw, gpus, node_count)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero)
         req = Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp, pins=pins)
@@ -440,7 +499,8 @@ def partition(
                        schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                        zero=zero, sequence_parallel=tp > 1)
         try:
-            cmp = compare_splits(spec, cluster, par, RunOptions(), solver, lp_path=lp)
+            cmp = compare_splits(spec, cluster, par, run_stack, solver, lp_path=lp,
+                                 placement=placement)
         except (PartitionError, ScheduleError) as e:
             raise PlanInputError(str(e)) from None
         if as_json:
@@ -461,6 +521,9 @@ def validate(
                                                  "for every run instead of the bundled one."),
     markdown: bool = typer.Option(False, "--markdown", metavar="",
                                   help="Print a markdown table (the README's)."),
+    stack: Optional[str] = typer.Option(None, "--stack",
+                                        help="Price every case on this stack NAME or FILE "
+                                             "instead of the stack each case names."),
 ):
     """Predict published training runs and compare: step time, TFLOP/s, memory, ranking.
 
@@ -472,6 +535,7 @@ def validate(
         hw = load_hardware(file=hardware) if hardware else None
         with progress_bar("validating") as progress:
             rows, summary = validate_file(file or runs or DEFAULT_FILES, hardware=hw,
+                                          stack=resolve_stack(stack) if stack else None,
                                           progress=progress)
         if markdown:
             sys.stdout.write(validation_markdown(rows, summary))
@@ -510,10 +574,49 @@ def calibrate_cmd(
             out.print(f"wrote {escape(str(out_file))}; use it with --hardware")
 
 
-@app.command()
-def models():
-    """List the model presets with their parameter counts."""
-    out.print(models_table(PRESETS))
+models_app = typer.Typer(help="List the model presets, or show one as a model.json template.")
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context):
+    """List the model presets with their parameter counts.
+
+    Example: plan models show llama3-8b --json > model.json
+    """
+    if ctx.invoked_subcommand is None:
+        out.print(models_table(PRESETS))
+
+
+@models_app.command("show")
+def models_show(
+    name: str = typer.Argument(..., help="A preset (plan models), model.json or HF config.json."),
+    as_json: bool = _flag(False, "--json", "Print the model.json itself."),
+):
+    """Show a model as a model.json template: every field, its value and meaning.
+
+    Examples:\n
+      plan models show llama3-8b\n
+      plan models show llama3-8b --json > my-model.json\n
+      plan models show path/to/config.json --json   (a HuggingFace config as a model.json)
+    """
+    with user_errors():
+        spec = load_model(name)
+        if as_json:
+            print_json(model_template(spec))
+        else:
+            out.print(template_table(spec))
+
+
+@app.command("stacks")
+def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its source, as JSON.")):
+    """List the bundled software stacks (plan solve --stack NAME, or --stack FILE)."""
+    with user_errors():
+        stacks = bundled_stacks()
+        if as_json:
+            print_json(stacks_dict(stacks))
+        else:
+            out.print(stacks_table(stacks))
 
 
 @app.command("hardware")

@@ -12,7 +12,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 FLOORS = {
     "core": 0,
-    "model": 1, "hardware": 1, "layout": 1,
+    "model": 1, "hardware": 1, "layout": 1, "stack": 1,
     "cost": 2, "pipeline": 2, "partition": 2, "profile": 2,
     "predict": 3,
     "launchers": 4,

@@ -3,7 +3,8 @@ from dataclasses import replace
 import pytest
 
 from planner.cost import comm
-from planner.cost.layer import RunOptions, block_forward_flops, layer_cost, model_flops_per_iteration
+from planner.cost.layer import block_forward_flops, layer_cost, model_flops_per_iteration
+from planner.stack import default_stack, load_stack, with_overrides
 from planner.hardware.profiles import load_hardware
 from planner.cost.memory import Shape, activation_bytes, model_state_bytes, working_bytes
 from planner.model.spec import PRESETS, _gpt
@@ -80,9 +81,9 @@ def test_model_states_follow_zero_paper():
 def test_fsdp_keeps_no_16_bit_shard():
     """PyTorch FSDP's ZeRO-3 shard is the fp32 master itself: 4 + 4 + 8 = 16 bytes per parameter
     over dp with fp32 gradients, where DeepSpeed ZeRO-3 adds a 16-bit shard (18)."""
-    fsdp = RunOptions(fp32_shards=True)
+    fsdp = load_stack("torchtitan")
     assert fsdp.held_weight_bytes(3) == 0 and fsdp.held_weight_bytes(2) == 2
-    assert RunOptions().held_weight_bytes(3) == 2
+    assert default_stack().held_weight_bytes(3) == 2
     assert model_state_bytes(1, dp=8, zero=3, weight_bytes=fsdp.held_weight_bytes(3)) == 16 / 8
     assert model_state_bytes(1, dp=8, zero=3) == 18 / 8
 
@@ -122,7 +123,7 @@ def test_ring_collectives():
 def test_backward_is_twice_forward_in_flops_and_split_in_halves():
     hw = load_hardware("a100-80gb")
     shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=2048)
-    c = layer_cost(GPT3, shape, "none", hw, RunOptions(flash_attention=False))
+    c = layer_cost(GPT3, shape, "none", hw, with_overrides(default_stack(), attention="unfused"))
     gemm, attn = block_forward_flops(GPT3, 2048, 2048)
     assert c.model_flops == pytest.approx(3 * (gemm + attn))
     # beyond its FLOPs, the weight-gradient pass accumulates into the fp32 gradient buffer:

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from planner.cost import constants
-from planner.cost.layer import RunOptions
+from planner.stack import default_stack
 from planner.predict.step import evaluate, inflight_closed_form
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.spec import PRESETS
@@ -44,7 +44,7 @@ def test_ranks_that_recompute_reserve_more_for_fragmentation(monkeypatch):
     full = replace(none, recompute="full")
 
     def tensors(par):  # bytes above the reserve, as if fragmentation were 5% everywhere
-        return evaluate(model, cluster, par, RunOptions()).rank_memory_bytes[0] \
+        return evaluate(model, cluster, par, default_stack()).rank_memory_bytes[0] \
             - constants.RESERVED_BYTES
 
     with_recompute_share = tensors(full), tensors(none)

@@ -8,12 +8,15 @@ import pytest
 
 from planner.cost import constants
 from planner.cost import comm
-from planner.cost.layer import RunOptions
+from planner.stack import default_stack, with_overrides
 from planner.core.errors import PlanInputError
 from planner.predict.step import _overlapped_cost_s, evaluate
 from planner.hardware.profiles import hardware_from_dict, load_hardware, make_cluster
 from planner.model.spec import PRESETS
 from planner.core.parallel import Parallel
+
+NO_OVERLAP = with_overrides(default_stack(), overlap_grad_reduce=False,
+                            overlap_param_gather=False)
 
 
 def test_interference_is_the_share_of_sms_nccl_holds():
@@ -51,11 +54,11 @@ def test_fsdp_step_pays_interference_only_when_overlapped():
     model = PRESETS["llama2-7b"]
     cluster = make_cluster(load_hardware("a100-80gb"), 16, 2)
     par = Parallel(tp=1, pp=1, dp=16, micro_batch=2, num_microbatches=2, zero=3)
-    on = evaluate(model, cluster, par, RunOptions(overlap_dp=True)).metrics.step_time_s
+    on = evaluate(model, cluster, par, default_stack()).metrics.step_time_s
     no_sms = make_cluster(replace(load_hardware("a100-80gb"), sm_count=10**9), 16, 2)
-    free = evaluate(model, no_sms, par, RunOptions(overlap_dp=True)).metrics.step_time_s
-    off = evaluate(model, cluster, par, RunOptions(overlap_dp=False)).metrics.step_time_s
+    free = evaluate(model, no_sms, par, default_stack()).metrics.step_time_s
+    off = evaluate(model, cluster, par, NO_OVERLAP).metrics.step_time_s
     assert free < on < off  # overlap still pays off, but is no longer free
     # the interference never touches runs that do not overlap
-    assert evaluate(model, no_sms, par, RunOptions(overlap_dp=False)).metrics.step_time_s == \
+    assert evaluate(model, no_sms, par, NO_OVERLAP).metrics.step_time_s == \
         pytest.approx(off)

@@ -297,7 +297,7 @@ def test_solver_crash_is_not_shown(monkeypatch):
 def test_ilp_solves_a_real_memory_bound_instance_itself():
     """Llama-3-8B over 4 A100 stages, recompute none|full: memory binds on the first stages.
     A wrong worst-case bound once skipped their memory rows and the ILP's split was rejected."""
-    from planner.cost.layer import RunOptions
+    from planner.stack import default_stack
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.spec import load_model
     from planner.core.parallel import Parallel
@@ -305,8 +305,8 @@ def test_ilp_solves_a_real_memory_bound_instance_itself():
 
     spec, hw = load_model("llama3-8b"), load_hardware("a100-80gb")
     par = Parallel(tp=1, pp=4, dp=1, micro_batch=1, num_microbatches=16, recompute="full")
-    tables = cost_tables(spec, par, hw, RunOptions())
-    prob = partition_problem(spec, make_cluster(hw, 4, 1), par, RunOptions(), tables)
+    tables = cost_tables(spec, par, hw, default_stack())
+    prob = partition_problem(spec, make_cluster(hw, 4, 1), par, default_stack(), tables)
     ilp, dp = partition(prob, 4, 4), partition_dp(prob, 4, 4)
     assert ilp.method.startswith("ilp") and ilp.note == ""
     assert (ilp.boundaries, ilp.recompute) == (dp.boundaries, dp.recompute)
@@ -319,7 +319,7 @@ def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name
     """The partitioner first assumes the allocator's light fragmentation. Each case here finds
     a split that way only by recomputing, and that split is 0.5-8 GiB over the GPU once the
     recompute share is counted: the second pass must refuse it rather than promise it."""
-    from planner.cost.layer import RunOptions
+    from planner.stack import default_stack
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.spec import load_model
     from planner.core.parallel import Parallel
@@ -328,6 +328,6 @@ def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name
     spec, hw = load_model(name).with_seq_length(seq), load_hardware("a100-80gb")
     par = Parallel(tp=1, pp=pp, dp=1, micro_batch=micro_batch, num_microbatches=4 * pp,
                    recompute="full")
-    tables = cost_tables(spec, par, hw, RunOptions())
+    tables = cost_tables(spec, par, hw, default_stack())
     with pytest.raises(PartitionError, match="no split fits"):
-        best_split(spec, make_cluster(hw, pp, 1), par, RunOptions(), tables, "dp")
+        best_split(spec, make_cluster(hw, pp, 1), par, default_stack(), tables, "dp")

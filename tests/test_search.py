@@ -93,6 +93,8 @@ def _space_by_brute_force(req) -> int:
             vs = VIRTUAL_STAGES if schedule == "interleaved" else (1,)
             if ((pins.micro_batch or mb) != mb or (pins.schedule or schedule) != schedule
                     or (pp == 1 and schedule != "1f1b")
+                    or (pins.schedule is None and pp > 1
+                        and schedule not in req.options.schedules)
                     or (pins.recompute or recompute) != recompute
                     or (pins.recompute is None and recompute == "selective"
                         and req.options.flash_attention)

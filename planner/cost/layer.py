@@ -22,51 +22,10 @@ from planner.hardware.profiles import Hardware
 from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
 from planner.model.spec import Layer
+from planner.stack import Stack, default_stack
 
 # A flash backward recomputes QK^T and does four matmuls where the forward does two: 2.5x forward.
 FLASH_BACKWARD_RATIO = 2.5
-
-
-@dataclass(frozen=True)
-class RunOptions:
-    """How the training job runs, beyond the searched parallel knobs (stated defaults)."""
-
-    flash_attention: bool = True  # Megatron-Core and torchtitan default; 2020-22 runs stored scores
-    overlap_dp: bool = True  # DP reduce-scatter/all-gather overlapped with backward (Megatron-Core)
-    overlap_tp: bool = False  # TP comm hidden in GEMMs (Megatron --tp-comm-overlap; off by default)
-    grad_bytes: int = 4  # fp32 main gradients (Megatron); DeepSpeed keeps 16-bit (2)
-    # DeepSpeed's pipeline engine with BF16_Optimizer accumulates into an fp32 buffer but keeps the
-    # 16-bit .grad tensors too (PipelineEngine._exec_backward_pass: update_hp_grads(
-    # clear_lp_grads=False)): 2 more bytes per parameter.
-    lowp_grad_copy: bool = False
-    # DeepSpeed's pipeline engine keeps each in-flight microbatch's stage output
-    # (pipe_buffers['outputs']) until its backward; Megatron frees its data after the send
-    # (deallocate_output_tensor).
-    keep_stage_outputs: bool = False
-    # Megatron's scatter/gather: each TP rank sends 1/tp of a stage's output over the network
-    # and the next stage all-gathers it over NVLink (Narayanan et al. 2021 §4.1). DeepSpeed's
-    # pipeline engine sends the whole tensor from every TP rank.
-    scatter_gather: bool = True
-    # Megatron's vocab-parallel cross-entropy computes the softmax gradient in place on its saved
-    # fp32 exp-logits. PyTorch's F.cross_entropy on fp32 logits (torchtitan, llm-foundry, HF)
-    # does not: log_softmax's backward takes the saved fp32 output and a dense fp32 gradient from
-    # nll_loss and writes a new fp32 gradient (aten _log_softmax_backward_data(grad_output,
-    # output) -> grad_input): two more fp32 logit-sized buffers while the head runs its backward.
-    fused_cross_entropy: bool = True
-    # PyTorch FSDP (torchtitan's FSDP2, llm-foundry) keeps each parameter's ZeRO-3 shard in fp32,
-    # the optimizer's master copy, and casts to 16-bit only for the all-gather: no 16-bit shard
-    # beside it (FSDP2 MixedPrecisionPolicy docstring: the high-precision sharded parameters are
-    # kept anyway, so the optimizer's copy costs no extra memory). DeepSpeed ZeRO-3 keeps both.
-    fp32_shards: bool = False
-
-    @property
-    def held_grad_bytes(self) -> int:
-        """Gradient bytes each parameter holds: the main gradient and any kept 16-bit copy."""
-        return self.grad_bytes + (ACT_BYTES if self.lowp_grad_copy else 0)
-
-    def held_weight_bytes(self, zero: int) -> int:
-        """16-bit weight bytes each parameter holds besides the fp32 master in the optimizer."""
-        return 0 if self.fp32_shards and zero >= 3 else ACT_BYTES
 
 
 @dataclass(frozen=True)
@@ -109,10 +68,10 @@ class _Work:
 def block_forward_flops(layer: Layer, tokens: int, seq_len: int) -> tuple[float, float]:
     """(weight-matmul FLOPs, attention FLOPs with full s×s) of one block's forward, whole model."""
     h, f = layer.hidden_size, layer.ffn_hidden_size
-    kv = layer.num_kv_heads * layer.head_dim
+    q, kv = layer.q_size, layer.num_kv_heads * layer.head_dim  # q = h unless head_dim is set
     mlp = (6 if layer.mlp == "swiglu" else 4) * tokens * h * f
-    gemm = 2 * tokens * h * (h + 2 * kv) + 2 * tokens * h * h + mlp
-    attn = 4 * tokens * seq_len * h
+    gemm = 2 * tokens * h * (q + 2 * kv) + 2 * tokens * q * h + mlp
+    attn = 4 * tokens * seq_len * q
     return float(gemm), float(attn)
 
 
@@ -121,7 +80,7 @@ def _gemm_bytes(*mkn: tuple[float, float, float]) -> float:
     return sum(ACT_BYTES * (m * k + k * n + m * n) for m, k, n in mkn)
 
 
-def _work(layer: Layer, shape: Shape, flash: bool) -> _Work:
+def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
     t, s, T, h = shape.tp, shape.seq_len, shape.tokens, layer.hidden_size
     rep = 1 / t if shape.sp else 1.0
     if layer.kind == "embedding":
@@ -133,22 +92,24 @@ def _work(layer: Layer, shape: Shape, flash: bool) -> _Work:
                      gemm_bytes=_gemm_bytes((T, h, layer.out_features / t)),
                      mem_bytes=ACT_BYTES * T * (h + layer.out_features) / t)
     if layer.kind == "head":
-        v = layer.vocab_size
+        v = layer.padded_vocab(t)
         # final norm (read + write) and the fp32 softmax cross-entropy: read 16-bit logits, write
         # fp32 probabilities, read them back for the loss and its gradient: ~12 bytes per logit.
         return _Work(gemm_flops=2.0 * T * h * v / t, gemm_bytes=_gemm_bytes((T, h, v / t)),
                      mem_bytes=2 * ACT_BYTES * T * h * rep + 12.0 * T * v / t,
                      collectives=1 if shape.sp else 0, collectives_bwd=1)
     gemm, attn_full = block_forward_flops(layer, T, s)
-    f, kv = layer.ffn_hidden_size, layer.num_kv_heads * layer.head_dim
+    f, q, kv = layer.ffn_hidden_size, layer.q_size, layer.num_kv_heads * layer.head_dim
     up = (2 if layer.mlp == "swiglu" else 1) * f
-    gemm_bytes = _gemm_bytes((T, h, (h + 2 * kv) / t), (T, h / t, h), (T, h, up / t),
+    gemm_bytes = _gemm_bytes((T, h, (q + 2 * kv) / t), (T, q / t, h), (T, h, up / t),
                              (T, f / t, h))
     # Memory-bound ops: two norms (read + write), two residual adds with dropout (read 2, write 1,
     # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); the activation
     # function on the sharded FFN hidden (GeLU reads and writes f, SwiGLU reads 2f and writes f).
     act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * T * layer.ffn_hidden_size / t
     mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn
+    if not fused:
+        mem += _eager_extra_bytes(layer, T, h * rep, layer.ffn_hidden_size / t)
     if flash:
         return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / 2 / t,
                      attn_model_flops=attn_full / t, mem_bytes=mem, collectives=2,
@@ -163,15 +124,33 @@ def _work(layer: Layer, shape: Shape, flash: bool) -> _Work:
                  collectives_bwd=2)
 
 
+def _eager_extra_bytes(layer: Layer, tokens: int, hidden: float, ffn: float) -> float:
+    """HBM traffic eager element-wise ops add over Megatron's fused kernels (megatron/core/
+    fusions: bias-SwiGLU, bias-GeLU, bias-dropout-add), each eager op reading its inputs and
+    writing its output once: SwiGLU as silu (read, write) then a product (read 2, write): 5
+    passes over the FFN width instead of 3; a bias before GeLU is one more read and write;
+    each of the two residual bias/dropout/adds, unfused, writes and rereads its dropout output
+    (2 passes) and any bias add (2 more)."""
+    extra = 0.0
+    if layer.mlp == "swiglu":
+        extra += 2 * ACT_BYTES * tokens * ffn
+    elif layer.bias:
+        extra += 2 * ACT_BYTES * tokens * ffn
+    per_residual = (2 if layer.dropout else 0) + (2 if layer.bias else 0)
+    return extra + 2 * per_residual * ACT_BYTES * tokens * hidden
+
+
 def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
-               opts: RunOptions = RunOptions(), measured=None) -> LayerCost:
-    """Cost of ``layer`` for one microbatch on one GPU of a TP group.
+               opts: Stack | None = None, measured=None) -> LayerCost:
+    """Cost of ``layer`` for one microbatch on one GPU of a TP group, on the stack ``opts``
+    (default: the default stack).
 
     ``measured`` (a profile's LayerTiming for this layer) replaces the analytical compute times:
     its achieved FLOP rate per phase is applied to this shape's FLOPs.
     """
+    opts = opts or default_stack()
     flash = opts.flash_attention
-    w = _work(layer, shape, flash)
+    w = _work(layer, shape, flash, opts.fused_elementwise)
     peak = hw.peak_flops
     gemm_rate = peak * (hw.matmul_efficiency or constants.MATMUL_EFFICIENCY)
     mem_rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency
@@ -191,12 +170,12 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
                             + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s
 
     # Every microbatch's weight gradients are accumulated into the step's gradient buffer: read
-    # and write ``grad_bytes`` per parameter (Megatron's fp32 main_grad, filled by the wgrad GEMM
-    # with beta=1 under --gradient-accumulation-fusion or by a separate add; DeepSpeed's
-    # BF16_Optimizer fp32 accumulation buffer). Memory-bound, and it scales with parameters, not
+    # and write the stack's accumulation bytes per parameter (Megatron's fp32 main_grad, filled
+    # by the wgrad GEMM with beta=1 under --gradient-accumulation-fusion or by a separate add;
+    # DeepSpeed's BF16_Optimizer fp32 accumulation buffer; 16-bit gradients otherwise). Memory-bound, and it scales with parameters, not
     # tokens: what makes small micro-batches of wide layers slower than their FLOPs.
     params = sharded_params(layer, shape.tp)
-    bwd_weight_s += 2 * opts.grad_bytes * params / mem_rate
+    bwd_weight_s += 2 * opts.accumulation_bytes * params / mem_rate
 
     fwd_flops = w.gemm_flops + w.attn_model_flops
     model_flops = 3 * fwd_flops
@@ -214,7 +193,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         recompute_s, recompute_flops = 0.0, 0.0
 
     one = 0.0
-    if shape.tp > 1 and not opts.overlap_tp:
+    if shape.tp > 1 and not opts.tp_comm_overlap:
         intra, _ = comm.links(hw)
         one = comm.all_reduce_s(ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, intra)
     fwd_s += w.collectives * one
@@ -230,7 +209,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         act_bytes=activation_bytes(layer, shape, recompute, flash),
         work_bytes=working_bytes(layer, shape, recompute, flash) + (
             0.0 if opts.fused_cross_entropy or layer.kind != "head"
-            else 2 * LOGIT_BYTES * shape.tokens * layer.vocab_size / shape.tp),
+            else 2 * LOGIT_BYTES * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp),
     )
 
 

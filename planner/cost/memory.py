@@ -56,7 +56,7 @@ def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) ->
         return ACT_BYTES * sbh * rep  # the input of the matmul
     if layer.kind == "head":
         # final norm input + output-projection input (16-bit) + fp32 logits of the loss.
-        return 2 * ACT_BYTES * sbh * rep + LOGIT_BYTES * s * b * layer.vocab_size / t
+        return 2 * ACT_BYTES * sbh * rep + LOGIT_BYTES * s * b * layer.padded_vocab(t) / t
     if recompute == "full":
         return ACT_BYTES * sbh * rep
     return _block_kept(layer, shape) + (0 if recompute == "selective" or flash
@@ -67,12 +67,12 @@ def _block_kept(layer: Layer, shape: Shape) -> float:
     """Korthikanti's tensors of a block other than the s×s scores (34·sbh for a GPT block)."""
     s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
     sb = s * b
-    kv = layer.num_kv_heads * layer.head_dim
+    q, kv = layer.q_size, layer.num_kv_heads * layer.head_dim  # q = h unless head_dim is set
     # Replicated across TP (sharded by SP): two norm inputs (4), QKV input (2), attention's
     # residual dropout mask (1, only with dropout) and the MLP's share (_mlp_kept).
     # Sharded by TP: Q and K (2h + 2kv), V (2kv), attention-output projection input (2h).
     replicated = (7 if layer.dropout else 6) * sb * h
-    sharded = sb * (2 * h + 2 * kv + 2 * kv + 2 * h)
+    sharded = sb * (2 * q + 2 * kv + 2 * kv + 2 * q)
     return replicated * (1 / t if shape.sp else 1.0) + sharded / t + _mlp_kept(layer, shape)
 
 
@@ -103,7 +103,7 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
     s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
     rep = 1 / t if shape.sp else 1.0
     if layer.kind == "head":
-        return ACT_BYTES * s * b * layer.vocab_size / t + 2 * ACT_BYTES * s * b * h * rep
+        return ACT_BYTES * s * b * layer.padded_vocab(t) / t + 2 * ACT_BYTES * s * b * h * rep
     if layer.kind != "block":
         return 2 * ACT_BYTES * s * b * h * rep
     rebuilt = activation_bytes(layer, shape, "none", flash) if recompute != "none" else 0.0
@@ -122,30 +122,42 @@ def sharded_params(layer: Layer, tp: int) -> float:
     replicated; vocab-parallel embedding and output head)."""
     h = layer.hidden_size
     if layer.kind == "embedding":
-        return layer.vocab_size * h / tp + (layer.params - layer.vocab_size * h)
+        return layer.padded_vocab(tp) * h / tp + (layer.params - layer.vocab_size * h)
     if layer.kind == "head":
-        return layer.params - layer.vocab_size * h + layer.vocab_size * h / tp
+        return layer.params - layer.vocab_size * h + layer.padded_vocab(tp) * h / tp
     if layer.kind == "linear":
         return layer.params / tp
-    norms = (2 if layer.norm == "layernorm" else 1) * h * 2
+    norms = layer.norm_params
     replicated_bias = 2 * h if layer.bias else 0
     return (layer.params - norms - replicated_bias) / tp + norms + replicated_bias
 
 
-def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: int = 4,
-                      weight_bytes: int = 2) -> float:
-    """16-bit weights (``weight_bytes``: 2, or 0 where the fp32 master is the only copy) +
-    gradients (``grad_bytes``: 4 for Megatron's fp32 main grads, 2 for 16-bit) + Adam state (12:
-    fp32 master weights, m and v); ZeRO-1 / the distributed optimizer shards the 12 over dp,
-    ZeRO-2 also the gradients, ZeRO-3 also the weights (Rajbhandari et al. 2020, §5)."""
-    weights, grads, optim = float(weight_bytes), float(grad_bytes), 12.0
+def model_state_parts(params, dp: int, zero: int, grad_bytes: float = 4,
+                      weight_bytes: float = 2, optimizer_bytes: float = 12.0,
+                      zero2_shards_grads: bool = True) -> tuple:
+    """(weights, gradients, optimizer states) bytes of ``params`` parameters: 16-bit weights
+    (``weight_bytes``: 2, or 0 where the fp32 master is the only copy) + gradients
+    (``grad_bytes``: 4 for Megatron's fp32 main grads, 2 for 16-bit, 6 for 16-bit beside an fp32
+    accumulation buffer) + optimizer state (``optimizer_bytes``, Adam's 12: fp32 master weights,
+    m and v); ZeRO-1 / the distributed optimizer shards the optimizer state over dp, ZeRO-2 also
+    the gradients (unless the stack reduces them only once per step, so it keeps them whole),
+    ZeRO-3 also the weights (Rajbhandari et al. 2020, §5)."""
+    weights, grads, optim = float(weight_bytes), float(grad_bytes), float(optimizer_bytes)
     if zero >= 1:
         optim /= dp
-    if zero >= 2:
+    if zero >= 3 or (zero == 2 and zero2_shards_grads):
         grads /= dp
     if zero >= 3:
         weights /= dp
-    return params * (weights + grads + optim)
+    return params * weights, params * grads, params * optim
+
+
+def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = 4,
+                      weight_bytes: float = 2, optimizer_bytes: float = 12.0,
+                      zero2_shards_grads: bool = True) -> float:
+    """The sum of :func:`model_state_parts`."""
+    return sum(model_state_parts(params, dp, zero, grad_bytes, weight_bytes, optimizer_bytes,
+                                 zero2_shards_grads))
 
 
 def fragmentation(recompute: bool) -> float:

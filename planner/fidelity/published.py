@@ -4,7 +4,9 @@ Every case of a published-runs file (profiles/validation/published_runs.json; it
 the fields) is rebuilt as a model, a cluster and the PUBLISHED parallel configuration, evaluated op
 by op, and compared with what the source measured: step time, TFLOP/s per GPU in the source's own
 definition, and per-GPU memory where it was published. The run options of each case are the
-documented software stack of its source and year, never tuned per case (``case_setup`` says which).
+documented software stack of its source and year, never tuned per case: each case names its
+bundled stack (``stack``, profiles/stacks/) and any ``stack_overrides``; ``plan validate --stack``
+prices every case on one stack instead.
 
 Pure functions over frozen dataclasses; planner/report/validation.py renders the result (a rich
 table, or markdown for the README) from the rows' DataFrame.
@@ -15,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.cost.layer import RunOptions
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.predict.step import evaluate
@@ -23,6 +24,7 @@ from planner.core.units import DATA_DIR, GIB
 from planner.hardware.profiles import Cluster, Hardware, load_hardware
 from planner.model.spec import ModelSpec, _gpt
 from planner.core.parallel import Parallel
+from planner.stack import Stack, load_stack, with_overrides
 
 VALIDATION_DIR = DATA_DIR / "validation"
 # The 2020-23 runs (unfused attention, Megatron-LM / Megatron-DeepSpeed) and the modern stacks
@@ -54,7 +56,7 @@ class CaseSetup:
     model: ModelSpec | None
     cluster: Cluster | None
     parallel: Parallel | None
-    options: RunOptions | None
+    options: Stack | None
     bounds: tuple[tuple[int, int], ...] | None
     notes: tuple[str, ...]
     unsupported: str = ""
@@ -84,6 +86,7 @@ class ValidationRow:
     predicted_oom: bool
     note: str
     dataset: str = ""  # which file: "old" (published_runs.json) or "modern" (modern_runs.json)
+    stack: str = ""  # the stack it was priced on, with its overrides (Stack.label)
 
     @property
     def supported(self) -> bool:
@@ -188,12 +191,29 @@ def _megatron_interleave(layers_per_stage: int) -> int:
     return 1
 
 
-def case_setup(case: dict, hardware: Hardware | None = None) -> CaseSetup:
-    """Model, cluster, published configuration and the source's documented stack for one case
-    (on ``hardware`` instead of the bundled profile of its GPU kind, when given)."""
+def case_stack(case: dict, stack: Stack | None = None) -> Stack:
+    """The case's own stack (its bundled ``stack`` with its ``stack_overrides``), or ``stack``
+    for every case when given."""
+    if stack is not None:
+        return stack
+    name = case.get("name", "a case")
+    if "stack" not in case:
+        raise PlanInputError(f"{name}: no 'stack'; every case names the stack it ran on "
+                             "(`plan stacks` lists them)")
+    overrides = case.get("stack_overrides") or {}
+    if not isinstance(overrides, dict):
+        raise PlanInputError(f"{name}: 'stack_overrides' must be an object of stack fields")
+    return with_overrides(load_stack(case["stack"]), f"{name}: stack_overrides", **overrides)
+
+
+def case_setup(case: dict, hardware: Hardware | None = None,
+               stack: Stack | None = None) -> CaseSetup:
+    """Model, cluster, published configuration and the case's stack (or ``stack``) for one
+    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given)."""
     name, group = case["name"], case.get("group", "")
     m, cf = case["model"], case["config"]
     cluster, notes = case_cluster(case, hardware)
+    opts = case_stack(case, stack)
     notes = list(notes)
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
     gb = int(cf["global_batch"])
@@ -206,7 +226,6 @@ def case_setup(case: dict, hardware: Hardware | None = None) -> CaseSetup:
         # recompute (--checkpoint-activations).
         model = _gpt(name, m["layers"], m["hidden"], m["heads"], vocab=m["vocab"],
                      seq=m["seq_len"], ffn=m["ffn_hidden"])
-        opts = RunOptions(flash_attention=False, overlap_dp=False, grad_bytes=4)
         mb = int(cf["micro_batch"] or 1)
         if cf["micro_batch"] is None:
             notes.append("micro-batch unpublished: 1 (as the README GPT-3 run)")
@@ -231,8 +250,6 @@ def case_setup(case: dict, hardware: Hardware | None = None) -> CaseSetup:
                           ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"],
                           seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=True,
                           tie_embeddings=True, embedding_norm=True)
-        opts = RunOptions(flash_attention=False, overlap_dp=False, grad_bytes=4,
-                          lowp_grad_copy=True, keep_stage_outputs=True, scatter_gather=False)
         mb = int(cf["micro_batch"])
         par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=gb // (mb * dp),
                        schedule="1f1b", virtual_stages=1, recompute="full",
@@ -254,7 +271,6 @@ def case_setup(case: dict, hardware: Hardware | None = None) -> CaseSetup:
                           seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=True,
                           tie_embeddings=False, position_embeddings=m["seq_len"])
         sweep = f"{group}:{m['params_b']}B"
-        opts = RunOptions(flash_attention=False, overlap_dp=False, grad_bytes=4)
         mb = int(cf["micro_batch"])
         sched = str(cf["schedule"])
         schedule, v = {"1F1B": ("1f1b", 1), "ZB-1p": ("zb-h1", 1)}.get(sched, (None, 1))
@@ -272,7 +288,7 @@ def case_setup(case: dict, hardware: Hardware | None = None) -> CaseSetup:
                        sequence_parallel=False)
         bounds = _uniform_bounds(model, pp * v)
     elif _is_modern(group):
-        return _modern_setup(case, cluster, notes)
+        return _modern_setup(case, cluster, notes, opts)
     else:
         return CaseSetup(name, group, sweep, None, None, None, None, None, tuple(notes),
                          unsupported=f"unknown group {group!r}: no documented stack")
@@ -299,7 +315,8 @@ def _modern_model(case: dict) -> ModelSpec:
                          num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
                          ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"],
                          seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=False,
-                         tie_embeddings=True, position_embeddings=m["seq_len"], dropout=False)
+                         tie_embeddings=True, position_embeddings=m["seq_len"], dropout=False,
+                         make_vocab_size_divisible_by=1)  # llm-foundry trains the vocab unpadded
     return ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
                      num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
                      ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"] or GPT2_PADDED_VOCAB,
@@ -320,7 +337,7 @@ def _recompute_mode(text) -> tuple[str, bool]:
     return "none", False
 
 
-def _modern_setup(case: dict, cluster: Cluster, notes: list[str]) -> CaseSetup:
+def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
     """Flash attention, FSDP/ZeRO and overlapped DP traffic, as each source documents them."""
     name, group = case["name"], case["group"]
     cf = case["config"]
@@ -358,16 +375,6 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str]) -> CaseSetup:
             notes.append(f"virtual stages unpublished: v={v} (smallest interleaving)")
         schedule = "interleaved" if v > 1 else "1f1b"
     zero = int(cf.get("zero") or 0)
-    # FSDP (llm-foundry amp_bf16, torchtitan FSDP2) reduces gradients in fp32 and keeps fp32
-    # sharded gradients; Megatron-Core's distributed optimizer keeps fp32 main grads.
-    # Loss: torchtitan calls F.cross_entropy on fp32 logits (unfused); llm-foundry defaults to
-    # flash-attn's fused CrossEntropyLoss (loss_fn 'fused_crossentropy', ComposerMPTCausalLM) and
-    # Megatron-Core to its vocab-parallel cross-entropy, both computing the gradient in place.
-    fused_ce = not group.startswith("torchtitan")
-    # llm-foundry and torchtitan shard with PyTorch FSDP: fp32 shards, no 16-bit copy.
-    fsdp = group.startswith(("llmfoundry", "torchtitan"))
-    opts = RunOptions(flash_attention=bool(cf.get("flash_attention", True)), overlap_dp=True,
-                      grad_bytes=4, fused_cross_entropy=fused_ce, fp32_shards=fsdp)
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
                    schedule=schedule, virtual_stages=v, recompute=recompute, zero=zero,
                    sequence_parallel=bool(cf.get("sequence_parallel")) and tp > 1)
@@ -412,16 +419,18 @@ def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, 
 
 
 def validate_case(case: dict, simulated: bool = True, dataset: str = "",
-                  hardware: Hardware | None = None) -> ValidationRow:
-    """Evaluate one published case and compare it with what was measured (on ``hardware``, a
-    calibrated profile, instead of the bundled profile of its GPU kind, when given)."""
-    setup = case_setup(case, hardware)
+                  hardware: Hardware | None = None, stack: Stack | None = None) -> ValidationRow:
+    """Evaluate one published case on its stack (or ``stack``) and compare it with what was
+    measured (on ``hardware``, a calibrated profile, instead of the bundled profile of its GPU
+    kind, when given)."""
+    setup = case_setup(case, hardware, stack)
     me = case["measured"]
     measured_s = float(me["step_time_s"])
     tokens = case["config"]["global_batch"] * case["model"]["seq_len"]
     mem = me.get("memory_gb_per_gpu")
     hardware_def = _hardware_definition(case)
     common = dict(case=setup.name, group=setup.group, sweep=setup.sweep, dataset=dataset,
+                  stack=case_stack(case, stack).label(),
                   measured_step_s=measured_s, measured_tokens_per_s=tokens / measured_s,
                   tflops_definition="hardware" if hardware_def else "model",
                   measured_tflops=me.get("tflops_per_gpu"),
@@ -464,14 +473,15 @@ def _memory_gib(measured: dict) -> float | None:
 
 
 def validate_cases(cases: list[dict], simulated: bool = True, dataset: str = "",
-                   hardware: Hardware | None = None, progress=None) -> tuple[ValidationRow, ...]:
+                   hardware: Hardware | None = None, stack: Stack | None = None,
+                   progress=None) -> tuple[ValidationRow, ...]:
     """Every case predicted; ``progress(n)`` before each (the CLI's bar)."""
     rows = []
     for n, case in enumerate(cases):
         if progress:
             progress(n)
         try:
-            rows.append(validate_case(case, simulated, dataset, hardware))
+            rows.append(validate_case(case, simulated, dataset, hardware, stack))
         except (KeyError, TypeError, ValueError) as e:
             if isinstance(e, PlanInputError):
                 raise
@@ -540,11 +550,12 @@ def _summarize(rows) -> ValidationSummary:
 
 
 def validate_file(path=DEFAULT_FILES, simulated: bool = True, hardware: Hardware | None = None,
-                  progress=None) -> tuple[tuple[ValidationRow, ...], ValidationSummary]:
+                  stack: Stack | None = None, progress=None
+                  ) -> tuple[tuple[ValidationRow, ...], ValidationSummary]:
     """Rows and summary for every case of one published-runs file or several (default: the old
     and the modern file); each row's ``dataset`` names its file (DATASET_LABELS). ``hardware``
-    (a calibrated profile) replaces the bundled profile of every case's GPU kind.
-    ``progress(done, total)`` is called as the cases are predicted."""
+    (a calibrated profile) replaces the bundled profile of every case's GPU kind, ``stack``
+    the stack every case names. ``progress(done, total)`` is called as the cases are predicted."""
     paths = [path] if isinstance(path, (str, Path)) else list(path or DEFAULT_FILES)
     files = [(Path(p), load_cases(p)) for p in paths]
     total = sum(len(cases) for _, cases in files)
@@ -553,7 +564,7 @@ def validate_file(path=DEFAULT_FILES, simulated: bool = True, hardware: Hardware
         label = DATASET_LABELS.get(p.stem, p.stem)
         done = len(rows)
         report = (lambda n, done=done: progress(done + n, total)) if progress else None
-        rows += validate_cases(cases, simulated, label, hardware, report)
+        rows += validate_cases(cases, simulated, label, hardware, stack, report)
     if progress:
         progress(total, total)
     return rows, summarize(rows)

@@ -51,16 +51,25 @@ def check(plan: Plan) -> list[str]:
 
 
 def config(plan: Plan) -> dict:
-    par = plan.parallel
-    return {
+    par, stack = plan.parallel, plan.stack
+    dtype = stack.param_dtype if stack is not None else "bf16"
+    zero = {"stage": par.zero}
+    if stack is not None:  # what the stack assumed: overlapped reduction or not
+        zero["overlap_comm"] = stack.overlap_grad_reduce
+    doc = {
         "train_batch_size": par.micro_batch * par.num_microbatches * par.dp,
         "train_micro_batch_size_per_gpu": par.micro_batch,
         "gradient_accumulation_steps": par.num_microbatches,
-        "zero_optimization": {"stage": par.zero},
-        "bf16": {"enabled": True},
+        "zero_optimization": zero,
+        "bf16": {"enabled": dtype == "bf16"},
         "gradient_clipping": GRADIENT_CLIPPING,
         "steps_per_print": STEPS_PER_PRINT,
     }
+    if dtype == "fp16":
+        doc["fp16"] = {"enabled": True}
+    if stack is not None and stack.fp32_accumulation(par.zero):
+        doc["data_types"] = {"grad_accum_dtype": "fp32"}  # BF16_Optimizer, as priced
+    return doc
 
 
 def parts(plan: Plan) -> list[int]:

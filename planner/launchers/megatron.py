@@ -125,6 +125,8 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
         out.append(("--disable-bias-linear", None))
     if m.position_embeddings == 0:
         out += [("--position-embedding-type", "rope")]
+    if m.rope_theta is not None:  # Megatron's default base is 10000
+        out.append(("--rotary-base", f"{m.rope_theta:.0f}"))
     if not m.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
     recompute = strongest_recompute(plan)
@@ -135,7 +137,27 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
         out.append(("--recompute-granularity", "selective"))
     if par.zero >= 1:
         out.append(("--use-distributed-optimizer", None))
-    out.append(("--bf16", None))
+    if not m.dropout:  # Megatron's defaults are 0.1; the plan's model trains without dropout
+        out += [("--attention-dropout", "0"), ("--hidden-dropout", "0")]
+    out += stack_flags(plan)
+    return out
+
+
+def stack_flags(plan: Plan) -> list[tuple[str, str | None]]:
+    """What the plan's stack assumed, as Megatron arguments: precision, attention kernel, and
+    the overlaps (--overlap-grad-reduce exactly when the stack overlaps the gradient reduce;
+    --overlap-param-gather needs the distributed optimizer)."""
+    stack, par = plan.stack, plan.parallel
+    if stack is None:
+        return [("--bf16", None)]
+    out: list[tuple[str, str | None]] = [(f"--{stack.param_dtype}", None),
+                                         ("--attention-backend", stack.attention)]
+    if stack.overlap_grad_reduce:
+        out.append(("--overlap-grad-reduce", None))
+    if stack.overlap_param_gather and par.zero >= 1:
+        out.append(("--overlap-param-gather", None))
+    if stack.tp_comm_overlap and par.tp > 1:
+        out.append(("--tp-comm-overlap", None))
     return out
 
 
@@ -243,6 +265,14 @@ def parse_megatron_args(text: str) -> dict:
         "zero": 1 if "--use-distributed-optimizer" in flags else 0,
         "first_stage_layers": first, "last_stage_layers": last, "layout": layout,
         "num_layers": blocks, "stage_blocks": stage_blocks,
+        "rotary_base": float(flags["--rotary-base"]) if flags.get("--rotary-base") else None,
+        "overlap_grad_reduce": "--overlap-grad-reduce" in flags,
+        "overlap_param_gather": "--overlap-param-gather" in flags,
+        "tp_comm_overlap": "--tp-comm-overlap" in flags,
+        "attention": flags.get("--attention-backend"),
+        "param_dtype": "bf16" if "--bf16" in flags else "fp16" if "--fp16" in flags else None,
+        "dropout": not (flags.get("--attention-dropout") == "0"
+                        and flags.get("--hidden-dropout") == "0"),
     }
     if world:
         out["dp"] = int(world.group(1)) // (tp * pp)

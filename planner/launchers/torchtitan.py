@@ -66,6 +66,14 @@ def _toml_list(items: list[str]) -> str:
     return "[" + ", ".join(f'"{x}"' for x in items) + "]"
 
 
+def _stack_training_keys(plan: Plan) -> list[str]:
+    """The gradient reduction dtype the plan's stack priced (FSDP2's reduce dtype)."""
+    if plan.stack is None:
+        return []
+    reduce = "float32" if plan.stack.grad_dtype == "fp32" else "bfloat16"
+    return [f'mixed_precision_reduce = "{reduce}"\n']
+
+
 def render(plan: Plan) -> dict[str, str]:
     par, m = plan.parallel, plan.model
     shard = par.zero >= 3 or par.tp > 1 or par.pp > 1
@@ -88,6 +96,7 @@ def render(plan: Plan) -> dict[str, str]:
                  if par.pp == 1 and par.num_microbatches > 1 else "") + "\n",
               f"seq_len = {m.seq_length}\n",
               'mixed_precision_param = "bfloat16"\n',
+              *_stack_training_keys(plan),
               "\n[parallelism]\n",
               f"tensor_parallel_degree = {par.tp}\n",
               f"pipeline_parallel_degree = {par.pp}\n",
@@ -103,6 +112,8 @@ def render(plan: Plan) -> dict[str, str]:
                   f"pipeline_parallel_microbatch_size = {par.micro_batch}\n",
                   f"pipeline_parallel_split_points = {_toml_list(split_points(plan))}\n"]
     lines += ["\n[activation_checkpoint]\n", f'mode = "{recompute}"\n']
+    if plan.stack is not None:  # eager element-wise kernels unless the stack compiled them
+        lines += ["\n[compile]\n", f"enable = {str(plan.stack.fused_elementwise).lower()}\n"]
     if recompute == "selective":
         lines.append('selective_ac_option = "op"\n')
     return {"torchtitan.toml": "".join(lines)}

@@ -12,10 +12,23 @@ from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.model.huggingface import PLANNING_SEQ_CAP, huggingface_fields
 
 LAYER_KINDS = ("embedding", "block", "head", "linear")
 MLP_KINDS = ("gelu", "swiglu")
 NORM_KINDS = ("layernorm", "rmsnorm")
+QK_NORM_KINDS = ("", "head", "full")
+
+
+def megatron_padded_vocab(vocab_size: int, divisible_by: int, tp: int) -> int:
+    """The vocabulary as Megatron-LM trains it at this TP, rounded up to a multiple of
+    make_vocab_size_divisible_by x tp: Megatron-LM megatron/training/tokenizer/tokenizer.py,
+    _vocab_size_with_padding ("Pad vocab size so it is divisible by model parallel size and
+    still having GPU friendly size."), sets ``multiple = args.make_vocab_size_divisible_by *
+    args.tensor_model_parallel_size`` and adds one until ``after % multiple`` is 0. The padded
+    rows are stored and computed like real ones; parameter counts (params) stay the model's."""
+    multiple = divisible_by * tp
+    return -(-vocab_size // multiple) * multiple
 
 
 @dataclass(frozen=True)
@@ -41,10 +54,41 @@ class Layer:
     # A norm on the embedding output (BLOOM's word_embeddings_layernorm; Le Scao et al. 2022,
     # §3.2.3): its weights and, since frameworks never recompute the embedding, its saved input.
     embedding_norm: bool = False
+    # Width of one attention head; 0 means hidden_size / num_attention_heads. Qwen3, Gemma and
+    # Mistral-NeMo declare their own (HF config.json "head_dim"; Megatron's --kv-channels), so
+    # the query width heads x head_dim may differ from hidden_size.
+    head_dim: int = 0
+    qkv_bias: bool = False  # biases on the Q, K and V projections only (Qwen2; bias=False)
+    # RMSNorm (or LayerNorm) on queries and keys before RoPE: "head" normalises each head over
+    # head_dim with one shared weight (Qwen3, Gemma 3), "full" the whole Q and K projections
+    # (OLMo 2); "" none.
+    qk_norm: str = ""
+    block_norms: int = 2  # norms per block: 2 (pre- or post-norm), 4 (Gemma 2/3: both)
+    # Megatron-LM pads the vocabulary to a multiple of this times TP (see padded_vocab).
+    make_vocab_size_divisible_by: int = 128
+
+    def __post_init__(self) -> None:
+        h, heads = self.hidden_size, self.num_attention_heads
+        if (self.kind == "block" and not self.head_dim and isinstance(h, int)
+                and isinstance(heads, int) and heads > 0):
+            object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
 
     @property
-    def head_dim(self) -> int:
-        return self.hidden_size // self.num_attention_heads
+    def q_size(self) -> int:
+        """Width of the queries (and of the attention output): heads x head_dim."""
+        return self.num_attention_heads * self.head_dim
+
+    def padded_vocab(self, tp: int) -> int:
+        """The vocabulary Megatron-LM trains at this TP (see megatron_padded_vocab)."""
+        return megatron_padded_vocab(self.vocab_size, self.make_vocab_size_divisible_by, tp)
+
+    @property
+    def norm_params(self) -> int:
+        """Weights of a block's norms (replicated across TP): its block_norms and any Q/K norm."""
+        per_norm = 2 if self.norm == "layernorm" else 1
+        qk = {"": 0, "head": 2 * self.head_dim,
+              "full": self.q_size + self.num_kv_heads * self.head_dim}[self.qk_norm]
+        return per_norm * (self.block_norms * self.hidden_size + qk)
 
     @property
     def params(self) -> int:
@@ -58,12 +102,15 @@ class Layer:
             return norm + self.vocab_size * h
         if self.kind == "linear":
             return h * self.out_features + (self.out_features if self.bias else 0)
-        kv = self.num_kv_heads * self.head_dim
-        attn = h * (h + 2 * kv) + h * h
+        q, kv = self.q_size, self.num_kv_heads * self.head_dim
+        attn = h * (q + 2 * kv) + q * h
         mlp_mats = 3 if self.mlp == "swiglu" else 2
         mlp = mlp_mats * h * self.ffn_hidden_size
-        biases = (h + 2 * kv + h + self.ffn_hidden_size * (mlp_mats - 1) + h) if self.bias else 0
-        return attn + mlp + biases + 2 * norm
+        if self.bias:
+            biases = q + 2 * kv + h + self.ffn_hidden_size * (mlp_mats - 1) + h
+        else:
+            biases = q + 2 * kv if self.qkv_bias else 0
+        return attn + mlp + biases + self.norm_params
 
     @property
     def unique_params(self) -> int:
@@ -92,11 +139,33 @@ class ModelSpec:
     position_embeddings: int = 0
     dropout: bool = True  # see Layer.dropout
     embedding_norm: bool = False  # see Layer.embedding_norm
+    head_dim: int = 0  # see Layer.head_dim; 0: hidden_size / num_attention_heads
+    qkv_bias: bool = False  # see Layer.qkv_bias
+    qk_norm: str = ""  # see Layer.qk_norm
+    block_norms: int = 2  # see Layer.block_norms
+    # Rotary position embeddings as trained (HF config.json "rope_theta", "rope_scaling"); None for
+    # learned or ALiBi positions. Carried for exporters: step time and memory do not depend on them.
+    rope_theta: float | None = None
+    rope_scaling: dict | None = field(default=None, hash=False)
+    max_position_embeddings: int = 0  # the context the model declares; 0: not declared
+    # The shortest attention window any block uses (Mistral 7B v0.1, Gemma 2/3, Phi-3); 0: every
+    # block attends to the whole sequence. Planned only where it does not act: see with_seq_length.
+    sliding_window: int = 0
+    make_vocab_size_divisible_by: int = 128  # see Layer.padded_vocab; Megatron-LM's default
     layers: tuple[Layer, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         if not self.layers:
             object.__setattr__(self, "layers", _standard_layers(self))
+
+    @property
+    def kv_channels(self) -> int:
+        """The head width the blocks use (Megatron's --kv-channels): head_dim, or h / heads."""
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def padded_vocab_size(self, tp: int) -> int:
+        """The vocabulary Megatron-LM trains at this TP (see megatron_padded_vocab)."""
+        return megatron_padded_vocab(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 
     @property
     def params(self) -> int:
@@ -107,20 +176,48 @@ class ModelSpec:
         return tuple(layer for layer in self.layers if layer.kind == "block")
 
     def with_seq_length(self, seq_length: int | None) -> ModelSpec:
-        """The same model trained at another sequence length (None keeps its own)."""
-        if seq_length is None:
-            return self
-        if seq_length < 1:
-            raise PlanInputError(f"--seq-len must be positive, got {seq_length}")
-        return replace(self, seq_length=seq_length)
+        """The model as planned: trained at another sequence length (None keeps its own), and
+        refused where a sliding attention window is shorter than the sequence, since the cost
+        model would count full attention where the model attends to a band of the window."""
+        spec = self
+        if seq_length is not None:
+            if seq_length < 1:
+                raise PlanInputError(f"--seq-len must be positive, got {seq_length}")
+            spec = replace(self, seq_length=seq_length)
+        window = spec.sliding_window
+        if 0 < window < spec.seq_length:
+            raise PlanInputError(
+                f"{spec.name}: sliding-window attention (a {window}-token window, shorter than "
+                f"the {spec.seq_length}-token sequence) is not modelled: plan3d would count full "
+                f"attention; plan it with --seq-len {window} or less")
+        return spec
+
+
+def sequence_note(spec: ModelSpec, seq_len_flag: int | None) -> str | None:
+    """One line when the planned sequence length is not the context the model declares: a planning
+    default below it, or a --seq-len that overrides it; None when there is nothing to say."""
+    declared, seq = spec.max_position_embeddings, spec.seq_length
+    if not declared or seq == declared:
+        return None
+    if seq > declared:
+        return (f"{spec.name}: planning {seq}-token sequences, beyond the {declared} positions "
+                "it declares (--seq-len)")
+    if seq_len_flag is not None:
+        return (f"{spec.name}: planning {seq}-token sequences (--seq-len); it declares {declared} "
+                "positions")
+    return (f"{spec.name} declares {declared} positions; planning {seq}-token sequences "
+            f"(plan3d caps an imported config's default at {PLANNING_SEQ_CAP}); --seq-len "
+            f"{declared} plans the full context")
 
 
 def _standard_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     common = dict(hidden_size=spec.hidden_size, norm=spec.norm, bias=spec.bias,
-                  vocab_size=spec.vocab_size, dropout=spec.dropout)
+                  vocab_size=spec.vocab_size, dropout=spec.dropout,
+                  make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by)
     block = Layer(kind="block", num_attention_heads=spec.num_attention_heads,
                   num_kv_heads=spec.num_kv_heads, ffn_hidden_size=spec.ffn_hidden_size,
-                  mlp=spec.mlp, **common)
+                  mlp=spec.mlp, head_dim=spec.head_dim, qkv_bias=spec.qkv_bias,
+                  qk_norm=spec.qk_norm, block_norms=spec.block_norms, **common)
     embedding = Layer(kind="embedding", position_embeddings=spec.position_embeddings,
                       embedding_norm=spec.embedding_norm, **common)
     head = Layer(kind="head", tied=spec.tie_embeddings, **common)
@@ -143,11 +240,12 @@ def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200, se
 def _llama(name: str, layers: int, hidden: int, heads: int, kv: int, ffn: int, vocab: int,
            seq: int) -> ModelSpec:
     # Llama family: SwiGLU, RMSNorm, no biases, RoPE, untied embeddings, no dropout (Touvron et
-    # al. 2023; Meta Llama 3 model card / config.json: attention_dropout 0.0).
+    # al. 2023; Meta Llama 3 model card / config.json: attention_dropout 0.0). RoPE base: 10,000
+    # for Llama 2 and 500,000 for Llama 3 (their config.json "rope_theta").
     return ModelSpec(name=name, num_layers=layers, hidden_size=hidden, num_attention_heads=heads,
                      num_kv_heads=kv, ffn_hidden_size=ffn, vocab_size=vocab, seq_length=seq,
                      mlp="swiglu", norm="rmsnorm", bias=False, tie_embeddings=False,
-                     dropout=False)
+                     dropout=False, rope_theta=500000.0 if name.startswith("llama3") else 10000.0)
 
 
 PRESETS: dict[str, ModelSpec] = {
@@ -225,7 +323,7 @@ def model_from_dict(data: dict, origin: str = "model") -> ModelSpec:
             f"{origin}: a mixture-of-experts model ({moe[0]}={data[moe[0]]}); plan3d plans dense "
             "models only and will not plan it as dense")
     if "model_type" in data or "architectures" in data:
-        return _from_huggingface(data, origin)
+        return _checked(ModelSpec(**huggingface_fields(data, origin)), origin)
     return _from_ours(data, origin)
 
 
@@ -249,7 +347,7 @@ def _checked(spec: ModelSpec, origin: str, explicit: bool = False) -> ModelSpec:
               num_attention_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads,
               ffn_hidden_size=spec.ffn_hidden_size, vocab_size=spec.vocab_size,
               seq_length=spec.seq_length)
-    if spec.hidden_size % spec.num_attention_heads:
+    if not spec.head_dim and spec.hidden_size % spec.num_attention_heads:
         raise PlanInputError(f"{origin}: hidden_size {spec.hidden_size} is not divisible by "
                              f"num_attention_heads {spec.num_attention_heads}")
     if spec.num_attention_heads % spec.num_kv_heads:
@@ -260,6 +358,23 @@ def _checked(spec: ModelSpec, origin: str, explicit: bool = False) -> ModelSpec:
     if spec.norm not in NORM_KINDS:
         raise PlanInputError(f"{origin}: norm must be one of {', '.join(NORM_KINDS)}, "
                              f"got {spec.norm!r}")
+    if spec.qk_norm not in QK_NORM_KINDS:
+        raise PlanInputError(f"{origin}: qk_norm must be one of "
+                             f"{', '.join(repr(k) for k in QK_NORM_KINDS)}, got {spec.qk_norm!r}")
+    _positive(origin, block_norms=spec.block_norms,
+              make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by)
+    for name in ("head_dim", "sliding_window", "max_position_embeddings"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PlanInputError(f"{origin}: '{name}' must be a non-negative integer (0: none), "
+                                 f"got {value!r}")
+    if spec.rope_theta is not None and (isinstance(spec.rope_theta, bool) or not isinstance(
+            spec.rope_theta, (int, float)) or spec.rope_theta <= 0):
+        raise PlanInputError(f"{origin}: 'rope_theta' must be a positive number or null, "
+                             f"got {spec.rope_theta!r}")
+    if spec.rope_scaling is not None and not isinstance(spec.rope_scaling, dict):
+        raise PlanInputError(f"{origin}: 'rope_scaling' must be an object or null, "
+                             f"got {spec.rope_scaling!r}")
     return spec
 
 
@@ -283,6 +398,12 @@ def _from_ours(data: dict, origin: str) -> ModelSpec:
         # memory)
         dropout=bool(data.get("dropout", True)),
         embedding_norm=bool(data.get("embedding_norm", False)),
+        head_dim=data.get("head_dim", 0), qkv_bias=bool(data.get("qkv_bias", False)),
+        qk_norm=data.get("qk_norm", ""), block_norms=data.get("block_norms", 2),
+        rope_theta=data.get("rope_theta"), rope_scaling=data.get("rope_scaling"),
+        max_position_embeddings=data.get("max_position_embeddings", 0),
+        sliding_window=data.get("sliding_window", 0),
+        make_vocab_size_divisible_by=data.get("make_vocab_size_divisible_by", 128),
     )
     if "layers" not in data:
         return _checked(ModelSpec(**base), origin)
@@ -298,7 +419,10 @@ def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
     defaults = dict(hidden_size=base["hidden_size"], num_attention_heads=base["num_attention_heads"],
                     num_kv_heads=base["num_kv_heads"], ffn_hidden_size=base["ffn_hidden_size"],
                     mlp=base["mlp"], vocab_size=base["vocab_size"], norm=base["norm"],
-                    bias=base["bias"], dropout=base["dropout"])
+                    bias=base["bias"], dropout=base["dropout"], head_dim=base["head_dim"],
+                    qkv_bias=base["qkv_bias"], qk_norm=base["qk_norm"],
+                    block_norms=base["block_norms"],
+                    make_vocab_size_divisible_by=base["make_vocab_size_divisible_by"])
     known = set(Layer.__dataclass_fields__) | {"repeat"}
     layers: list[Layer] = []
     for n, entry in enumerate(entries):
@@ -315,57 +439,3 @@ def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
             _positive(where, out_features=fields.get("out_features"))
         layers.extend([Layer(**fields)] * repeat)
     return tuple(layers)
-
-
-def _from_huggingface(data: dict, origin: str) -> ModelSpec:
-    kind = str(data.get("model_type", "")).lower()
-    seq = data.get("max_position_embeddings") or data.get("n_positions") or 2048
-    name = str(data.get("_name_or_path") or data.get("name") or Path(origin).parent.name or kind)
-    if kind in ("llama", "mistral", "qwen2", "qwen3"):
-        heads = _require(data, origin, "num_attention_heads")
-        spec = ModelSpec(
-            name=name, num_layers=_require(data, origin, "num_hidden_layers"),
-            hidden_size=_require(data, origin, "hidden_size"), num_attention_heads=heads,
-            num_kv_heads=data.get("num_key_value_heads") or heads,
-            ffn_hidden_size=_require(data, origin, "intermediate_size"),
-            vocab_size=_require(data, origin, "vocab_size"), seq_length=min(seq, 8192),
-            mlp="swiglu", norm="rmsnorm", bias=False,
-            tie_embeddings=bool(data.get("tie_word_embeddings", False)),
-            dropout=bool(data.get("attention_dropout", 0.0)))
-    elif kind == "gpt2":
-        hidden = _require(data, origin, "n_embd", "hidden_size")
-        spec = ModelSpec(
-            name=name, num_layers=_require(data, origin, "n_layer", "num_hidden_layers"),
-            hidden_size=hidden, num_attention_heads=_require(data, origin, "n_head"),
-            num_kv_heads=_require(data, origin, "n_head"),
-            ffn_hidden_size=data.get("n_inner") or 4 * hidden,
-            vocab_size=_require(data, origin, "vocab_size"), seq_length=seq, mlp="gelu",
-            norm="layernorm", bias=True, tie_embeddings=True, position_embeddings=seq)
-    elif kind == "gpt_neox":
-        heads = _require(data, origin, "num_attention_heads")
-        spec = ModelSpec(
-            name=name, num_layers=_require(data, origin, "num_hidden_layers"),
-            hidden_size=_require(data, origin, "hidden_size"), num_attention_heads=heads,
-            num_kv_heads=heads, ffn_hidden_size=_require(data, origin, "intermediate_size"),
-            vocab_size=_require(data, origin, "vocab_size"), seq_length=seq, mlp="gelu",
-            norm="layernorm", bias=True,
-            tie_embeddings=bool(data.get("tie_word_embeddings", False)))
-    elif kind in ("falcon", "refinedweb", "refinedwebmodel"):
-        hidden = _require(data, origin, "hidden_size")
-        heads = _require(data, origin, "num_attention_heads", "n_head")
-        if data.get("new_decoder_architecture"):
-            kv = data.get("num_kv_heads") or data.get("n_head_kv") or heads
-        else:
-            kv = 1 if data.get("multi_query", True) else heads
-        spec = ModelSpec(
-            name=name, num_layers=_require(data, origin, "num_hidden_layers", "n_layer"),
-            hidden_size=hidden, num_attention_heads=heads, num_kv_heads=kv,
-            ffn_hidden_size=data.get("ffn_hidden_size") or 4 * hidden,
-            vocab_size=_require(data, origin, "vocab_size"), seq_length=seq, mlp="gelu",
-            norm="layernorm", bias=bool(data.get("bias", False)),
-            tie_embeddings=bool(data.get("tie_word_embeddings", True)))
-    else:
-        raise PlanInputError(
-            f"{origin}: model_type '{kind}' is not supported; supported HuggingFace families: "
-            "llama, mistral, qwen2, gpt2, gpt_neox, falcon (or write a plan3d model.json)")
-    return _checked(spec, origin)

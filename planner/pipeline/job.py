@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.pipeline.schedule import ScheduleError
 from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
+from planner.stack import Stack
 
-__all__ = ["SimulationJob", "simulation_job", "run_simulation", "simulation_summary"]
+__all__ = ["SimulationJob", "simulation_job", "on_stack", "run_simulation", "simulation_summary"]
 
 
 @dataclass(frozen=True)
@@ -43,6 +44,21 @@ def simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm
     return SimulationJob(schedule=schedule, p=pp, m=microbatches, v=virtual_stages, fwd_s=fwd,
                          bwd_s=tuple(2 * f for f in fwd), wgrad_s=tuple(f for f in fwd),
                          comm_s=comm_time)
+
+
+def on_stack(job: SimulationJob, stack: Stack, from_plan: bool) -> SimulationJob:
+    """The job as ``stack`` runs it: refused when the stack has no such schedule; stage times
+    from flags get the stack's per-action overhead on every forward and backward (a plan's
+    times already include it)."""
+    if job.p > 1 and job.schedule not in stack.schedules:
+        raise PlanInputError(f"the {stack.name} stack runs no {job.schedule} schedule (it runs "
+                             f"{', '.join(stack.schedules)}); choose one of those or another "
+                             "--stack")
+    extra = stack.pipeline_action_overhead_s
+    if from_plan or not extra:
+        return job
+    return replace(job, fwd_s=tuple(f + extra for f in job.fwd_s),
+                   bwd_s=tuple(b + extra for b in job.bwd_s))
 
 
 def _times(text: str, chunks: int) -> tuple[float, ...]:

@@ -12,6 +12,7 @@ from planner.core.parallel import Parallel
 from planner.hardware.profiles import Cluster
 from planner.layout.ranks import build_layout
 from planner.model.spec import ModelSpec
+from planner.stack import Stack
 
 SCHEMA = "plan3d/plan/v1"
 
@@ -61,6 +62,7 @@ class Plan:
     metrics: Metrics
     rank_memory_bytes: tuple[float, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
+    stack: Stack | None = field(default=None, compare=False)  # the stack it was priced on
 
     def to_dict(self, with_layout: bool = True) -> dict:
         par, cl = self.parallel, self.cluster
@@ -90,6 +92,7 @@ class Plan:
             "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node).to_dict()
             if with_layout else None,
             "notes": list(self.notes),
+            "stack": self.stack.to_dict() if self.stack is not None else None,
         }
 
 

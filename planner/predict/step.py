@@ -17,14 +17,16 @@ import numpy as np
 
 from planner.cost import constants
 from planner.cost import comm
-from planner.cost.layer import LayerCost, RunOptions, layer_cost
+from planner.cost.layer import LayerCost, layer_cost
 from planner.hardware.profiles import Cluster
 from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
-from planner.cost.memory import ACT_BYTES, Shape, fragmentation, model_state_bytes, sharded_params
+from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, fragmentation, model_state_parts,
+                                 sharded_params)
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
 from planner.pipeline.simulate import simulate
+from planner.stack import Stack, default_stack
 
 # Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
 # m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
@@ -86,8 +88,9 @@ class CostTable:
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 
 
-def split_stages(tables: dict[str, CostTable], bounds, modes) -> Stages:
-    """Per-chunk totals of a split, each chunk under its own recompute mode."""
+def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float = 0.0) -> Stages:
+    """Per-chunk totals of a split, each chunk under its own recompute mode; ``overhead_s``
+    (the stack's per-pipeline-action cost) is added to every chunk's forward and backward."""
     first = np.array([a for a, _ in bounds])
     last = np.array([b for _, b in bounds])
     sums = {}
@@ -95,10 +98,12 @@ def split_stages(tables: dict[str, CostTable], bounds, modes) -> Stages:
         sums[name] = np.array([tables[m].prefix[name][b] - tables[m].prefix[name][a]
                                for (a, b), m in zip(bounds, modes)])
     work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
+    sums["fwd_s"] = sums["fwd_s"] + overhead_s
+    sums["bwd_input_s"] = sums["bwd_input_s"] + overhead_s
     return Stages(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)
 
 
-def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: RunOptions, recompute: str,
+def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recompute: str,
                 profile=None) -> list[LayerCost]:
     """The cost of every layer of the model under one parallel shape and recompute mode."""
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
@@ -167,13 +172,15 @@ class Prediction:
     model_flops: float  # the whole step, all GPUs
     hardware_flops: float
     transfer_s: np.ndarray  # per chunk: its output to the next chunk (0 for the last)
+    # per pipeline rank, by part (MEMORY_PARTS); the parts sum to rank_memory_bytes
+    memory_parts: dict | None = None
 
     @property
     def peak_memory_bytes(self) -> float:
         return float(self.rank_memory_bytes.max())
 
 
-def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
+def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
             stages: Stages, simulated: bool = False, sim_cache: dict | None = None) -> Prediction:
     """Step time, bubble and memory of a configuration with the given split. With ``simulated``
     the schedule runs op by op (planner/simulate.py): step time, bubble and the activations each
@@ -205,7 +212,8 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
 
     states = state_bytes(stages.params, par, opts)
     chunk_mem = states + inflight * stages.act_bytes
-    rank_mem = _rank_memory(model, par, stages, inflight, states, opts, held)
+    parts = memory_parts(model, par, stages, inflight, opts, held)
+    rank_mem = sum(parts.values())
     dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
     owned = stages.by_rank(stages.params, p).max() / (par.dp if par.zero >= 1 else 1)
     optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / (
@@ -215,7 +223,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions,
                       rank_memory_bytes=rank_mem, chunk_memory_bytes=chunk_mem,
                       model_flops=float(stages.model_flops.sum()) * replicas,
                       hardware_flops=float(stages.hardware_flops.sum()) * replicas,
-                      transfer_s=p2p)
+                      transfer_s=p2p, memory_parts=parts)
 
 
 def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction,
@@ -232,19 +240,32 @@ def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Predicti
                    bubble_fraction=pred.bubble, peak_memory_bytes=pred.peak_memory_bytes)
 
 
-def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions = RunOptions(),
+def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack | None = None,
              bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
              profile=None, tables: dict[str, CostTable] | None = None,
              simulated: bool = False, sim_cache: dict | None = None) -> Plan:
-    """Predict the plan of one fully specified configuration (even split unless ``bounds``).
+    """Predict the plan of one fully specified configuration (even split unless ``bounds``)
+    on the stack ``opts`` (default: the default stack).
 
     ``tables`` are the layer costs per recompute mode when the caller already has them."""
+    return predict_plan(model, cluster, par, opts, bounds, recompute_per_chunk, profile, tables,
+                        simulated, sim_cache)[0]
+
+
+def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack | None = None,
+                 bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
+                 profile=None, tables: dict[str, CostTable] | None = None,
+                 simulated: bool = False, sim_cache: dict | None = None
+                 ) -> tuple[Plan, Prediction]:
+    """:func:`evaluate`, and the Prediction it dressed (per-rank memory parts)."""
+    opts = opts or default_stack()
     bounds = bounds or even_block_bounds(model, par.num_chunks)
     modes = recompute_per_chunk or [par.recompute] * par.num_chunks
     by_mode = dict(tables or {})
     for mode in set(modes) - set(by_mode):
-        by_mode[mode] = CostTable(model_layer_costs(model, par, cluster.hardware, opts, mode, profile))
-    stages = split_stages(by_mode, bounds, modes)
+        by_mode[mode] = CostTable(model_layer_costs(model, par, cluster.hardware, opts, mode,
+                                                    profile))
+    stages = split_stages(by_mode, bounds, modes, opts.pipeline_action_overhead_s)
     pred = predict(model, cluster, par, opts, stages, simulated, sim_cache)
     plan_stages = tuple(
         Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),
@@ -253,11 +274,12 @@ def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: RunOptions
               bwd_s=float(stages.bwd_s[k]), wgrad_s=float(stages.bwd_weight_s[k]),
               send_s=float(pred.transfer_s[k]))
         for k in range(par.num_chunks))
-    return Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
+    plan = Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
                 metrics=metrics_of(model, cluster, par, pred,
                                    getattr(profile, "peak_flops", None)),
                 rank_memory_bytes=tuple(float(x) for x in pred.rank_memory_bytes),
-                notes=_notes(opts))
+                notes=_notes(opts), stack=opts)
+    return plan, pred
 
 
 def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
@@ -274,47 +296,94 @@ def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
     return (m - 1) * slowest + fill
 
 
-def state_bytes(params, par: Parallel, opts: RunOptions):
-    """Model-state bytes of ``params`` parameters (scalar or array) under this configuration's
-    ZeRO stage and the framework's gradient and weight copies."""
-    return model_state_bytes(params, par.dp, par.zero, opts.held_grad_bytes,
-                             opts.held_weight_bytes(par.zero))
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "transient",
+                "fragmentation", "reserved")
 
 
-def _rank_memory(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.ndarray,
-                 states: np.ndarray, opts: RunOptions, held_activations=None) -> np.ndarray:
-    """Peak bytes per pipeline rank, conservative: states + held activations (the closed-form
-    in-flight counts, or the simulated peak when given) + the largest transient, plus the
-    allocator's fragmentation (more on ranks that recompute) and the framework's reserve."""
+def state_parts(params, par: Parallel, opts: Stack) -> tuple:
+    """(weights, gradients, optimizer) bytes of ``params`` parameters (scalar or array) under
+    this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies."""
+    return model_state_parts(params, par.dp, par.zero, opts.held_grad_bytes(par.zero),
+                             opts.held_weight_bytes(par.zero), opts.optimizer_state_bytes,
+                             opts.zero2_shards_grads())
+
+
+def state_bytes(params, par: Parallel, opts: Stack):
+    """Model-state bytes of ``params`` parameters: the sum of :func:`state_parts`."""
+    return sum(state_parts(params, par, opts))
+
+
+def stage_output_bytes(model: ModelSpec, par: Parallel) -> float:
+    """One microbatch's output of a chunk (16-bit hidden states; sharded with SP)."""
+    return ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
+        par.tp if par.sequence_parallel else 1)
+
+
+def kept_outputs(model: ModelSpec, par: Parallel, inflight: np.ndarray, opts: Stack) -> np.ndarray:
+    """Per chunk: the stage outputs a pipeline engine that keeps them holds (each in-flight
+    microbatch's output of every chunk but the last); zeros for an engine that frees them."""
+    out = np.zeros(par.num_chunks)
+    if opts.keep_stage_outputs:
+        out[:-1] = inflight[:-1] * stage_output_bytes(model, par)
+    return out
+
+
+def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) -> np.ndarray:
+    """Per rank: 16-bit weights ZeRO-3 holds unsharded at once. Gathering a layer at a time,
+    the running layer and the ``zero3_prefetch`` next (PyTorch FSDP ``limit_all_gathers``; FSDP2
+    and DeepSpeed ZeRO-3 prefetch one unit ahead likewise): the model's largest layer counts
+    1 + prefetch times. Gathering a whole stage: the rank's parameters."""
+    rank_params = np.asarray(rank_params, dtype=float)
+    if par.zero < 3:
+        return np.zeros_like(rank_params)
+    if opts.zero3_gather == "stage":
+        return rank_params * ACT_BYTES
+    largest = max(sharded_params(layer, par.tp) for layer in model.layers)
+    return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
+
+
+def logit_bytes(model: ModelSpec, par: Parallel, stages: Stages) -> np.ndarray:
+    """Per chunk: the fp32 logits one microbatch keeps for the loss (the chunk with the head)."""
+    out = np.zeros(len(stages.first))
+    head = model.layers[-1]
+    if head.kind == "head":
+        out[stages.last == len(model.layers)] = (LOGIT_BYTES * par.micro_batch * model.seq_length
+                                                 * head.padded_vocab(par.tp) / par.tp)
+    return out
+
+
+def memory_parts(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.ndarray,
+                 opts: Stack, held_activations=None) -> dict[str, np.ndarray]:
+    """Peak bytes per pipeline rank, by part (MEMORY_PARTS), conservative: model states +
+    held activations (the closed-form in-flight counts, or the simulated peak when given; kept
+    stage outputs included) of which the fp32 logits are shown apart + the largest transient
+    (a layer's backward working set, ZeRO-3's gathered weights), plus the allocator's
+    fragmentation (more on ranks that recompute) and the framework's reserve."""
     p = par.pp
-    if held_activations is None:
-        held = stages.by_rank(states + inflight * stages.act_bytes, p)
-    else:
-        held = held_activations + stages.by_rank(states, p)
-    if opts.keep_stage_outputs:  # each in-flight microbatch's output of a non-last chunk
-        out_bytes = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
-            par.tp if par.sequence_parallel else 1)
-        not_last = np.ones(par.num_chunks)
-        not_last[-1] = 0.0
-        held = held + stages.by_rank(inflight * out_bytes * not_last, p)
+    weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts))
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
-        tied = model.vocab_size * model.hidden_size / par.tp
-        held = held - state_bytes(tied, par, opts)
-    transient = stages.rank_max(stages.work_bytes, p)
-    if par.zero >= 3:
-        # ZeRO-3 / FSDP gathers one wrapped unit (a layer) at a time and prefetches the next: at
-        # most two units are unsharded at once (PyTorch FSDP ``limit_all_gathers``; FSDP2 and
-        # DeepSpeed ZeRO-3 prefetch one unit ahead likewise). The largest layer of the model
-        # counts twice, 16-bit.
-        largest = max(sharded_params(layer, par.tp) for layer in model.layers)
-        transient = transient + 2 * largest * ACT_BYTES
+        tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
+        tw, tg, to = state_parts(tied, par, opts)
+        weights, grads, optim = weights - tw, grads - tg, optim - to
+    if held_activations is None:
+        acts = stages.by_rank(inflight * stages.act_bytes, p)
+    else:
+        acts = np.asarray(held_activations, dtype=float)
+    acts = acts + stages.by_rank(kept_outputs(model, par, inflight, opts), p)
+    logits = np.minimum(stages.by_rank(inflight * logit_bytes(model, par, stages), p), acts)
+    transient = stages.rank_max(stages.work_bytes, p) + gathered_bytes(
+        model, par, opts, stages.by_rank(stages.params, p))
+    held = weights + grads + optim + acts + transient
     recomputes = stages.by_rank(np.array([m != "none" for m in stages.recompute]), p) > 0
     frag = np.where(recomputes, fragmentation(True), fragmentation(False))
-    return (held + transient) / (1 - frag) + constants.RESERVED_BYTES
+    return {"weights": weights, "gradients": grads, "optimizer": optim,
+            "activations": acts - logits, "logits": logits, "transient": transient,
+            "fragmentation": held * frag / (1 - frag),
+            "reserved": np.full(p, float(constants.RESERVED_BYTES))}
 
 
 def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
-                     opts: RunOptions) -> list[float]:
+                     opts: Stack) -> list[float]:
     """One microbatch's activations across each chunk boundary (chunk k to k + 1), on NVLink or
     the network depending on where the two stages' ranks live (tp-dp-pp order). With Megatron's
     scatter/gather each GPU sends 1/tp of the tensor and the receiver re-gathers it over NVLink
@@ -324,10 +393,10 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
         return []
     intra, inter = comm.links(cluster.hardware)
     full = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size
-    sharded = par.sequence_parallel or opts.scatter_gather
+    sharded = par.sequence_parallel or opts.p2p_scatter_gather
     nbytes = full / par.tp if sharded else full
     regather = (comm.all_gather_s(full, par.tp, intra)
-                if opts.scatter_gather and not par.sequence_parallel else 0.0)
+                if opts.p2p_scatter_gather and not par.sequence_parallel else 0.0)
     out = []
     for k in range(chunks - 1):
         a, b = k % par.pp, (k + 1) % par.pp
@@ -337,14 +406,17 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
     return out
 
 
-def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
+def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
                   stages: Stages) -> np.ndarray:
     """Gradient synchronisation each rank cannot hide. ZeRO-0: all-reduce of the gradients;
     ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights once per
-    step; ZeRO-2 reduce-scatters after every microbatch (DeepSpeed keeps only the shard);
+    step; ZeRO-2 reduce-scatters after every microbatch where the stack keeps only the shard
+    (DeepSpeed), once per step where it reduces once (``zero2_reduce_scatter``); gradients move
+    in the dtype the stack reduces them in (an fp32 accumulation buffer where it keeps one);
     ZeRO-3 also gathers the weights for every forward and backward (Rajbhandari et al. 2020).
     With overlap the reduce hides behind the last microbatch's backward and the gather behind the
-    first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather). Hidden is not
+    first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather; the stack says
+    which of the two it overlaps). Hidden is not
     free: while a collective runs beside compute it holds SMs the compute cannot use, so the step
     pays that share of the hidden time (comm.overlap_interference) on top of the exposed part."""
     p = par.pp
@@ -356,14 +428,15 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
                                                          cluster.gpus_per_node)
     link = comm.group_link(cluster.hardware, per_node, spans)
     params = stages.by_rank(stages.params, p)
-    grads = params * opts.grad_bytes
+    grads = params * opts.reduced_grad_bytes(par.zero)
     if par.zero == 0:
         reduce_s, gather_s = comm.all_reduce_s(grads, par.dp, link), np.zeros(p)
     else:
         reduce_s = comm.reduce_scatter_s(grads, par.dp, link)
         gather_s = comm.all_gather_s(params * ACT_BYTES, par.dp, link)
     m = par.num_microbatches
-    if par.zero >= 2:  # only a gradient shard is kept: reduce-scatter after every microbatch
+    per_microbatch = par.zero >= 3 or (par.zero == 2 and opts.zero2_shards_grads())
+    if per_microbatch:  # only a gradient shard is kept: reduce-scatter after every microbatch
         reduce_s = reduce_s * m
     bwd_gather_s = np.zeros(p)
     if par.zero >= 3:
@@ -371,15 +444,22 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: RunOptions,
         # FULL_SHARD reshards after the forward); nothing is gathered after the optimizer step.
         gather_s = m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
         bwd_gather_s = gather_s
-    if not opts.overlap_dp:
-        return reduce_s + gather_s + bwd_gather_s
     # Each per-microbatch collective hides behind its own pass: forward gathers behind the
-    # forwards, backward gathers and gradient reduce-scatters (one link) behind the backwards.
-    windows = m if par.zero >= 2 else 1
+    # forwards, backward gathers and gradient reduce-scatters (one link) behind the backwards;
+    # what the stack does not overlap is exposed whole.
+    reduce_hidden = opts.overlap_grad_reduce
+    gather_hidden = opts.overlap_param_gather
+    exposed = (0.0 if reduce_hidden else reduce_s) + (
+        0.0 if gather_hidden else gather_s + bwd_gather_s)
+    if not (reduce_hidden or gather_hidden):
+        return exposed
+    windows = m if per_microbatch else 1
     bwd, fwd = stages.by_rank(stages.bwd_s, p), stages.by_rank(stages.fwd_s, p)
     interference = comm.overlap_interference(cluster.hardware)
-    return _overlapped_cost_s(reduce_s + bwd_gather_s, windows * bwd, interference) + \
-        _overlapped_cost_s(gather_s, (m if par.zero >= 3 else 1) * fwd, interference)
+    bwd_comm = (reduce_s if reduce_hidden else 0.0) + (bwd_gather_s if gather_hidden else 0.0)
+    fwd_comm = gather_s if gather_hidden else np.zeros(p)
+    return exposed + _overlapped_cost_s(bwd_comm, windows * bwd, interference) + \
+        _overlapped_cost_s(fwd_comm, (m if par.zero >= 3 else 1) * fwd, interference)
 
 
 def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,
@@ -392,10 +472,17 @@ def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,
     return exposed + interference * (comm_s - exposed)
 
 
-def _notes(opts: RunOptions) -> tuple[str, ...]:
+def _notes(opts: Stack) -> tuple[str, ...]:
+    """The footer: the stack the plan was priced on, and what that means for the big terms."""
     attention = "flash attention (scores not stored)" if opts.flash_attention else \
         "unfused attention"
-    return (f"assumes {attention}",
-            f"assumes DP overlap {'on' if opts.overlap_dp else 'off'}, TP overlap "
-            f"{'on' if opts.overlap_tp else 'off'}, {'fp32' if opts.grad_bytes == 4 else '16-bit'}"
-            " gradients")
+    grads = opts.grad_dtype
+    if opts.param_dtype == "bf16" and opts.grad_dtype != "fp32" and \
+            opts.fp32_grad_accumulation_zero:
+        stages = ",".join(str(z) for z in opts.fp32_grad_accumulation_zero)
+        grads += f" (+fp32 accumulation at ZeRO {stages})"
+    dp = " + ".join(k for k, on in (("grad reduce", opts.overlap_grad_reduce),
+                                    ("param gather", opts.overlap_param_gather)) if on) or "off"
+    return (f"stack: {opts.label()} (`plan stacks`; --stack NAME|FILE to change)",
+            f"assumes {attention}, DP overlap {dp}, TP overlap "
+            f"{'on' if opts.tp_comm_overlap else 'off'}, {grads} gradients")

@@ -49,7 +49,7 @@ def shard_dims(layer: Layer, tp: int) -> Dims:
     """Divide heads, KV heads, FFN and vocabulary by tp (KV heads are replicated when tp > kv)."""
     if tp < 1:
         raise PlanInputError(f"--tp must be at least 1, got {tp}")
-    vocab = -(-layer.vocab_size // tp) if layer.vocab_size else 0  # Megatron pads the vocab
+    vocab = layer.padded_vocab(tp) // tp  # Megatron pads the vocab (0 stays 0)
     if layer.kind != "block":
         out = -(-layer.out_features // tp) if layer.out_features else 0
         return Dims(hidden=layer.hidden_size, vocab=vocab, out_features=out)

@@ -18,6 +18,7 @@ from planner.report import frames
 from planner.report.frames import stage_recompute
 
 _MEASURE = Console(width=10_000, color_system=None)
+from planner.stack import Stack
 
 
 
@@ -268,6 +269,56 @@ def plans_csv(plans) -> str:
     return frames.plans_csv(plans)
 
 
+def stacks_table(stacks: dict[str, Stack]) -> Table:
+    """The bundled stacks, one row each, the options that differ most between frameworks."""
+    table = Table(title="Software stacks (plan solve --stack NAME|FILE; --launcher X picks X's)",
+                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 1, 0, 1), collapse_padding=True)
+    for col in ("name", "version", "launcher", "attention", "grads", "DP overlap", "TP ovl",
+                "p2p", "elementwise", "schedules"):
+        table.add_column(col)
+    for name, st in stacks.items():
+        grads = st.grad_dtype + (f"+fp32@ZeRO{','.join(map(str, st.fp32_grad_accumulation_zero))}"
+                                 if st.fp32_grad_accumulation_zero else "")
+        overlap = "+".join(k for k, on in (("reduce", st.overlap_grad_reduce),
+                                           ("gather", st.overlap_param_gather)) if on) or "off"
+        table.add_row(name, st.version, st.launcher or "-", st.attention, grads, overlap,
+                      "on" if st.tp_comm_overlap else "off",
+                      "scatter" if st.p2p_scatter_gather else "whole",
+                      "fused" if st.fused_elementwise else "eager", ",".join(st.schedules))
+    table.caption = ("every field and its source: plan stacks --json; files in profiles/stacks/")
+    table.caption_justify = "left"
+    return table
+
+
+def stacks_dict(stacks: dict[str, Stack]) -> dict:
+    """``plan stacks --json``: each stack's description, values and sources."""
+    return {name: {"version": st.version, "description": st.description,
+                   "values": st.values(), "sources": dict(st.sources)}
+            for name, st in stacks.items()}
+
+
+def explanation_dict(exp) -> dict:
+    """``--explain --json``: the verdict, the plan, and each rank's memory by part."""
+    plan = exp.plan
+    doc = {"fits": exp.fits, "rule": exp.rule, "no_split": exp.no_split,
+           "capacity_bytes": int(exp.capacity_bytes),
+           "peak_memory_bytes": int(plan.metrics.peak_memory_bytes) if plan else None,
+           "step_time_s": plan.metrics.step_time_s if plan else None,
+           "memory_per_rank": _memory_rows(exp),
+           "plan": plan.to_dict() if plan else None}
+    return doc
+
+
+def _memory_rows(exp) -> list[dict]:
+    parts = exp.memory_parts or {}
+    if not parts:
+        return []
+    ranks = len(next(iter(parts.values())))
+    return [{"rank": r, **{k: int(round(v[r])) for k, v in parts.items()},
+             "total": int(round(sum(v[r] for v in parts.values())))} for r in range(ranks)]
+
+
 def print_explanation(console: Console, exp, wide: bool = False) -> None:
     """Fits or not, and by how much; the stages and their memory when it was predicted."""
     if exp.plan is None:
@@ -284,7 +335,11 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
     if caption:
         console.print(f"[dim]{caption}[/dim]", highlight=False)
     spare = exp.capacity_bytes - m.peak_memory_bytes
-    if spare >= 0:
+    if exp.no_split is not None:
+        console.print(f"[red]does not fit[/red]: {exp.no_split}; Megatron's even split below "
+                      f"needs {m.peak_memory_bytes / GIB:.1f} GiB of "
+                      f"{exp.capacity_bytes / GIB:.0f} GiB per GPU", highlight=False)
+    elif spare >= 0:
         console.print(f"[green]fits[/green]: {m.peak_memory_bytes / GIB:.1f} GiB of "
                       f"{exp.capacity_bytes / GIB:.0f} GiB per GPU ({spare / GIB:.1f} GiB spare)")
     else:
@@ -300,3 +355,16 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
         table.add_row(str(r), layers, chunks[0].recompute, f"{sum(s.time_s for s in chunks):.4f}",
                       f"{mem / GIB:.1f}")
     console.print(table)
+    rows = _memory_rows(exp)
+    if rows:
+        parts = [k for k in rows[0] if k not in ("rank", "total")]
+        mem = Table(title="memory per rank, GiB (frag: allocator fragmentation)",
+                    title_justify="left")
+        for col in ["rank", *parts, "total"]:
+            mem.add_column({"fragmentation": "frag"}.get(col, col), justify="right")
+        for row in rows:
+            mem.add_row(str(row["rank"]), *(f"{row[k] / GIB:.2f}" for k in parts),
+                        f"{row['total'] / GIB:.1f}")
+        console.print(mem)
+    for note in exp.plan.notes:
+        console.print(f"[dim]{note}[/dim]", highlight=False)

@@ -24,7 +24,7 @@ def _num(x: float | None, fmt: str) -> str:
 
 def _cells(r) -> list[str]:
     """One row of the frame (``itertuples``), formatted: what the table and the markdown show."""
-    return [r.case, r.configuration, _num(r.measured_step_s, ".2f"),
+    return [r.case, r.configuration, r.stack, _num(r.measured_step_s, ".2f"),
             _num(r.predicted_step_s, ".2f"), _pct(r.time_error),
             f"{_num(r.measured_tflops, '.0f')} / {_num(r.predicted_tflops, '.0f')}"
             + (" (HFU)" if r.tflops_definition == "hardware" else " (MFU)"),
@@ -32,7 +32,7 @@ def _cells(r) -> list[str]:
             _pct(r.memory_error), r.note]
 
 
-_HEADERS = ["case", "configuration", "measured s", "predicted s", "time err",
+_HEADERS = ["case", "configuration", "stack", "measured s", "predicted s", "time err",
             "TFLOP/s meas / pred", "mem GiB meas / pred", "mem err", "note"]
 
 
@@ -78,7 +78,8 @@ def validation_table(rows, summary: ValidationSummary) -> Table:
     table = Table(title="Predictions against published runs", title_justify="left",
                   caption="\n".join(summary_lines(summary)), caption_justify="left")
     for h in _HEADERS:
-        table.add_column(h, justify="left" if h in ("case", "configuration", "note") else "right")
+        table.add_column(h, justify="left" if h in ("case", "configuration", "stack", "note")
+                         else "right")
     for r in _frame_rows(rows):
         table.add_row(*_cells(r))
     return table

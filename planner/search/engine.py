@@ -14,16 +14,16 @@ from dataclasses import dataclass, field, replace
 
 from planner.cost import constants
 from planner.core.errors import NoFeasiblePlan, PlanInputError
-from planner.predict.step import (CostTable, Stages, evaluate, even_block_bounds, model_layer_costs, predict,
-                              split_stages)
+from planner.predict.step import (CostTable, Stages, evaluate, even_block_bounds,
+                                  model_layer_costs, predict, predict_plan, split_stages)
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.partition.problem import PartitionError
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
 from planner.search.space import (Pins, Request, enumerate_configs, launcher_rule, microbatches,
-                           schedule_rule, tp_rule, validate_pins)
-from planner.predict.stages import allowed_modes, best_split
+                                  schedule_rule, stack_rule, tp_rule, validate_pins)
+from planner.predict.stages import allowed_modes, best_split, may_fit
 
 __all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_configs",
            "validate_pins", "tp_rule"]
@@ -92,20 +92,26 @@ class _Costs:
                                                      mode, r.profile))
         return self.tables[key]
 
+    def known(self, par: Parallel) -> dict:
+        """The cost tables of every recompute mode this configuration's stages may use."""
+        r = self.req
+        return {m: self.table(par, m) for m in allowed_modes(par, r.options,
+                                                              r.pins.recompute is not None)}
+
     def even_stages(self, par: Parallel) -> Stages:
         key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute, par.num_chunks)
         if key not in self.stages:
             bounds = even_block_bounds(self.req.model, par.num_chunks)
             self.stages[key] = split_stages({par.recompute: self.table(par, par.recompute)},
-                                            bounds, [par.recompute] * par.num_chunks)
+                                            bounds, [par.recompute] * par.num_chunks,
+                                            self.req.options.pipeline_action_overhead_s)
         return self.stages[key]
 
     def refined(self, par: Parallel) -> Plan | str:
         """Partition (compute-balanced under memory) and simulate one configuration; a
         rejection reason when no split fits."""
         r = self.req
-        known = {m: self.table(par, m) for m in allowed_modes(par, r.options,
-                                                               r.pins.recompute is not None)}
+        known = self.known(par)
         try:
             split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
         except PartitionError:
@@ -129,13 +135,19 @@ def search(req: Request, progress=None) -> SearchResult:
     for n, par in enumerate(configs):
         if progress and n % 256 == 0:
             progress(n, len(configs))
-        pred = predict(req.model, req.cluster, par, req.options, costs.even_stages(par))
-        if pred.peak_memory_bytes > capacity:
+        even = costs.even_stages(par)
+        pred = predict(req.model, req.cluster, par, req.options, even)
+        even_fits = pred.peak_memory_bytes <= capacity
+        # the even split's memory ranks the candidates; only the partitioner's own necessary
+        # condition rejects one, so the screen never drops what a stage split could fit
+        if not even_fits and not may_fit(req.model, req.cluster, par, req.options,
+                                         costs.known(par), even):
             rejected["memory"] += 1
         elif req.max_bubble is not None and pred.bubble > req.max_bubble:
             rejected["bubble above limit"] += 1
         else:
-            kept.append((_rank_key(par, pred.step_s, pred.peak_memory_bytes), par))
+            kept.append(((not even_fits,) + _rank_key(par, pred.step_s, pred.peak_memory_bytes),
+                         par))
     if progress:
         progress(len(configs), len(configs))
     considered = sum(rejected.values()) + len(kept)  # before refinement rejects some kept ones
@@ -225,10 +237,14 @@ class Explanation:
     plan: Plan | None
     capacity_bytes: float
     rule: str | None  # a rule that forbids it before any prediction
+    # why no stage split fits (the plan is then Megatron's even split, to show by how much)
+    no_split: str | None = None
+    # per pipeline rank, bytes by part (planner/evaluate.py MEMORY_PARTS)
+    memory_parts: dict | None = None
 
     @property
     def fits(self) -> bool:
-        return (self.rule is None and self.plan is not None
+        return (self.rule is None and self.plan is not None and self.no_split is None
                 and self.plan.metrics.peak_memory_bytes <= self.capacity_bytes)
 
 
@@ -257,7 +273,7 @@ def explain(req: Request) -> Explanation:
                    sequence_parallel=tp > 1 if pins.sequence_parallel is None
                    else pins.sequence_parallel)
     if rule is None:
-        rule = schedule_rule(req.model, par)
+        rule = stack_rule(req.options, par) or schedule_rule(req.model, par)
     if rule is None and req.launcher:
         rule = launcher_rule(req, par)
     if rule is not None and rule.startswith("TP across"):
@@ -266,10 +282,17 @@ def explain(req: Request) -> Explanation:
     if rule is not None:
         return Explanation(par, None, capacity, rule)
     plan = _Costs(req).refined(par)
+    no_split = None
     if isinstance(plan, str):  # no split fits: show how far Megatron's even split is over
+        no_split = plan
         plan = evaluate(req.model, req.cluster, par, req.options, profile=req.profile,
                         simulated=True)
-    return Explanation(par, plan, capacity, None)
+    _, pred = predict_plan(req.model, req.cluster, par, req.options,
+                           bounds=[(s.first, s.last) for s in plan.stages],
+                           recompute_per_chunk=[s.recompute for s in plan.stages],
+                           profile=req.profile, simulated=True)
+    parts = {k: [float(x) for x in v] for k, v in pred.memory_parts.items()}
+    return Explanation(par, plan, capacity, None, no_split, parts)
 
 
 STRUCTURAL = ("TP across nodes", "more stages than layers", "schedule rule", "heads not divisible",

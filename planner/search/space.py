@@ -10,16 +10,16 @@ rules); M follows from the global batch, micro-batch and dp. Every pin narrows t
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from itertools import product
 
-from planner.cost.layer import RunOptions
 from planner.core.errors import PlanInputError
 from planner.launchers import LAUNCHERS, Facts, launcher_allows
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.stages import METHODS
+from planner.stack import Stack, default_stack
 
 DEFAULT_TOKENS_PER_BATCH = 4 * 1024 * 1024  # ~4M tokens: Llama-2/3 and GPT-3 scale batches
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
@@ -49,7 +49,7 @@ class Request:
     batch_range: tuple[int, int] | None = None  # let the search choose the batch in [min, max]
     max_bubble: float | None = None
     pins: Pins = Pins()
-    options: RunOptions = RunOptions()
+    options: Stack = field(default_factory=default_stack)  # the software stack it runs on
     top: int = 10
     refine: int = 20
     launcher: str | None = None  # only configurations this launcher runs
@@ -125,8 +125,10 @@ def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
     """Why tensor parallelism of this degree cannot run here (None when it can)."""
     if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
         return "TP across nodes"
+    # No rule for the vocabulary: it is padded to a multiple of TP as Megatron-LM pads it
+    # (ModelSpec.padded_vocab_size).
     for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
-                    ("FFN", model.ffn_hidden_size), ("vocabulary", model.vocab_size)):
+                    ("FFN", model.ffn_hidden_size)):
         if n % tp:
             return f"{what} not divisible by TP"
     return None
@@ -177,7 +179,8 @@ def space_size(req: Request) -> int:
 def _choices(req: Request, tp: int, pp: int):
     """(schedules, virtual stages of one schedule, recomputes, ZeRO stages, SP) the pins allow."""
     pins = req.pins
-    schedules = [pins.schedule] if pins.schedule else (["1f1b"] if pp == 1 else list(SCHEDULES))
+    schedules = [pins.schedule] if pins.schedule else (
+        ["1f1b"] if pp == 1 else [s for s in SCHEDULES if s in req.options.schedules])
     recomputes = [pins.recompute] if pins.recompute else [
         r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
     zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
@@ -216,6 +219,10 @@ def _knobs(req: Request, shape: Parallel, rejected: Counter):
     for schedule in schedules:
         for v in vs(schedule):
             timed = replace(shape, schedule=schedule, virtual_stages=v)
+            if stack_rule(req.options, timed):
+                rejected[f"{req.options.name} runs no {schedule}"] += (
+                    len(recomputes) * len(zeros) * len(sps))
+                continue
             if schedule_rule(req.model, timed):
                 rejected["schedule rule"] += len(recomputes) * len(zeros) * len(sps)
                 continue
@@ -230,6 +237,15 @@ def _knobs(req: Request, shape: Parallel, rejected: Counter):
 def launcher_rule(req: Request, par: Parallel) -> str | None:
     """The first rule of ``req.launcher`` this configuration breaks (None when it runs)."""
     return launcher_allows(req.launcher, Facts.of(par, req.model))
+
+
+def stack_rule(stack: Stack, par: Parallel) -> str | None:
+    """Why the stack cannot run this configuration's pipeline schedule (None when it can; a
+    single stage runs no pipeline schedule)."""
+    if par.pp > 1 and par.schedule not in stack.schedules:
+        return (f"the {stack.name} stack runs no {par.schedule} schedule (it runs "
+                f"{', '.join(stack.schedules)}); choose one of those or another --stack")
+    return None
 
 
 def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:

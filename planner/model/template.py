@@ -1,0 +1,91 @@
+"""model.json, written down: the fields the loader reads, what each means, and any model as a file.
+
+Floor 1 (model/). FIELDS is the one description of the format: ``plan models show`` prints it
+beside a model's values, the README's "Model files" table is ``fields_markdown()`` (a test keeps
+the two equal), and a test checks it names every ModelSpec field. ``model_template`` writes a spec
+(a preset, an imported HuggingFace config) as a model.json that loads back to the same spec.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from planner.model.spec import ModelSpec
+
+
+@dataclass(frozen=True)
+class Field:
+    name: str
+    type: str
+    default: str  # as the loader fills it in when the key is absent; "required" when it must be set
+    meaning: str
+
+
+FIELDS: tuple[Field, ...] = (
+    Field("name", "string", "the file name", "Shown in tables, plans and exports."),
+    Field("num_layers", "integer", "required", "Transformer blocks (omit with `layers`)."),
+    Field("hidden_size", "integer", "required", "Model width h."),
+    Field("num_attention_heads", "integer", "required", "Query heads."),
+    Field("num_kv_heads", "integer", "num_attention_heads",
+          "Key/value heads: fewer for grouped-query attention, 1 for multi-query."),
+    Field("head_dim", "integer", "0",
+          "Width of one head; 0 means hidden_size / num_attention_heads (Qwen3, Gemma and "
+          "Mistral-NeMo set their own)."),
+    Field("ffn_hidden_size", "integer", "4 x hidden_size", "MLP width (of each gate branch for "
+          "swiglu)."),
+    Field("vocab_size", "integer", "required", "Vocabulary as the tokenizer has it (unpadded)."),
+    Field("make_vocab_size_divisible_by", "integer", "128",
+          "The vocabulary is trained padded to a multiple of this x TP, as Megatron-LM pads it "
+          "(its --make-vocab-size-divisible-by); 1 for no padding."),
+    Field("seq_length", "integer", "required", "Tokens per sequence as planned (--seq-len "
+          "overrides)."),
+    Field("max_position_embeddings", "integer", "0",
+          "The context the model declares; 0 if none. A note is printed when the planned length "
+          "differs."),
+    Field("mlp", "gelu / swiglu", "gelu",
+          "gelu: two matmuls; swiglu: any gated MLP, three matmuls (SwiGLU, GeGLU)."),
+    Field("norm", "layernorm / rmsnorm", "rmsnorm for swiglu, else layernorm",
+          "Normalisation (LayerNorm has a bias, RMSNorm not)."),
+    Field("bias", "bool", "false for swiglu, else true", "Biases on every linear layer."),
+    Field("qkv_bias", "bool", "false", "Biases on the Q, K and V projections only (Qwen2)."),
+    Field("qk_norm", "\"\" / head / full", "\"\"",
+          "A norm on queries and keys: per head over head_dim (Qwen3, Gemma 3) or over the whole "
+          "projection (OLMo 2)."),
+    Field("block_norms", "integer", "2", "Norms per block (Gemma 2 and 3: 4)."),
+    Field("tie_embeddings", "bool", "false", "The output projection shares the embedding "
+          "weight."),
+    Field("position_embeddings", "integer", "0",
+          "Learned absolute positions (GPT-2/3); 0 for RoPE or ALiBi."),
+    Field("rope_theta", "number / null", "null", "RoPE base frequency, carried to exports."),
+    Field("rope_scaling", "object / null", "null",
+          "RoPE scaling as HuggingFace writes it (e.g. rope_type llama3), carried to exports."),
+    Field("sliding_window", "integer", "0",
+          "The shortest attention window of any block; 0 for full attention. Planning is refused "
+          "where it is shorter than the sequence."),
+    Field("dropout", "bool", "true", "Dropout masks and kernels (GPT, BLOOM); false as Llama "
+          "trains."),
+    Field("embedding_norm", "bool", "false", "A norm after the embedding (BLOOM)."),
+    Field("layers", "list", "none",
+          "An explicit layer sequence instead of num_layers blocks: objects with a kind "
+          "(embedding, block, head, linear), an optional repeat and any layer field to override."),
+)
+
+
+def model_template(spec: ModelSpec) -> dict:
+    """The spec as a model.json document, every field in FIELDS order (layers only when they are
+    not the standard embedding, blocks and head)."""
+    doc = {f.name: getattr(spec, f.name) for f in FIELDS if f.name != "layers"}
+    standard = ModelSpec(**{f.name: getattr(spec, f.name) for f in fields(ModelSpec)
+                            if f.name != "layers"})
+    if spec.layers != standard.layers:
+        doc["layers"] = [{f.name: getattr(layer, f.name) for f in fields(layer)}
+                         for layer in spec.layers]
+        doc.pop("num_layers")
+    return doc
+
+
+def fields_markdown() -> str:
+    """FIELDS as the README's markdown table."""
+    rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
+    rows += [f"| `{f.name}` | {f.type} | {f.default} | {f.meaning} |" for f in FIELDS]
+    return "\n".join(rows) + "\n"

@@ -1,0 +1,29 @@
+"""`plan models show`: one model as a model.json template, field by field.
+
+Floor 7 (report/). The rows come from planner.model.template.FIELDS, so the table, the README's
+"Model files" section and the loader describe the same format.
+"""
+
+from __future__ import annotations
+
+import json
+
+from rich.table import Table
+
+from planner.model.template import FIELDS, model_template
+from planner.model.spec import ModelSpec
+
+
+def template_table(spec: ModelSpec) -> Table:
+    """Every model.json field with this model's value, the loader's default and its meaning."""
+    doc = model_template(spec)
+    table = Table(title=f"{spec.name} as a model.json (plan models show {spec.name} --json > "
+                        "model.json)", title_justify="left")
+    for col in ("field", "value", "default", "meaning"):
+        table.add_column(col, overflow="fold")
+    for f in FIELDS:
+        if f.name in doc:
+            table.add_row(f.name, json.dumps(doc[f.name]), f.default, f.meaning)
+    if "layers" in doc:
+        table.add_row("layers", f"{len(doc['layers'])} layers (see --json)", "", "")
+    return table

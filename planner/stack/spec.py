@@ -1,0 +1,192 @@
+"""The software stack a plan runs on: every run option the cost and memory models read.
+
+A stack is one named, versioned set of choices that the training framework makes and the
+parallel configuration does not: the attention kernel, the gradient dtype, whether DP and TP
+traffic overlaps compute, how ZeRO and the pipeline engine behave, which schedules exist. The
+bundled stacks (profiles/stacks/*.json) give a source for each value; planner/stack/profiles.py
+loads and validates them. Nothing else in the planner chooses these options: the search,
+``--explain``, ``plan validate`` and the exporters all read them from the plan's Stack.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields
+
+from planner.core.errors import PlanInputError
+from planner.core.parallel import SCHEDULES
+
+# bytes per element of each dtype a stack names
+DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
+ACTIVATION_BYTES = 2  # 16-bit weights and activations (both param dtypes are 2 bytes)
+
+
+@dataclass(frozen=True)
+class Stack:
+    """One training stack. Field comments say what the cost or memory model does with each."""
+
+    name: str
+    version: str
+    description: str
+    # the launcher (planner/export) that runs this stack; exports for another are refused
+    launcher: str | None
+    # "flash": scores never stored, causal half executed; "unfused": s x s scores kept
+    attention: str
+    # 16-bit training dtype of weights and activations (exports: --bf16 / --fp16)
+    param_dtype: str
+    # gradients held for the optimizer and reduced over DP: fp32 (Megatron main_grad) or 16-bit
+    grad_dtype: str
+    # ZeRO stages at which a 16-bit-gradient stack also keeps an fp32 accumulation buffer
+    # (DeepSpeed's BF16_Optimizer); reduced in fp32 there. Ignored unless param_dtype is bf16.
+    fp32_grad_accumulation_zero: tuple[int, ...]
+    # optimizer state bytes per parameter (Adam: fp32 master, m and v = 12)
+    optimizer_state_bytes: float
+    # ZeRO-3 keeps only the fp32 shard (FSDP), no 16-bit copy beside it
+    fp32_shards: bool
+    # DP gradient reduce hidden behind the backward / parameter all-gather behind the forward
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    # TP collectives hidden inside the GEMMs (Megatron --tp-comm-overlap)
+    tp_comm_overlap: bool
+    # ZeRO-2 reduce-scatter: after every "microbatch" (only a gradient shard kept), or once per
+    # "step" (full gradients kept until the step, so no gradient memory is saved)
+    zero2_reduce_scatter: str
+    # ZeRO-3 all-gather unit: one "layer" at a time (FSDP per-block wrapping) or a whole "stage"
+    zero3_gather: str
+    # ZeRO-3 units gathered ahead of the one running (FSDP / ZeRO-3 prefetch): 1 + this are
+    # unsharded at once
+    zero3_prefetch: int
+    # Megatron's scatter/gather of stage outputs over TP ranks (Narayanan et al. 2021 §4.1)
+    p2p_scatter_gather: bool
+    # the pipeline engine keeps every in-flight microbatch's stage output until its backward
+    keep_stage_outputs: bool
+    # cross-entropy computes its gradient in place (no two extra fp32 logit buffers)
+    fused_cross_entropy: bool
+    # fused element-wise kernels (bias-GeLU, SwiGLU, bias-dropout-add) instead of eager ops
+    fused_elementwise: bool
+    # pipeline schedules the stack runs
+    schedules: tuple[str, ...]
+    # fixed cost of each pipeline action (one forward or backward of a chunk), seconds
+    pipeline_action_overhead_s: float
+    # where each value comes from, by field name
+    sources: tuple[tuple[str, str], ...] = ()
+    # fields changed from the named stack by flags or a case ("field", "value" as text)
+    overrides: tuple[tuple[str, str], ...] = ()
+
+    # --- what the cost and memory models read ---------------------------------------------------
+
+    @property
+    def flash_attention(self) -> bool:
+        return self.attention == "flash"
+
+    def fp32_accumulation(self, zero: int) -> bool:
+        """Whether 16-bit gradients are accumulated in an extra fp32 buffer at this ZeRO stage."""
+        return (DTYPE_BYTES[self.grad_dtype] < 4 and self.param_dtype == "bf16"
+                and zero in self.fp32_grad_accumulation_zero)
+
+    def held_grad_bytes(self, zero: int) -> int:
+        """Gradient bytes each parameter holds: the gradients and any fp32 accumulation buffer."""
+        return DTYPE_BYTES[self.grad_dtype] + (4 if self.fp32_accumulation(zero) else 0)
+
+    def reduced_grad_bytes(self, zero: int) -> int:
+        """Bytes per parameter the DP reduction moves: the fp32 buffer where there is one."""
+        return 4 if self.fp32_accumulation(zero) else DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def accumulation_bytes(self) -> int:
+        """Bytes per parameter each microbatch's weight gradient is accumulated into (read and
+        written once per microbatch): fp32 where any ZeRO stage accumulates in fp32."""
+        fp32 = DTYPE_BYTES[self.grad_dtype] == 4 or (
+            self.param_dtype == "bf16" and bool(self.fp32_grad_accumulation_zero))
+        return 4 if fp32 else DTYPE_BYTES[self.grad_dtype]
+
+    def held_weight_bytes(self, zero: int) -> int:
+        """16-bit weight bytes each parameter holds besides the fp32 master in the optimizer."""
+        return 0 if self.fp32_shards and zero >= 3 else ACTIVATION_BYTES
+
+    def zero2_shards_grads(self) -> bool:
+        return self.zero2_reduce_scatter == "microbatch"
+
+    # --- presentation ---------------------------------------------------------------------------
+
+    def values(self) -> dict:
+        """The resolved option values, JSON-ready, in field order."""
+        out = {}
+        for f in fields(self):
+            if f.name in _META:
+                continue
+            value = getattr(self, f.name)
+            out[f.name] = list(value) if isinstance(value, tuple) else value
+        return out
+
+    def to_dict(self) -> dict:
+        """What plan.json records: name, version, overrides and every resolved value."""
+        return {"name": self.name, "version": self.version,
+                "overrides": dict(self.overrides), "values": self.values()}
+
+    def label(self) -> str:
+        """``megatron-core 2025.06`` plus the overrides, for footers and notes."""
+        text = f"{self.name} {self.version}"
+        if self.overrides:
+            text += " with " + ", ".join(f"{k}={v}" for k, v in self.overrides)
+        return text
+
+
+_META = ("name", "version", "description", "sources", "overrides")
+OPTION_FIELDS = tuple(f.name for f in fields(Stack) if f.name not in _META)
+REQUIRED_FIELDS = ("name", "version", "description") + OPTION_FIELDS
+
+_CHOICES = {
+    "launcher": (None, "megatron", "deepspeed", "torchtitan"),
+    "attention": ("flash", "unfused"),
+    "param_dtype": ("bf16", "fp16"),
+    "grad_dtype": tuple(DTYPE_BYTES),
+    "zero2_reduce_scatter": ("microbatch", "step"),
+    "zero3_gather": ("layer", "stage"),
+}
+_BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
+          "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise")
+# (low, high) inclusive; a value outside is refused with the range
+_RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
+           "pipeline_action_overhead_s": (0.0, 0.1)}
+
+
+def check_value(key: str, value, origin: str):
+    """The value of one option field, normalised (lists to tuples), or one PlanInputError line
+    naming the field, what it must be and what it got."""
+    where = f"{origin}: '{key}'"
+    if key in ("name", "version", "description"):
+        if not isinstance(value, str) or (key != "description" and not value.strip()):
+            raise PlanInputError(f"{where} must be a non-empty string, got {value!r}")
+        return value
+    if key in _CHOICES:
+        if value not in _CHOICES[key]:
+            allowed = ", ".join("null" if c is None else c for c in _CHOICES[key])
+            raise PlanInputError(f"{where} must be one of {allowed}, got {value!r}")
+        return value
+    if key in _BOOLS:
+        if not isinstance(value, bool):
+            raise PlanInputError(f"{where} must be true or false, got {value!r}")
+        return value
+    if key in _RANGES:
+        low, high = _RANGES[key]
+        whole = isinstance(low, int)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or (
+                whole and not float(value).is_integer()):
+            kind = "a whole number" if whole else "a number"
+            raise PlanInputError(f"{where} must be {kind} in [{low}, {high}], got {value!r}")
+        if not math.isfinite(value) or not low <= value <= high:
+            raise PlanInputError(f"{where} must be in [{low}, {high}], got {value!r}")
+        return int(value) if whole else float(value)
+    if key == "schedules":
+        if not isinstance(value, (list, tuple)) or not value or any(
+                s not in SCHEDULES for s in value) or len(set(value)) != len(value):
+            raise PlanInputError(f"{where} must be a non-empty list of distinct schedules from "
+                                 f"{', '.join(SCHEDULES)}, got {value!r}")
+        return tuple(value)
+    if key == "fp32_grad_accumulation_zero":
+        if not isinstance(value, (list, tuple)) or any(
+                isinstance(z, bool) or z not in (0, 1, 2, 3) for z in value):
+            raise PlanInputError(f"{where} must be a list of ZeRO stages 0-3, got {value!r}")
+        return tuple(sorted(set(value)))
+    raise PlanInputError(f"{where} is not a stack field")  # pragma: no cover - callers check

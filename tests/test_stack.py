@@ -1,0 +1,206 @@
+"""The software stack: bundled profiles, strict loading, overrides, and the gradient bytes each
+stack keeps (DeepSpeed's optimizer choice by ZeRO stage, engine.py _do_optimizer_sanity_check)."""
+
+import json
+import math
+
+import pytest
+
+from planner.core.errors import PlanInputError
+from planner.stack import (DEFAULT_STACK, LAUNCHER_STACKS, OPTION_FIELDS, bundled_stacks,
+                           default_stack, load_stack, with_overrides)
+from planner.stack.profiles import STACKS_DIR
+
+REQUIRED = {"megatron-core", "megatron-2021", "deepspeed", "torchtitan"}
+
+
+def _bundled_json(name: str) -> dict:
+    return json.loads((STACKS_DIR / f"{name}.json").read_text())
+
+
+def _write(tmp_path, data) -> str:
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def test_bundled_stacks_have_a_source_for_every_option():
+    stacks = bundled_stacks()
+    assert REQUIRED <= set(stacks)
+    assert next(iter(stacks)) == DEFAULT_STACK == default_stack().name
+    for name, stack in stacks.items():
+        assert stack.name == name
+        assert {k for k, _ in stack.sources} == set(OPTION_FIELDS), name
+
+
+def test_each_launcher_has_its_own_bundled_stack():
+    for launcher, name in LAUNCHER_STACKS.items():
+        stack = load_stack(None, launcher)
+        assert stack.name == name and stack.launcher == launcher
+    assert load_stack(None, None).name == DEFAULT_STACK
+
+
+def test_the_stacks_differ_where_their_frameworks_do():
+    s = bundled_stacks()
+    assert s["megatron-core"].flash_attention and not s["megatron-2021"].flash_attention
+    assert s["megatron-core"].overlap_grad_reduce and not s["megatron-2021"].overlap_grad_reduce
+    assert s["deepspeed"].schedules == ("1f1b",) and not s["deepspeed"].p2p_scatter_gather
+    assert s["torchtitan"].fp32_shards and not s["torchtitan"].fused_cross_entropy
+    assert "zb-h1" not in s["megatron-core"].schedules
+
+
+def test_deepspeed_keeps_16_bit_gradients_except_under_bf16_optimizer():
+    """bf16 with ZeRO <= 1 runs BF16_Optimizer (fp32 accumulation beside the bf16 grads: 6 B);
+    ZeRO-2 runs DeepSpeedZeroOptimizer with 16-bit gradients (2 B); fp16 is 16-bit always."""
+    ds = bundled_stacks()["deepspeed"]
+    assert [ds.held_grad_bytes(z) for z in range(4)] == [6, 6, 2, 2]
+    assert ds.reduced_grad_bytes(1) == 4 and ds.reduced_grad_bytes(2) == 2
+    fp16 = with_overrides(ds, param_dtype="fp16")
+    assert [fp16.held_grad_bytes(z) for z in range(4)] == [2, 2, 2, 2]
+    assert default_stack().held_grad_bytes(1) == 4
+
+
+def test_unknown_stack_name_lists_the_bundled_ones():
+    with pytest.raises(PlanInputError) as e:
+        load_stack("megatron")
+    assert "unknown stack 'megatron'" in str(e.value)
+    for name in REQUIRED:
+        assert name in str(e.value)
+
+
+def test_a_user_file_loads_like_a_bundled_one(tmp_path):
+    data = _bundled_json("deepspeed")
+    data["name"] = "my-deepspeed"
+    del data["sources"]  # user files need no sources
+    stack = load_stack(_write(tmp_path, data))
+    assert stack.name == "my-deepspeed" and stack.schedules == ("1f1b",)
+
+
+@pytest.mark.parametrize("edit, words", [
+    (lambda d: d.update(overlap_grad_reduc=True), ["unknown key 'overlap_grad_reduc'",
+                                                   "did you mean 'overlap_grad_reduce'"]),
+    (lambda d: d.pop("grad_dtype"), ["missing 'grad_dtype'"]),
+    (lambda d: d.update(pipeline_action_overhead_s=math.inf), ["'pipeline_action_overhead_s'"]),
+    (lambda d: d.update(pipeline_action_overhead_s=-1), ["'pipeline_action_overhead_s'",
+                                                         "[0.0, 0.1]"]),
+    (lambda d: d.update(optimizer_state_bytes=float("nan")), ["'optimizer_state_bytes'"]),
+    (lambda d: d.update(zero3_prefetch=1.5), ["'zero3_prefetch'", "whole number"]),
+    (lambda d: d.update(overlap_param_gather="yes"), ["'overlap_param_gather'", "true or false"]),
+    (lambda d: d.update(attention="fast"), ["'attention'", "flash, unfused"]),
+    (lambda d: d.update(schedules=["1f1b", "pipedream"]), ["'schedules'"]),
+    (lambda d: d.update(schedules=[]), ["'schedules'"]),
+    (lambda d: d.update(fp32_grad_accumulation_zero=[4]), ["'fp32_grad_accumulation_zero'"]),
+    (lambda d: d["sources"].update(atention="x"), ["unknown key 'atention'",
+                                                   "did you mean 'attention'"]),
+])
+def test_a_bad_stack_file_is_one_line_naming_the_field(tmp_path, edit, words):
+    data = _bundled_json("megatron-core")
+    edit(data)
+    with pytest.raises(PlanInputError) as e:
+        load_stack(_write(tmp_path, data))
+    text = str(e.value)
+    assert "\n" not in text
+    for word in words:
+        assert word in text, text
+
+
+def test_non_finite_json_numbers_are_refused(tmp_path):
+    path = tmp_path / "s.json"
+    text = json.dumps(_bundled_json("megatron-core")).replace(
+        '"optimizer_state_bytes": 12', '"optimizer_state_bytes": Infinity')
+    path.write_text(text)
+    with pytest.raises(PlanInputError, match="optimizer_state_bytes"):
+        load_stack(str(path))
+
+
+def test_overrides_are_checked_and_recorded():
+    base = default_stack()
+    same = with_overrides(base, attention="flash")
+    assert same == base and same.overrides == ()
+    off = with_overrides(base, attention="unfused", overlap_grad_reduce=False)
+    assert not off.flash_attention and not off.overlap_grad_reduce
+    assert dict(off.overrides) == {"attention": "unfused", "overlap_grad_reduce": "off"}
+    assert "attention=unfused" in off.label()
+    assert off.to_dict()["values"]["attention"] == "unfused"
+    with pytest.raises(PlanInputError, match="did you mean 'grad_dtype'"):
+        with_overrides(base, grad_dtyp="bf16")
+    with pytest.raises(PlanInputError, match="'grad_dtype'"):
+        with_overrides(base, grad_dtype="fp8")
+
+
+# --- what each option does to the prediction -----------------------------------------------------
+
+def _predict(stack, zero=1, pp=2, **par):
+    from planner.core.parallel import Parallel
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.model.spec import PRESETS
+    from planner.predict.step import predict_plan
+    model = PRESETS["llama3-8b"]
+    cluster = make_cluster(load_hardware("a100-80gb"), 16, 2)
+    p = Parallel(tp=1, pp=pp, dp=16 // pp, micro_batch=1, num_microbatches=8, zero=zero, **par)
+    return predict_plan(model, cluster, p, stack)
+
+
+def test_deepspeed_zero2_prices_16_bit_gradients_and_zero1_its_fp32_buffer():
+    ds = load_stack("deepspeed")
+    _, z1 = _predict(ds, zero=1)
+    _, z2 = _predict(ds, zero=2)
+    _, mc = _predict(default_stack(), zero=1)
+    # ZeRO-1: bf16 grads (2) + fp32 accumulation (4) per parameter, unsharded: 1.5x Megatron's 4
+    assert z1.memory_parts["gradients"] == pytest.approx(1.5 * mc.memory_parts["gradients"])
+    # ZeRO-2: 2 bytes per parameter, sharded over dp = 8
+    assert z2.memory_parts["gradients"] == pytest.approx(mc.memory_parts["gradients"] / 2 / 8)
+
+
+def test_zero2_reducing_once_per_step_keeps_whole_gradients():
+    ds = load_stack("deepspeed")
+    once = with_overrides(ds, zero2_reduce_scatter="step")
+    _, shard = _predict(ds, zero=2)
+    _, whole = _predict(once, zero=2)
+    assert whole.memory_parts["gradients"] == pytest.approx(8 * shard.memory_parts["gradients"])
+    assert whole.step_s < shard.step_s  # one reduce-scatter per step instead of one per microbatch
+
+
+def test_zero3_gathering_a_stage_holds_more_than_a_layer_at_a_time():
+    titan = load_stack("torchtitan")
+    _, layer = _predict(titan, zero=3, pp=1)
+    _, more = _predict(with_overrides(titan, zero3_prefetch=3), zero=3, pp=1)
+    _, stage = _predict(with_overrides(titan, zero3_gather="stage"), zero=3, pp=1)
+    assert layer.memory_parts["transient"][0] < more.memory_parts["transient"][0] \
+        < stage.memory_parts["transient"][0]
+
+
+def test_per_action_overhead_adds_to_every_forward_and_backward():
+    slow = with_overrides(default_stack(), pipeline_action_overhead_s=0.01)
+    fast_plan, fast = _predict(default_stack())
+    slow_plan, slow_pred = _predict(slow)
+    for a, b in zip(fast_plan.stages, slow_plan.stages):
+        assert b.fwd_s == pytest.approx(a.fwd_s + 0.01) and b.bwd_s == pytest.approx(a.bwd_s + 0.01)
+    # 8 microbatches, each rank runs 16 actions at least once on the critical path
+    assert slow_pred.step_s - fast.step_s >= 16 * 0.01
+
+
+def test_eager_elementwise_kernels_cost_time_only_where_megatron_fuses():
+    from planner.cost.layer import layer_cost
+    from planner.cost.memory import Shape
+    from planner.hardware.profiles import load_hardware
+    from planner.model.spec import PRESETS
+    hw = load_hardware("a100-80gb")
+    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=2048)
+    fused, eager = default_stack(), with_overrides(default_stack(), fused_elementwise=False)
+    llama = PRESETS["llama3-8b"].layers[1]  # SwiGLU, no bias, no dropout: 2 more FFN passes
+    gap = layer_cost(llama, shape, "none", hw, eager).fwd_s - \
+        layer_cost(llama, shape, "none", hw, fused).fwd_s
+    from planner.cost import constants
+    extra = 2 * 2 * 2048 * llama.ffn_hidden_size  # two more 16-bit passes over the FFN width
+    rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY)
+    assert gap == pytest.approx(extra / rate, rel=1e-6)
+
+
+def test_split_overlap_flags_expose_what_is_not_overlapped():
+    base = default_stack()
+    _, both = _predict(base, zero=1)
+    _, no_reduce = _predict(with_overrides(base, overlap_grad_reduce=False), zero=1)
+    _, neither = _predict(with_overrides(base, overlap_grad_reduce=False,
+                                         overlap_param_gather=False), zero=1)
+    assert both.step_s < no_reduce.step_s < neither.step_s
