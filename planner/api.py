@@ -26,7 +26,6 @@ from pathlib import Path
 # first time re-binds its name on `planner` (see planner/__init__.py).
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.core.parallel import Parallel
-from planner.cost.layer import RunOptions
 from planner.fidelity.published import DEFAULT_FILES, validate_file
 from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
 from planner.model.spec import ModelSpec, load_model
@@ -36,11 +35,12 @@ from planner.predict.plan import Plan
 from planner.predict.stages import METHODS
 from planner.profile.profiler import load_profile, profile_model, save_profile
 from planner.report import frames
-from planner.report.partition import compare_splits
+from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
 from planner.search.engine import check_profile_matches, search
 from planner.search.engine import explain as explain_request
 from planner.search.space import Pins, Request, tp_rule, validate_pins
+from planner.stack import Stack, resolve_stack
 
 __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
            "Explanation", "Partition", "Validation", "Profiled", "PlanInputError",
@@ -120,6 +120,7 @@ class Partition:
     equal_params: Plan
     method: str
     capacity_bytes: float
+    placement: str = ""  # how the GPUs were placed on nodes
 
     @property
     def gain(self) -> float:
@@ -183,8 +184,20 @@ def _cluster(gpus: int, nodes: int, gpu: str | None, hardware) -> Cluster:
     return make_cluster(_hardware(gpu, hardware), gpus, nodes)
 
 
+def _stack(stack, launcher=None, flash=None, overlap=None, tp_overlap=None,
+           grad_dtype=None) -> Stack:
+    """A Stack as given, or resolved like the CLI's --stack and its override flags."""
+    if isinstance(stack, Stack):
+        overrides = (flash, overlap, tp_overlap, grad_dtype)
+        if any(x is not None for x in overrides):
+            raise PlanInputError("pass a stack name or file to combine it with flash, overlap, "
+                                 "tp_overlap or grad_dtype; a Stack object is used as it is")
+        return stack
+    return resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype)
+
+
 def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
-             max_bubble, top, refine, launcher, partition_solver, profile, flash, overlap,
+             max_bubble, top, refine, launcher, partition_solver, profile, stack: Stack,
              pins: dict):
 
     spec = _model(model, seq_len)
@@ -198,8 +211,7 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
     return Request(model=spec, cluster=_cluster(gpus, nodes, gpu, hardware),
                    global_batch=global_batch, batch_range=batch_range, max_bubble=max_bubble,
                    profile=measured, pins=Pins(**pins), top=top, refine=refine,
-                   launcher=launcher, partition_method=partition_solver,
-                   options=RunOptions(flash_attention=flash, overlap_dp=overlap))
+                   launcher=launcher, partition_method=partition_solver, options=stack)
 
 
 # --- functions -----------------------------------------------------------------------------------
@@ -209,20 +221,23 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
           global_batch: int | None = None, global_batch_range: tuple[int, int] | None = None,
           seq_len: int | None = None, max_bubble: float | None = None, top: int = 10,
           refine: int = 20, launcher: str | None = None, partition: str = "ilp", profile=None,
-          flash: bool = True, overlap: bool = True, tp: int | None = None,
+          stack=None, flash: bool | None = None, overlap: bool | None = None,
+          tp_overlap: bool | None = None, grad_dtype: str | None = None, tp: int | None = None,
           pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
           schedule: str | None = None, virtual_stages: int | None = None,
           recompute: str | None = None, zero: int | None = None,
           sequence_parallel: bool | None = None, progress=None) -> Solution:
     """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
-    return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension;
-    ``progress(done, total)`` is called while screening."""
+    return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension; ``stack``
+    is a stack name, file or Stack (default: the launcher's, else megatron-core), ``flash`` ...
+    ``grad_dtype`` override its fields; ``progress(done, total)`` is called while screening."""
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                 sequence_parallel=sequence_parallel)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
-                   max_bubble, top, refine, launcher, partition, profile, flash, overlap, pins)
+                   max_bubble, top, refine, launcher, partition, profile,
+                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype), pins)
     result = search(req, progress)
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
@@ -232,7 +247,9 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
 
 def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
             global_batch: int | None = None, seq_len: int | None = None, launcher: str | None = None,
-            flash: bool = True, overlap: bool = True, tp: int | None = None, pp: int | None = None,
+            stack=None, flash: bool | None = None, overlap: bool | None = None,
+            tp_overlap: bool | None = None, grad_dtype: str | None = None,
+            tp: int | None = None, pp: int | None = None,
             dp: int | None = None, micro_batch: int | None = None, schedule: str | None = None,
             virtual_stages: int | None = None, recompute: str | None = None,
             zero: int | None = None, sequence_parallel: bool | None = None) -> Explanation:
@@ -242,7 +259,8 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                 sequence_parallel=sequence_parallel)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, None, seq_len, None, 10, 20,
-                   launcher, "ilp", None, flash, overlap, pins)
+                   launcher, "ilp", None,
+                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype), pins)
     exp = explain_request(req)
     return Explanation(exp.parallel, exp.plan, exp.capacity_bytes, exp.rule)
 
@@ -250,19 +268,22 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
 def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int = 1,
               microbatches: int | None = None, schedule: str = "1f1b", virtual_stages: int = 1,
               recompute: str = "full", zero: int = 1, gpu: str | None = None, hardware=None,
-              seq_len: int | None = None, solver: str = "ilp") -> Partition:
+              nodes: int | None = None, seq_len: int | None = None, solver: str = "ilp",
+              stack=None, flash: bool | None = None, overlap: bool | None = None,
+              tp_overlap: bool | None = None, grad_dtype: str | None = None) -> Partition:
     """Split the layers into ``pp`` stages balanced by compute under memory (`plan partition`),
     beside the even and the equal-parameter split. ``microbatches`` defaults to 4 x pp; the
-    tp·pp·dp GPUs fill whole nodes of the GPU's node size (one node when they do not)."""
-
+    tp·pp·dp GPUs sit on ``nodes`` nodes, by default as `plan partition` places them
+    (``Partition.placement`` says how)."""
     spec = _model(model, seq_len)
+    run_stack = _stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
     if solver not in METHODS:
         raise PlanInputError(f"solver must be one of {', '.join(METHODS)}, got {solver!r}")
     m = microbatches or 4 * pp
     gpus = tp * pp * dp
     hw = _hardware(gpu, hardware)
-    nodes = gpus // hw.gpus_per_node if gpus % hw.gpus_per_node == 0 else 1
-    cluster = make_cluster(hw, gpus, max(1, nodes))
+    node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
+    cluster = make_cluster(hw, gpus, node_count)
     pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero)
     validate_pins(Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp,
@@ -274,10 +295,11 @@ def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int
                    schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                    zero=zero, sequence_parallel=tp > 1)
     try:
-        cmp = compare_splits(spec, cluster, par, RunOptions(), solver)
+        cmp = compare_splits(spec, cluster, par, run_stack, solver, placement=placement)
     except (PartitionError, ScheduleError) as e:
         raise PlanInputError(str(e)) from None
-    return Partition(cmp.optimal, cmp.even, cmp.equal_params, cmp.method, cmp.capacity_bytes)
+    return Partition(cmp.optimal, cmp.even, cmp.equal_params, cmp.method, cmp.capacity_bytes,
+                     placement)
 
 
 def validate(file=None, progress=None) -> Validation:

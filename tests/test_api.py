@@ -96,4 +96,4 @@ def test_readme_one_liner_prints_a_frame():
     code = "from planner import solve; print(solve(gpus=16, nodes=2).to_frame())"
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
                          capture_output=True, text=True).stdout
-    assert "rank" in out and "tp" in out and "bubble_fraction" in out
+    assert "rank" in out and "tp" in out and "[10 rows x 20 columns]" in out

@@ -26,6 +26,22 @@ def _blocks(plan: Plan) -> list[int]:
             for s in plan.stages]
 
 
+def blocks_per_stage(plan: Plan) -> str:
+    """Transformer blocks per chunk, compactly: "8x4" when even, "7|9x2|6" when only the edge
+    stages differ (Megatron's first/last-stage flags), "5-9" otherwise."""
+    layers = plan.model.layers
+    counts = [sum(1 for layer in layers[s.first:s.last] if layer.kind == "block")
+              for s in plan.stages]
+    if len(set(counts)) == 1:
+        return f"{counts[0]}x{len(counts)}"
+    middle = counts[1:-1]
+    if len(counts) > 2 and len(set(middle)) == 1:
+        return f"{counts[0]}|{middle[0]}x{len(middle)}|{counts[-1]}"
+    if len(counts) == 2:
+        return f"{counts[0]}|{counts[1]}"
+    return f"{min(counts)}-{max(counts)}"
+
+
 def stage_recompute(plan: Plan) -> str:
     """The recompute modes the stages use, in order none/selective/full ("none/full" when mixed):
     the partitioner picks one per stage, at most the plan-level mode."""
@@ -37,7 +53,7 @@ def plan_record(plan: Plan) -> dict:
     """One plan as a flat dict of the frame's columns (the plan JSON's values and rounding)."""
     d = plan.to_dict(with_layout=False)
     return {**d["parallel"], **d["metrics"], "stage_recompute": stage_recompute(plan),
-            "blocks_per_stage": " ".join(str(n) for n in _blocks(plan))}
+            "blocks_per_stage": blocks_per_stage(plan)}
 
 
 def plans_frame(plans):

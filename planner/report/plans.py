@@ -15,7 +15,7 @@ from planner.hardware.profiles import Hardware
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 from planner.report import frames
-from planner.report.frames import stage_recompute
+from planner.report.frames import blocks_per_stage, stage_recompute
 
 _MEASURE = Console(width=10_000, color_system=None)
 from planner.stack import Stack
@@ -27,22 +27,6 @@ def _si(x: float) -> str:
         if abs(x) >= scale:
             return f"{x / scale:.2f}{unit}"
     return f"{x:.0f}"
-
-
-def blocks_per_stage(plan: Plan) -> str:
-    """Transformer blocks per chunk, compactly: "8x4" when even, "7|9x2|6" when only the edge
-    stages differ (Megatron's first/last-stage flags), "5-9" otherwise."""
-    layers = plan.model.layers
-    counts = [sum(1 for layer in layers[s.first:s.last] if layer.kind == "block")
-              for s in plan.stages]
-    if len(set(counts)) == 1:
-        return f"{counts[0]}x{len(counts)}"
-    middle = counts[1:-1]
-    if len(counts) > 2 and len(set(middle)) == 1:
-        return f"{counts[0]}|{middle[0]}x{len(middle)}|{counts[-1]}"
-    if len(counts) == 2:
-        return f"{counts[0]}|{counts[1]}"
-    return f"{min(counts)}-{max(counts)}"
 
 
 def recompute_label(plan: Plan) -> str:
