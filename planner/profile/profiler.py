@@ -69,6 +69,7 @@ NOISY_SPREAD = 0.2
 MIN_REPEATS = 3  # a median of fewer is a mean, and one slow run moves it
 PEAK_SIZES_CPU = (512, 1024, 2048)
 PEAK_SIZES_GPU = (2048, 4096, 8192)
+PEAK_MAX_S = 0.1  # the longest single matmul the peak measurement runs (by the probe's estimate)
 CUPY_MISSING = ("CuPy is not installed: pip install 'plan3d[gpu]' on a machine with an NVIDIA "
                 "GPU, or use --device cpu")
 ATTENTION_FLOPS_NOTE = ("causal attention computes the full s x s scores and masks them; its FLOPs "
@@ -354,13 +355,20 @@ def probe_speed(xp=np, dtype="float32", n: int = 1024) -> Speed:
     return Speed(2.0 * n**3 / max(best_mm, 1e-9), 2.0 * big.nbytes / max(best_cp, 1e-9))
 
 
-def measured_peak_flops(xp=np, dtype="float32", runs: int = 3) -> float:
+def measured_peak_flops(xp=np, dtype="float32", speed: Speed | None = None,
+                        runs: int = 3) -> float:
     """The best square-matmul rate over a few sizes, best of ``runs`` each (FLOP/s): this
     device's achieved peak, what its MFU is measured against (a CPU has no datasheet number the
-    planner knows; ``plan profile --calibrate`` measures the same way over more shapes)."""
+    planner knows; ``plan profile --calibrate`` measures the same way over more shapes). Sizes
+    whose matmul ``speed`` (the probe) expects to take over PEAK_MAX_S are skipped (when all
+    would, the one size that takes about that long), so the measurement stays around a second."""
     clock = Clock(xp)
     best = 0.0
-    for n in PEAK_SIZES_CPU if xp is np else PEAK_SIZES_GPU:
+    sizes = PEAK_SIZES_CPU if xp is np else PEAK_SIZES_GPU
+    if speed is not None:
+        sizes = ([n for n in sizes if 2.0 * n**3 / speed.flops_per_s <= PEAK_MAX_S]
+                 or [max(16, int((PEAK_MAX_S * speed.flops_per_s / 2.0) ** (1 / 3)))])
+    for n in sizes:
         a = xp.ones((n, n), dtype=dtype)
         xp.matmul(a, a)  # warm-up
         for _ in range(runs):
@@ -561,7 +569,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", tp: int = 1, micro_ba
     total = len(distinct) + 1
     report(0, total, "probing device speed")
     speed = probe_speed(xp, dtype)
-    peak_before = measured_peak_flops(xp, dtype)
+    peak_before = measured_peak_flops(xp, dtype, speed)
     mem = 0.4 * free_memory_bytes(xp)
     measured: dict[Layer, LayerTiming] = {}
     for i, layer in enumerate(distinct, start=1):
@@ -569,7 +577,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", tp: int = 1, micro_ba
         report(i, total, f"{layer.kind}" + (f" x{count}" if count > 1 else ""))
         measured[layer] = _measure(layer, micro_batch, s, tp, xp, dtype, speed, warmup, repeats,
                                    budget_s, mem)
-    peak_after = measured_peak_flops(xp, dtype)
+    peak_after = measured_peak_flops(xp, dtype, speed)
     report(total, total, "done")
     env = environment(xp, dtype)
     env["probe"] = {"matmul_tflops": speed.flops_per_s / 1e12,
