@@ -18,7 +18,8 @@ except ImportError:
     from typer.exceptions import TyperException as _UsageProblem
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.progress import BarColumn, Progress, ProgressColumn, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from planner.launchers import export_plan, implied_launcher, parse_targets
 from planner.report.gantt import render_gantt, to_svg
@@ -45,13 +46,15 @@ from planner.profile.profiler import load_profile, profile_model, save_profile
 from planner.report.output import (INPUT_ERROR, NOTHING_FITS, error_document, error_markup,
                                    json_text)
 from planner.report.profile import profile_table
+from planner.search.advice import batch_hint
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
 from planner.search.space import Pins, Request, tp_rule, validate_pins
 from planner.predict.stages import METHODS
 from planner.stack import bundled_stacks, resolve_stack
 from planner.fidelity.calibrate import calibrate as calibrate_runs, calibrated_profile, parse_factors
-from planner.fidelity.published import DEFAULT_FILES, load_cases, validate_file, validation_markdown, validation_table
+from planner.fidelity.published import DEFAULT_FILES, load_cases, validate_file
 from planner.report.calibration import calibration_table
+from planner.report.validation import validation_markdown, validation_table
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
                   help="Plan tensor x pipeline x data parallel training of large models.\n\n"
@@ -75,10 +78,19 @@ def print_json(doc) -> None:
     sys.stdout.write(json_text(doc))
 
 
+def _follow_columns() -> None:
+    """Piped or captured, the width is $COLUMNS as it is now (tests and scripts set it per call),
+    200 without it; a terminal's own width is left alone."""
+    for console in (out, err):
+        if not console.is_terminal:
+            console.width = int(os.environ.get("COLUMNS", "200"))
+
+
 @contextmanager
 def user_errors(as_json: bool = False):
     """Bad input (a file, a flag, an output that cannot be written): one line and exit 2;
     nothing feasible: the reasons and exit 1. With --json the same as a JSON document on stdout."""
+    _follow_columns()
     try:
         yield
     except PlanInputError as e:
@@ -113,92 +125,149 @@ def progress_bar(label: str):
     if not err.is_terminal:
         yield None
         return
-    with Progress(TextColumn(label), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
-        task = bar.add_task(label, total=None)
+    with Progress(TextColumn(label), BarColumn(), _Count(), TimeElapsedColumn(), console=err,
+                  transient=True) as bar:
+        task = bar.add_task(label, total=None)  # a pulsing bar until the first (done, total)
         yield lambda done, total: bar.update(task, completed=done, total=total)
 
 
-# The direct flags that override one field of the stack (None: keep the stack's value).
-STACK_FLAGS = {
-    "flash": typer.Option(None, "--flash/--no-flash",
-                          help="Flash attention (scores not stored) or unfused attention "
-                               "(default: the stack's)."),
-    "overlap": typer.Option(None, "--overlap/--no-overlap",
-                            help="Overlap DP grad reduce and param gather with compute "
-                                 "(default: the stack's)."),
-    "tp_overlap": typer.Option(None, "--tp-overlap/--no-tp-overlap",
-                               help="Hide TP communication in the GEMMs (default: the stack's)."),
-    "grad_dtype": typer.Option(None, "--grad-dtype",
-                               help="Gradient dtype: fp32, bf16 or fp16 (default: the stack's)."),
-}
+class _Count(ProgressColumn):
+    """done/total once the total is known; nothing before (never "0/None")."""
+
+    def render(self, task) -> Text:
+        return Text("" if task.total is None else f"{task.completed:.0f}/{task.total:.0f}")
+
+
+# Help panels of `plan solve --help`, so 30 options read as four groups. Other commands use the
+# same names for the same things, and the short options mean one thing everywhere: -m --model,
+# -M --microbatches, -o --out.
+PLAN = "What to plan"
+PINS = "Pins (fix a dimension; the search covers the rest)"
+LIMITS = "Constraints"
+OUTPUT = "Output"
+
+
+def _flag(default: bool, decls: str, help: str, panel: str | None = None):
+    """A boolean flag: no value placeholder in --help, its default named."""
+    return typer.Option(default, decls, help=help, metavar="", rich_help_panel=panel)
+
+
+def stack_flags(panel: str | None = None) -> dict:
+    """The direct flags that override one field of the stack (None: keep the stack's value)."""
+    return {
+        "flash": typer.Option(None, "--flash/--no-flash", metavar="", show_default="the stack's",
+                              help="Flash attention (scores not stored) or unfused attention.",
+                              rich_help_panel=panel),
+        "overlap": typer.Option(None, "--overlap/--no-overlap", metavar="",
+                                show_default="the stack's",
+                                help="Overlap DP grad reduce and param gather with compute.",
+                                rich_help_panel=panel),
+        "tp_overlap": typer.Option(None, "--tp-overlap/--no-tp-overlap", metavar="",
+                                   show_default="the stack's",
+                                   help="Hide TP communication in the GEMMs.",
+                                   rich_help_panel=panel),
+        "grad_dtype": typer.Option(None, "--grad-dtype", show_default="the stack's",
+                                   help="Gradient dtype: fp32, bf16 or fp16.",
+                                   rich_help_panel=panel),
+    }
+
+
+STACK_FLAGS = stack_flags()
 
 
 @app.command()
 def solve(
-    gpus: int = typer.Option(..., "--gpus", help="Total GPUs."),
-    nodes: int = typer.Option(..., "--nodes", help="Nodes; GPUs per node = gpus / nodes."),
-    model: Optional[str] = typer.Option(None, "--model", "-m",
-                                        help="Preset name, model.json or HF config.json "
-                                             "(default: llama3-8b)."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU (plan hardware)."),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
+    gpus: int = typer.Option(..., "--gpus", help="Total GPUs.", rich_help_panel=PLAN),
+    nodes: int = typer.Option(..., "--nodes", help="Nodes; GPUs per node = gpus / nodes.",
+                              rich_help_panel=PLAN),
+    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="llama3-8b",
+                                        help="Preset name, model.json or HF config.json.",
+                                        rich_help_panel=PLAN),
+    gpu: Optional[str] = typer.Option(None, "--gpu", show_default="a100-80gb",
+                                      help="Bundled GPU (plan hardware).", rich_help_panel=PLAN),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON.",
+                                            rich_help_panel=PLAN),
     global_batch: Optional[int] = typer.Option(None, "--global-batch",
-                                               help="Sequences per step (default ~4M tokens)."),
-    batch_range: Optional[str] = typer.Option(None, "--global-batch-range",
-                                              help="MIN,MAX: let the search choose the batch."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
-    max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
-                                               help="Reject plans idling more than this fraction."),
-    top: int = typer.Option(10, "--top", help="How many plans to show."),
-    as_json: bool = typer.Option(False, "--json", help="Print the plans as JSON."),
-    csv_file: Optional[Path] = typer.Option(None, "--csv", help="Also write the plans as CSV."),
-    explain_it: bool = typer.Option(False, "--explain",
-                                    help="Explain the pinned configuration: fits or not, by "
-                                         "how much."),
-    tp: Optional[int] = typer.Option(None, "--tp", help="Pin tensor-parallel size."),
-    pp: Optional[int] = typer.Option(None, "--pp", help="Pin pipeline-parallel size."),
-    dp: Optional[int] = typer.Option(None, "--dp", help="Pin data-parallel size."),
-    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Pin micro-batch."),
+                                               show_default="~4M tokens",
+                                               help="Sequences per step.", rich_help_panel=PLAN),
+    batch_range: Optional[str] = typer.Option(None, "--global-batch-range", metavar="MIN,MAX",
+                                              help="Let the search choose the batch.",
+                                              rich_help_panel=PLAN),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", show_default="the model's",
+                                          help="Override the sequence length.",
+                                          rich_help_panel=PLAN),
+    profile_file: Optional[Path] = typer.Option(None, "--profile",
+                                                help="Plan from measured layer times "
+                                                     "(plan profile --out FILE).",
+                                                rich_help_panel=PLAN),
+    stack: Optional[str] = typer.Option(None, "--stack", show_default="the launcher's, else "
+                                                                      "megatron-core",
+                                        help="Software stack NAME (plan stacks) or FILE.",
+                                        rich_help_panel=PLAN),
+    flash: Optional[bool] = stack_flags(PLAN)["flash"],
+    overlap: Optional[bool] = stack_flags(PLAN)["overlap"],
+    tp_overlap: Optional[bool] = stack_flags(PLAN)["tp_overlap"],
+    grad_dtype: Optional[str] = stack_flags(PLAN)["grad_dtype"],
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size.",
+                                     rich_help_panel=PINS),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size.",
+                                     rich_help_panel=PINS),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size.",
+                                     rich_help_panel=PINS),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Micro-batch size.",
+                                              rich_help_panel=PINS),
     schedule: Optional[str] = typer.Option(None, "--schedule",
-                                           help="Pin gpipe | 1f1b | interleaved | zb-h1."),
+                                           help="gpipe | 1f1b | interleaved | zb-h1.",
+                                           rich_help_panel=PINS),
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
-                                                 help="Pin chunks per rank (interleaved)."),
+                                                 help="Chunks per rank (interleaved).",
+                                                 rich_help_panel=PINS),
     recompute: Optional[str] = typer.Option(None, "--recompute",
-                                            help="Pin none | selective | full."),
-    zero: Optional[int] = typer.Option(None, "--zero", help="Pin ZeRO stage 0-3 (1 = "
-                                                           "distributed optimizer)."),
+                                            help="none | selective | full.",
+                                            rich_help_panel=PINS),
+    zero: Optional[int] = typer.Option(None, "--zero",
+                                       help="ZeRO stage 0-3 (1 = distributed optimizer).",
+                                       rich_help_panel=PINS),
     sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/"
-                                                     "--no-sequence-parallel",
-                                                     help="Pin sequence parallelism."),
+                                                     "--no-sequence-parallel", metavar="",
+                                                     show_default="searched",
+                                                     help="Sequence parallelism on or off.",
+                                                     rich_help_panel=PINS),
+    max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
+                                               help="Reject plans idling more than this "
+                                                    "fraction of the step.",
+                                               rich_help_panel=LIMITS),
     launcher: Optional[str] = typer.Option(None, "--launcher",
                                            help="Only plans this launcher runs: megatron | "
-                                                "deepspeed | torchtitan."),
+                                                "deepspeed | torchtitan.",
+                                           rich_help_panel=LIMITS),
     refine: int = typer.Option(20, "--refine", help="Partition and simulate at most K "
                                                     "screened configurations; fewer when a "
-                                                    "lower bound proves plan 1 the fastest."),
+                                                    "lower bound proves plan 1 the fastest.",
+                               rich_help_panel=LIMITS),
     partition_solver: str = typer.Option("auto", "--partition",
                                          help="Stage split solver: auto (the exact DP for one "
                                               "chunk per rank, the MILP for interleaved chunks), "
-                                              "ilp (PuLP: HiGHS or CBC) or dp."),
+                                              "ilp (PuLP: HiGHS, else CBC) or dp.",
+                                         rich_help_panel=LIMITS),
+    top: int = typer.Option(10, "--top", help="How many plans to show.", rich_help_panel=OUTPUT),
+    wide: bool = _flag(False, "--wide", "Every column, however wide the terminal.", OUTPUT),
+    as_json: bool = _flag(False, "--json", "Print the plans as JSON.", OUTPUT),
+    csv_file: Optional[Path] = typer.Option(None, "--csv", help="Also write the plans as CSV.",
+                                            rich_help_panel=OUTPUT),
+    explain_it: bool = _flag(False, "--explain", "Explain the pinned configuration: fits or "
+                                                 "not, by how much.", OUTPUT),
     export: Optional[str] = typer.Option(None, "--export",
                                          help="Write the best plan for: json, megatron, "
-                                              "deepspeed, torchtitan, torchrun (comma list)."),
-    out_dir: Optional[Path] = typer.Option(None, "--out", help="Directory for --export."),
-    force: bool = typer.Option(False, "--force", help="Overwrite exported files."),
+                                              "deepspeed, torchtitan, torchrun (comma list).",
+                                         rich_help_panel=OUTPUT),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for --export.",
+                                           rich_help_panel=OUTPUT),
+    force: bool = _flag(False, "--force", "Overwrite exported files.", OUTPUT),
     torchtitan_version: str = typer.Option("0.3.0", "--torchtitan-version",
                                            help="torchtitan release for --export torchtitan: "
-                                                "0.3.0 (arguments) or 0.2 (TOML)."),
-    profile_file: Optional[Path] = typer.Option(None, "--profile",
-                                                help="Plan from measured layer times "
-                                                     "(plan profile --out FILE)."),
-    stack: Optional[str] = typer.Option(None, "--stack",
-                                        help="Software stack NAME (plan stacks) or FILE "
-                                             "(default: the launcher's, else megatron-core)."),
-    flash: Optional[bool] = STACK_FLAGS["flash"],
-    overlap: Optional[bool] = STACK_FLAGS["overlap"],
-    tp_overlap: Optional[bool] = STACK_FLAGS["tp_overlap"],
-    grad_dtype: Optional[str] = STACK_FLAGS["grad_dtype"],
+                                                "0.3.0 (arguments) or 0.2 (TOML).",
+                                           rich_help_panel=OUTPUT),
 ):
     """Search TP x PP x DP, micro-batch, schedule, recompute and ZeRO; print the best plans.
 
@@ -235,10 +304,14 @@ def solve(
             if as_json:
                 print_json(explanation_dict(explanation))
             else:
-                print_explanation(out, explanation)
+                print_explanation(out, explanation, wide=wide)
             return
         with progress_bar("searching") as progress:
             result = search(req, progress)
+        hint = None
+        if not as_json:
+            with progress_bar("checking a larger batch") as progress:
+                hint = batch_hint(req, result.plans[0], search)
         if csv_file is not None:
             write_text(csv_file, plans_csv(result.plans), force=force)
         if targets:
@@ -247,10 +320,12 @@ def solve(
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
             doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
-                   "search": {"screened": result.screened, "returned": len(result.plans)}}
+                   "search": {"considered": result.considered, "screened": result.screened,
+                              "not_refined": result.not_refined, "feasible": result.feasible,
+                              "folded": result.folded, "returned": len(result.plans)}}
             print_json(doc)
         else:
-            print_search(out, result, spec, cluster)
+            print_search(out, result, spec, cluster, wide=wide, hint=hint)
             if measured is not None:
                 out.print(for_rich(analytical_comparison(req, result.plans[0])), highlight=False)
 
@@ -267,20 +342,23 @@ def parse_range(text: Optional[str]) -> Optional[tuple[int, int]]:
 
 @app.command()
 def profile(
-    model: Optional[str] = typer.Argument(None, help="Preset, model.json or HF config.json "
-                                                     "(default: llama3-8b)."),
+    model: Optional[str] = typer.Argument(None, help="Preset, model.json or HF config.json.",
+                                          show_default="llama3-8b"),
     device: str = typer.Option("cpu", "--device", help="cpu (numpy) or gpu (CuPy)."),
     tp: int = typer.Option(1, "--tp", help="Time the TP-sharded shapes of this degree."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size."),
-    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length.",
+                                          show_default="the model's"),
+    repeats: int = typer.Option(5, "--repeats", help="Timed runs of each pass; the median is "
+                                                     "kept, the spread reported."),
     budget_s: float = typer.Option(10.0, "--budget-s",
                                    help="Per-layer time budget; bigger layers are measured "
                                         "smaller and scaled by FLOPs."),
-    out_file: Optional[Path] = typer.Option(None, "--out", help="Profile JSON to write."),
-    force: bool = typer.Option(False, "--force", help="Overwrite --out."),
-    calibrate_it: bool = typer.Option(False, "--calibrate",
-                                      help="Measure matmul and memory speed instead, and write a "
-                                           "hardware profile for --hardware."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Profile JSON to write."),
+    force: bool = _flag(False, "--force", "Overwrite --out."),
+    calibrate_it: bool = _flag(False, "--calibrate", "Measure matmul and memory speed instead, "
+                                                     "and write a hardware profile for "
+                                                     "--hardware."),
 ):
     """Measure per-layer forward/backward time with torch-free kernels on this machine.
 
@@ -312,7 +390,7 @@ def profile(
             refuse_overwrite([out_file], force)
         with progress_bar("profiling") as progress:
             measured = profile_model(spec, device=device, tp=tp, micro_batch=micro_batch,
-                                     seq_len=seq_len, budget_s=budget_s,
+                                     seq_len=seq_len, budget_s=budget_s, repeats=repeats,
                                      progress=_three(progress))
         out.print(profile_table(measured))
         if device == "gpu":
@@ -331,7 +409,7 @@ def _three(progress):
 @app.command()
 def simulate(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline ranks."),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-m",
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step (M)."),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
@@ -340,9 +418,9 @@ def simulate(
                                                    "(backward = 2x); default all 1."),
     comm_time: float = typer.Option(0.0, "--comm-time", help="Transfer time per boundary."),
     plan_file: Optional[Path] = typer.Option(None, "--plan", help="Draw a saved plan.json."),
-    as_json: bool = typer.Option(False, "--json", help="Print the summary as JSON."),
+    as_json: bool = _flag(False, "--json", "Print the summary as JSON."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Also write the chart as SVG."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the SVG file."),
+    force: bool = _flag(False, "--force", "Overwrite the SVG file."),
     stack: Optional[str] = typer.Option(None, "--stack",
                                         help="Check the schedule runs on this stack NAME or FILE "
                                              "and add its per-action overhead."),
@@ -392,19 +470,22 @@ def layout(
 @app.command()
 def partition(
     model: Optional[str] = typer.Option(None, "--model", "-m", help="Preset, model.json or HF "
-                                                                    "config.json."),
+                                                                    "config.json.",
+                                        show_default="llama3-8b"),
     pp: int = typer.Option(..., "--pp", help="Pipeline stages."),
     tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
     dp: int = typer.Option(1, "--dp", help="Data-parallel size (shards ZeRO states)."),
     micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size."),
-    microbatches: Optional[int] = typer.Option(None, "--microbatches",
-                                               help="Microbatches per step (default 4 x pp)."),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
+                                               help="Microbatches per step.",
+                                               show_default="4 x pp"),
     schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
     recompute: str = typer.Option("full", "--recompute",
                                   help="The most recompute a stage may use."),
     zero: int = typer.Option(1, "--zero", help="ZeRO stage."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU.",
+                                      show_default="a100-80gb"),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes holding the tp x pp x dp "
                                         "GPUs (default: the hardware's GPUs per node)."),
@@ -413,8 +494,8 @@ def partition(
                                                           "rank, the MILP for interleaved chunks), "
                                                           "ilp (PuLP: HiGHS or CBC) or dp."),
     lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
-    as_json: bool = typer.Option(False, "--json", help="Print the splits as JSON."),
-    force: bool = typer.Option(False, "--force", help="Overwrite the --lp file."),
+    as_json: bool = _flag(False, "--json", "Print the splits as JSON."),
+    force: bool = _flag(False, "--force", "Overwrite the --lp file."),
     stack: Optional[str] = typer.Option(None, "--stack", help="Software stack NAME or FILE."),
     flash: Optional[bool] = STACK_FLAGS["flash"],
     overlap: Optional[bool] = STACK_FLAGS["overlap"],
@@ -470,14 +551,16 @@ def partition(
 
 @app.command()
 def validate(
-    file: Optional[Path] = typer.Argument(None, help="Published runs JSON (default: bundled)."),
+    file: Optional[Path] = typer.Argument(None, help="Published runs JSON.",
+                                          show_default="the bundled runs"),
     runs: Optional[Path] = typer.Option(None, "--runs",
                                         help="Your own runs file (same format as the bundled "
                                              "profiles/validation/*.json)."),
     hardware: Optional[Path] = typer.Option(None, "--hardware",
                                             help="A GPU profile (e.g. from plan calibrate) used "
                                                  "for every run instead of the bundled one."),
-    markdown: bool = typer.Option(False, "--markdown", help="Print a markdown table."),
+    markdown: bool = typer.Option(False, "--markdown", metavar="",
+                                  help="Print a markdown table (the README's)."),
     stack: Optional[str] = typer.Option(None, "--stack",
                                         help="Price every case on this stack NAME or FILE "
                                              "instead of the stack each case names."),
@@ -490,9 +573,10 @@ def validate(
         if file is not None and runs is not None:
             raise PlanInputError("give the runs file once: as the argument or as --runs")
         hw = load_hardware(file=hardware) if hardware else None
-        with progress_bar("validating") as _:
+        with progress_bar("validating") as progress:
             rows, summary = validate_file(file or runs or DEFAULT_FILES, hardware=hw,
-                                          stack=resolve_stack(stack) if stack else None)
+                                          stack=resolve_stack(stack) if stack else None,
+                                          progress=progress)
         if markdown:
             sys.stdout.write(validation_markdown(rows, summary))
         else:
@@ -505,9 +589,10 @@ def calibrate_cmd(
                                                   "profiles/validation/*.json), one GPU kind."),
     factors: str = typer.Option("matmul,attention,network", "--factors",
                                 help="Efficiency factors to fit (comma list, at most these three)."),
-    out_file: Optional[Path] = typer.Option(None, "--out", help="Write the calibrated GPU "
-                                                                "profile here (for --hardware)."),
-    force: bool = typer.Option(False, "--force", help="Overwrite --out."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the calibrated GPU "
+                                                                      "profile here (for "
+                                                                      "--hardware)."),
+    force: bool = _flag(False, "--force", "Overwrite --out."),
 ):
     """Fit the GPU profile's efficiency factors to your own measured runs.
 
@@ -546,7 +631,7 @@ def models(ctx: typer.Context):
 @models_app.command("show")
 def models_show(
     name: str = typer.Argument(..., help="A preset (plan models), model.json or HF config.json."),
-    as_json: bool = typer.Option(False, "--json", help="Print the model.json itself."),
+    as_json: bool = _flag(False, "--json", "Print the model.json itself."),
 ):
     """Show a model as a model.json template: every field, its value and meaning.
 
@@ -564,8 +649,7 @@ def models_show(
 
 
 @app.command("stacks")
-def stacks_cmd(as_json: bool = typer.Option(False, "--json", help="Every field and its source, "
-                                                                   "as JSON.")):
+def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its source, as JSON.")):
     """List the bundled software stacks (plan solve --stack NAME, or --stack FILE)."""
     with user_errors():
         stacks = bundled_stacks()

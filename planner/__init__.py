@@ -1,5 +1,32 @@
-"""plan3d: plan tensor x pipeline x data parallel training of large models."""
+"""plan3d: plan tensor x pipeline x data parallel training of large models.
+
+The Python API (planner/api.py) is re-exported here lazily::
+
+    from planner import solve, explain, partition, validate, profile
+
+``import planner`` itself loads nothing but the version: the CLI imports its modules directly, and
+``plan --help`` must not pay for the search or for pandas. The first API name asked for loads
+planner.api and binds all of them here. ``partition`` and ``profile`` are also sub-packages
+(planner/partition/, planner/profile/); planner.api imports both first, so the names bound here
+afterwards are the functions. The sub-packages stay importable by their dotted names.
+"""
 
 from planner.core.version import __version__
 
-__all__ = ["__version__"]
+API = ("solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
+       "Explanation", "Partition", "Validation", "Profiled", "PlanInputError", "NoFeasiblePlan")
+
+__all__ = ["__version__", *API]
+
+
+def __getattr__(name: str):
+    if name not in API:
+        raise AttributeError(f"module 'planner' has no attribute {name!r}")
+    from planner import api
+
+    globals().update({n: getattr(api, n) for n in API})
+    return globals()[name]
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(API))

@@ -15,7 +15,7 @@ def run(*args):
 def test_default_solve_prints_a_ranked_table():
     result = run("solve", "--gpus", "16", "--nodes", "2")
     assert result.exit_code == 0, result.output
-    assert "llama3-8b" in result.output and "configurations screened" in result.output
+    assert "llama3-8b" in result.output and "configurations considered" in result.output
 
 
 def test_json_follows_the_plan_schema_and_invariants():

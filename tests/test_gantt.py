@@ -51,3 +51,52 @@ def test_svg_parses_with_one_rect_per_compute_op():
     assert len(ops) == sum(len(row) for row in r.timeline) == 2 * 2 * 4 * 2
     assert all(e.find(SVG + "title") is not None for e in ops)
     assert {e.get("fill") for e in ops} == {"#4a78c2", "#4caf50"}
+
+
+def _plain_rows(result, width):
+    return [t.plain for t in gantt_rows(result, width)]
+
+
+def test_without_colour_kinds_stay_distinct_and_only_idle_is_blank():
+    """Issue #19: piped, F/B/W were indistinguishable. Every op now starts with its kind and fills
+    its span with its own mark; the blank cells are the idle time (up to rounding per op)."""
+    r = simulate("zb-h1", 4, 8, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0)  # F = B = W
+    width = 300
+    rows = _plain_rows(r, width)
+    for rank, line in enumerate(rows):
+        assert {"F", "B", "W"} <= set(line) and {"-", "=", "~"} <= set(line)
+        busy = sum(t.end_s - t.start_s for t in r.timeline[rank]) / r.makespan_s
+        ops = len(r.timeline[rank])
+        assert abs(sum(c != " " for c in line) / width - busy) <= ops / width
+    text = "\n".join(rows)
+    assert "F7" in text and "B7" in text and "W7" in text
+
+
+def test_long_schedules_are_compressed_not_blank():
+    """Issue #19: past ~64 microbatches the piped chart went blank. A long schedule now keeps the
+    start and the end readable, cuts the middle, and says so."""
+    r = simulate("1f1b", 4, 64, fwd_s=1.0, bwd_s=2.0)  # simulated op by op (M <= 64)
+    console = Console(record=True, width=100, color_system=None)
+    render_gantt(r, console)
+    text = console.export_text()
+    assert "compressed:" in text and "⋯" in text
+    rank_lines = [line for line in text.splitlines() if line.startswith("rank ")]
+    for line in rank_lines:
+        assert "F0" in line and "B63" in line  # the first and the last microbatch drawn
+    left = [line.split("⋯")[0] for line in rank_lines]
+    assert all(line.rstrip().endswith(("-", "=")) or line.rstrip()[-1].isdigit() for line in left)
+
+
+def test_a_long_run_draws_its_short_run_and_says_so():
+    """Past M = 64 the simulator extrapolates the steady state and keeps a short run's ops."""
+    r = simulate("1f1b", 4, 200, fwd_s=1.0, bwd_s=2.0)
+    console = Console(record=True, width=100, color_system=None)
+    render_gantt(r, console)
+    text = console.export_text()
+    assert f"of 200 microbatches" in text
+    assert all("F0" in line for line in text.splitlines() if line.startswith("rank "))
+
+
+def test_a_short_schedule_is_not_compressed():
+    r = simulate("1f1b", 4, 8, fwd_s=1.0, bwd_s=2.0)
+    assert all("⋯" not in line for line in _plain_rows(r, 120))

@@ -173,3 +173,55 @@ def test_rates_for_the_cost_model(tiny_profile):
     block = tiny_profile[0].layers[1]
     assert block.flops_per_s("fwd") == pytest.approx(block.fwd_flops / block.fwd_s)
     assert tiny_profile[0].layers[0].flops_per_s("bwd_input") == 0.0  # embedding: no input grad
+
+
+def test_repeats_give_a_median_and_a_spread(tiny_profile):
+    """Issue #19: `plan profile` showed no spread. Each pass is the median of its repeats, and
+    the spread is (slowest - fastest) / median of the passes' total."""
+    prof, _ = tiny_profile
+    assert prof.environment["statistic"] == "median"
+    for t in prof.layers:
+        low = t.fwd_min_s + t.bwd_input_min_s + t.bwd_weight_min_s
+        high = t.fwd_max_s + t.bwd_input_max_s + t.bwd_weight_max_s
+        assert t.spread == pytest.approx((high - low) / t.total_s)
+        assert t.spread >= 0
+    assert prof.spread == max(t.spread for t in prof.layers)
+
+
+def test_noise_is_flagged_from_the_spread_or_the_drift(tiny_profile):
+    from dataclasses import replace
+
+    from planner.profile.profiler import NOISY_SPREAD
+
+    prof, _ = tiny_profile
+    quiet_timing = replace(prof.layers[0], fwd_min_s=prof.layers[0].fwd_s,
+                           fwd_max_s=prof.layers[0].fwd_s, bwd_input_min_s=0.0,
+                           bwd_input_max_s=0.0, bwd_weight_min_s=0.0, bwd_weight_max_s=0.0,
+                           bwd_input_s=0.0, bwd_weight_s=0.0)
+    env = dict(prof.environment, peak={"matmul_tflops": 1.0, "drift": 0.0})
+    quiet = replace(prof, layers=(quiet_timing,), environment=env)
+    assert quiet.spread == 0 and not quiet.noisy
+    noisy = replace(quiet_timing, fwd_max_s=quiet_timing.fwd_s * (1 + 2 * NOISY_SPREAD))
+    assert replace(quiet, layers=(noisy,)).noisy
+    drifting = replace(quiet, environment=dict(env, peak={"matmul_tflops": 1.0, "drift": -0.5}))
+    assert drifting.noisy
+    from planner.report.profile import profile_notes
+    assert any("noisy" in line for line in profile_notes(drifting))
+    assert not any("noisy" in line for line in profile_notes(quiet))
+
+
+def test_cpu_profile_mfu_is_against_the_measured_peak(tiny_profile):
+    """Issue #19: a plan from a CPU profile reported MFU 0.0% (CPU times against an A100 peak).
+    MFU now uses the profiled device's measured peak: model FLOPs / (step x GPUs x that peak)."""
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.search.engine import Request, search
+
+    prof, _ = tiny_profile
+    assert prof.peak_flops and prof.peak_flops > 1e9  # any CPU does a GFLOP/s
+    cluster = make_cluster(load_hardware("a100-80gb"), 1, 1)
+    plan = search(Request(model=TINY, cluster=cluster, global_batch=4, profile=prof,
+                          top=1)).plans[0]
+    m = plan.metrics
+    model_flops = m.tflops_per_gpu * 1e12 * m.step_time_s * cluster.gpus
+    assert m.mfu == pytest.approx(model_flops / (m.step_time_s * cluster.gpus * prof.peak_flops))
+    assert prof.peak_flops < cluster.hardware.peak_flops  # so against the A100 it read lower

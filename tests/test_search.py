@@ -73,3 +73,66 @@ def test_search_matches_or_beats_the_published_megatron_configuration(case):
         assert best.metrics.step_time_s <= exp.plan.metrics.step_time_s * (1 + 1e-9)
     else:  # predicted not to fit: the explanation says by how much
         assert exp.plan.metrics.peak_memory_bytes > exp.capacity_bytes
+
+
+def _space_by_brute_force(req) -> int:
+    """Every (tp, pp, dp, mb, schedule, v, recompute, ZeRO, SP) the pins allow, counted by
+    itertools, independently of planner.search.space."""
+    from itertools import product
+
+    from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES
+    from planner.search.space import MICRO_BATCHES, VIRTUAL_STAGES
+
+    gpus, pins, n = req.cluster.gpus, req.pins, 0
+    for tp, pp in product(range(1, gpus + 1), repeat=2):
+        if gpus % (tp * pp) or any(x is not None and x != y for x, y in
+                                   ((pins.tp, tp), (pins.pp, pp), (pins.dp, gpus // (tp * pp)))):
+            continue
+        for mb, schedule, recompute, zero, sp in product(
+                MICRO_BATCHES, SCHEDULES, RECOMPUTE_MODES, range(4), (True, False)):
+            vs = VIRTUAL_STAGES if schedule == "interleaved" else (1,)
+            if ((pins.micro_batch or mb) != mb or (pins.schedule or schedule) != schedule
+                    or (pp == 1 and schedule != "1f1b")
+                    or (pins.schedule is None and pp > 1
+                        and schedule not in req.options.schedules)
+                    or (pins.recompute or recompute) != recompute
+                    or (pins.recompute is None and recompute == "selective"
+                        and req.options.flash_attention)
+                    or pins.zero not in (None, zero) or (tp == 1 and sp)
+                    or pins.sequence_parallel not in (None, sp)):
+                continue
+            n += len([v for v in vs if pins.virtual_stages in (None, v)])
+    return n
+
+
+@settings(max_examples=20, deadline=None)
+@given(model=st.sampled_from(["megatron-1.7b", "llama2-7b", "llama3-8b"]),
+       nodes=st.sampled_from([1, 2]), per_node=st.sampled_from([4, 8]),
+       batch=st.sampled_from([16, 96, 512]), max_bubble=st.sampled_from([None, 0.05]),
+       launcher=st.sampled_from([None, "megatron", "deepspeed"]),
+       pins=st.sampled_from([{}, {"tp": 2}, {"pp": 2, "schedule": "interleaved"}, {"zero": 3},
+                             {"tp": 8, "pp": 1}, {"micro_batch": 2, "recompute": "full"}]))
+def test_rejection_counts_add_up_to_the_configurations_considered(model, nodes, per_node, batch,
+                                                                  max_bubble, launcher, pins):
+    """Issue #19: "1780 configurations screened; rejected: megatron cannot run it 4644" did not
+    add up. Every configuration of the space is now rejected once, not refined, or feasible."""
+    cluster = make_cluster(load_hardware("a100-80gb"), nodes * per_node, nodes)
+    if pins.get("tp", 1) > per_node or cluster.gpus % (pins.get("tp", 1) * pins.get("pp", 1)):
+        return
+    req = Request(model=PRESETS[model].with_seq_length(2048), cluster=cluster,
+                  global_batch=batch, max_bubble=max_bubble, launcher=launcher,
+                  pins=Pins(**pins), top=3, refine=4)
+    size = _space_by_brute_force(req)
+    try:
+        result = search(req)
+    except NoFeasiblePlan as e:
+        more = str(e).split("; ")[-1]
+        not_refined = int(more.split()[0]) if "not refined" in more else 0
+        assert sum(e.rejected.values()) + not_refined == size
+        assert f"{size} configurations considered" in str(e)
+        return
+    assert result.considered == size
+    assert result.accounted
+    assert result.screened == result.considered - sum(
+        n for reason, n in result.rejected.items()
+        if not reason.startswith(("memory", "bubble")))

@@ -9,8 +9,8 @@ today's value and marked as such, so an improvement shows up as an easy tighteni
 import pytest
 
 from planner.fidelity.published import (DEFAULT_FILE, MODERN_FILE, case_setup, load_cases, spearman,
-                              summarize, summary_lines, validate_cases, validate_file,
-                              validation_markdown, validation_table)
+                              summarize, validate_cases, validate_file)
+from planner.report.validation import summary_lines, validation_markdown, validation_table
 
 
 @pytest.fixture(scope="module")

@@ -8,8 +8,8 @@ documented software stack of its source and year, never tuned per case: each cas
 bundled stack (``stack``, profiles/stacks/) and any ``stack_overrides``; ``plan validate --stack``
 prices every case on one stack instead.
 
-Pure functions over frozen dataclasses; ``validation_table`` (rich) and ``validation_markdown``
-render the result.
+Pure functions over frozen dataclasses; planner/report/validation.py renders the result (a rich
+table, or markdown for the README) from the rows' DataFrame.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from planner.core.text import for_rich
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.fidelity.runs_schema import check_runs_document
@@ -474,10 +473,13 @@ def _memory_gib(measured: dict) -> float | None:
 
 
 def validate_cases(cases: list[dict], simulated: bool = True, dataset: str = "",
-                   hardware: Hardware | None = None,
-                   stack: Stack | None = None) -> tuple[ValidationRow, ...]:
+                   hardware: Hardware | None = None, stack: Stack | None = None,
+                   progress=None) -> tuple[ValidationRow, ...]:
+    """Every case predicted; ``progress(n)`` before each (the CLI's bar)."""
     rows = []
     for n, case in enumerate(cases):
+        if progress:
+            progress(n)
         try:
             rows.append(validate_case(case, simulated, dataset, hardware, stack))
         except (KeyError, TypeError, ValueError) as e:
@@ -548,97 +550,21 @@ def _summarize(rows) -> ValidationSummary:
 
 
 def validate_file(path=DEFAULT_FILES, simulated: bool = True, hardware: Hardware | None = None,
-                  stack: Stack | None = None
+                  stack: Stack | None = None, progress=None
                   ) -> tuple[tuple[ValidationRow, ...], ValidationSummary]:
     """Rows and summary for every case of one published-runs file or several (default: the old
     and the modern file); each row's ``dataset`` names its file (DATASET_LABELS). ``hardware``
     (a calibrated profile) replaces the bundled profile of every case's GPU kind, ``stack``
-    the stack every case names."""
+    the stack every case names. ``progress(done, total)`` is called as the cases are predicted."""
     paths = [path] if isinstance(path, (str, Path)) else list(path or DEFAULT_FILES)
+    files = [(Path(p), load_cases(p)) for p in paths]
+    total = sum(len(cases) for _, cases in files)
     rows: tuple[ValidationRow, ...] = ()
-    for p in paths:
-        label = DATASET_LABELS.get(Path(p).stem, Path(p).stem)
-        rows += validate_cases(load_cases(p), simulated, label, hardware, stack)
+    for p, cases in files:
+        label = DATASET_LABELS.get(p.stem, p.stem)
+        done = len(rows)
+        report = (lambda n, done=done: progress(done + n, total)) if progress else None
+        rows += validate_cases(cases, simulated, label, hardware, stack, report)
+    if progress:
+        progress(total, total)
     return rows, summarize(rows)
-
-
-# --- rendering -----------------------------------------------------------------------------------
-
-
-def _pct(x: float | None) -> str:
-    return "-" if x is None else f"{x:+.1%}"
-
-
-def _num(x: float | None, fmt: str) -> str:
-    return "-" if x is None else format(x, fmt)
-
-
-def _cells(r: ValidationRow) -> list[str]:
-    return [r.case, r.configuration, r.stack, _num(r.measured_step_s, ".2f"),
-            _num(r.predicted_step_s, ".2f"), _pct(r.time_error),
-            f"{_num(r.measured_tflops, '.0f')} / {_num(r.predicted_tflops, '.0f')}"
-            + (" (HFU)" if r.tflops_definition == "hardware" else " (MFU)"),
-            f"{_num(r.measured_memory_gib, '.0f')} / {_num(r.predicted_memory_gib, '.1f')}",
-            _pct(r.memory_error), r.note]
-
-
-_HEADERS = ["case", "configuration", "stack", "measured s", "predicted s", "time err",
-            "TFLOP/s meas / pred", "mem GiB meas / pred", "mem err", "note"]
-
-
-def summary_lines(s: ValidationSummary) -> list[str]:
-    """The summary as text lines: overall, then each dataset's (indented) when there are several."""
-    lines = _summary_lines(s, "all cases: " if s.groups else "")
-    for label, g in s.groups:
-        lines += ["  " + line for line in _summary_lines(g, f"{label}: ")]
-    return lines
-
-
-def _skip_text(s: ValidationSummary) -> str:
-    if not s.skipped:
-        return ""
-    counts: dict[str, int] = {}
-    for reason in s.skip_reasons or ("no equivalent schedule",) * len(s.skipped):
-        key = reason.split(":")[0] if ":" in reason else reason
-        counts[key] = counts.get(key, 0) + 1
-    return f" ({len(s.skipped)} skipped: " + ", ".join(f"{n} {k}" for k, n in counts.items()) + ")"
-
-
-def _summary_lines(s: ValidationSummary, prefix: str) -> list[str]:
-    lines = [f"{prefix}{s.evaluated} of {s.cases} cases evaluated" + _skip_text(s),
-             f"step time: mean |error| {s.mean_abs_time_error:.1%}, max {s.max_abs_time_error:.1%}"
-             f" ({s.worst_case})"]
-    if s.memory_cases:
-        lines.append(f"memory ({s.memory_cases} cases): error {s.min_memory_error:+.1%} .. "
-                     f"{s.max_memory_error:+.1%}")
-    for sweep, rho in s.spearman:
-        lines.append(f"Spearman speed ranking, {sweep}: {rho:.2f}")
-    lines.append("predicted OOM on runs that ran: "
-                 + (", ".join(s.oom_mismatches) if s.oom_mismatches else "none"))
-    return lines
-
-
-def validation_table(rows, summary: ValidationSummary):
-    """A rich table of the rows, its caption the summary: what ``plan validate`` prints."""
-    from rich.table import Table
-
-    table = Table(title="Predictions against published runs", title_justify="left",
-                  caption="\n".join(for_rich(line) for line in summary_lines(summary)),
-                  caption_justify="left")
-    for h in _HEADERS:
-        table.add_column(h, justify="left" if h in ("case", "configuration", "stack", "note")
-                         else "right")
-    for r in rows:
-        table.add_row(*(for_rich(cell) for cell in _cells(r)))  # names from the runs file
-    return table
-
-
-def validation_markdown(rows, summary: ValidationSummary) -> str:
-    """The same table as GitHub markdown, summary first, for the README."""
-    out = [("  - " + line.strip()) if line.startswith("  ") else ("- " + line)
-           for line in summary_lines(summary)] + [""]
-    out.append("| " + " | ".join(_HEADERS) + " |")
-    out.append("|" + "|".join("---" for _ in _HEADERS) + "|")
-    for r in rows:
-        out.append("| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |")
-    return "\n".join(out) + "\n"

@@ -226,8 +226,11 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                       transfer_s=p2p, memory_parts=parts)
 
 
-def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction) -> Metrics:
-    gpus, peak = cluster.gpus, cluster.hardware.peak_flops
+def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction,
+               peak_flops: float | None = None) -> Metrics:
+    """Step metrics; MFU and HFU against ``peak_flops`` when given (a profile's measured peak:
+    its times come from that device, so the cluster GPU's datasheet peak would read ~0%)."""
+    gpus, peak = cluster.gpus, peak_flops or cluster.hardware.peak_flops
     step = pred.step_s
     return Metrics(step_time_s=step,
                    tokens_per_s=par.global_batch * model.seq_length / step,
@@ -272,7 +275,8 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
               send_s=float(pred.transfer_s[k]))
         for k in range(par.num_chunks))
     plan = Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
-                metrics=metrics_of(model, cluster, par, pred),
+                metrics=metrics_of(model, cluster, par, pred,
+                                   getattr(profile, "peak_flops", None)),
                 rank_memory_bytes=tuple(float(x) for x in pred.rank_memory_bytes),
                 notes=_notes(opts), stack=opts)
     return plan, pred

@@ -21,7 +21,7 @@ exceeds ``budget_s`` it measures a reduced shape and scales each part by its own
 
 Reductions that would make the measurement unrepresentative (fewer than MIN_TOKENS tokens, a
 shorter attention sequence) are taken only when memory demands it; when a representative shape is
-still slower than the budget, the number of timed repeats is cut instead (to 2 at least), so a
+still slower than the budget, the number of timed repeats is cut instead (to 3 at least), so a
 profile can take longer than ``budget_s`` per layer rather than measure a toy shape.
 
 Scaling assumes a part's FLOP rate does not change with the reduced dimension. Checked on a 2-core
@@ -63,6 +63,14 @@ SCHEMA = "plan3d/profile/v1"
 MIN_TOKENS = 256  # dense parts are not measured below this many tokens (GEMMs too skinny)
 MIN_VOCAB = 4096  # nor the output head below this vocabulary slice
 MIN_ATTENTION_SEQ = 128
+# Above this spread between repeats (or drift of the matmul rate over the profile) the profile
+# warns that the machine is noisy. A judgement, not fitted: on an idle machine the repeats of one
+# kernel agree within a few percent; the shared 2-core machine of issue #19 varied ~30% (16-22 s).
+NOISY_SPREAD = 0.2
+MIN_REPEATS = 3  # a median of fewer is a mean, and one slow run moves it
+PEAK_SIZES_CPU = (512, 1024, 2048)
+PEAK_SIZES_GPU = (2048, 4096, 8192)
+PEAK_MAX_S = 0.1  # the longest single matmul the peak measurement runs (by the probe's estimate)
 CUPY_MISSING = ("CuPy is not installed: pip install 'plan3d[gpu]' on a machine with an NVIDIA "
                 "GPU, or use --device cpu")
 ATTENTION_FLOPS_NOTE = ("causal attention computes the full s x s scores and masks them; its FLOPs "
@@ -109,6 +117,16 @@ class LayerTiming:
     def total_flops(self) -> float:
         return self.fwd_flops + self.bwd_input_flops + self.bwd_weight_flops
 
+    @property
+    def spread(self) -> float | None:
+        """(slowest - fastest) / median of the three passes' total over the timed repeats: how
+        much the same measurement varied. None for profiles written without min/max."""
+        low = self.fwd_min_s + self.bwd_input_min_s + self.bwd_weight_min_s
+        high = self.fwd_max_s + self.bwd_input_max_s + self.bwd_weight_max_s
+        if high <= 0 or self.total_s <= 0:
+            return None
+        return (high - low) / self.total_s
+
     def flops_per_s(self, phase: str) -> float:
         """Achieved rate of a phase ('fwd', 'bwd_input', 'bwd_weight'): the cost model predicts
         another shape's time as its FLOPs / this rate. 0 for a phase with no work (no time)."""
@@ -133,6 +151,25 @@ class Profile:
     seq_len: int
     layers: tuple[LayerTiming, ...]
     environment: dict
+
+    @property
+    def peak_flops(self) -> float | None:
+        """The best matmul rate measured on the profiled device (FLOP/s), the peak its MFU is
+        computed against; None for profiles written before it was recorded."""
+        tflops = self.environment.get("peak", {}).get("matmul_tflops")
+        return tflops * 1e12 if tflops else None
+
+    @property
+    def spread(self) -> float:
+        """The largest spread of any distinct layer (0 when none was recorded)."""
+        return max((t.spread or 0.0 for t in self.layers), default=0.0)
+
+    @property
+    def noisy(self) -> bool:
+        """The repeats varied more than NOISY_SPREAD, or the device's matmul rate drifted more
+        than that between the start and the end of the profile."""
+        drift = self.environment.get("peak", {}).get("drift", 0.0)
+        return self.spread > NOISY_SPREAD or abs(drift) > NOISY_SPREAD
 
     def to_dict(self) -> dict:
         """JSON form: distinct timings once, and one index per model layer."""
@@ -320,6 +357,30 @@ def probe_speed(xp=np, dtype="float32", n: int = 1024) -> Speed:
     return Speed(2.0 * n**3 / max(best_mm, 1e-9), 2.0 * big.nbytes / max(best_cp, 1e-9))
 
 
+def measured_peak_flops(xp=np, dtype="float32", speed: Speed | None = None,
+                        runs: int = 3) -> float:
+    """The best square-matmul rate over a few sizes, best of ``runs`` each (FLOP/s): this
+    device's achieved peak, what its MFU is measured against (a CPU has no datasheet number the
+    planner knows; ``plan profile --calibrate`` measures the same way over more shapes). Sizes
+    whose matmul ``speed`` (the probe) expects to take over PEAK_MAX_S are skipped (when all
+    would, the one size that takes about that long), so the measurement stays around a second."""
+    clock = Clock(xp)
+    best = 0.0
+    sizes = PEAK_SIZES_CPU if xp is np else PEAK_SIZES_GPU
+    if speed is not None:
+        sizes = ([n for n in sizes if 2.0 * n**3 / speed.flops_per_s <= PEAK_MAX_S]
+                 or [max(16, int((PEAK_MAX_S * speed.flops_per_s / 2.0) ** (1 / 3)))])
+    for n in sizes:
+        a = xp.ones((n, n), dtype=dtype)
+        xp.matmul(a, a)  # warm-up
+        for _ in range(runs):
+            clock.start("mm")
+            xp.matmul(a, a)
+            clock.stop("mm")
+            best = max(best, 2.0 * n**3 / max(clock.read()["mm"], 1e-9))
+    return best
+
+
 # --- measuring ----------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -350,7 +411,8 @@ def _time_executor(ex, clock: Clock, warmup: int, repeats: int, budget_s: float)
         run += 1
         if run == max(warmup, 1):  # cap the repeats by what the budget allows
             one = time.perf_counter() - t0
-            repeats = max(min(repeats, 2), min(repeats, int(budget_s / max(one, 1e-9))))
+            repeats = max(min(repeats, MIN_REPEATS),
+                          min(repeats, int(budget_s / max(one, 1e-9))))
     return _Runs(phase_s, attn_s)
 
 
@@ -509,6 +571,7 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", tp: int = 1, micro_ba
     total = len(distinct) + 1
     report(0, total, "probing device speed")
     speed = probe_speed(xp, dtype)
+    peak_before = measured_peak_flops(xp, dtype, speed)
     mem = 0.4 * free_memory_bytes(xp)
     measured: dict[Layer, LayerTiming] = {}
     for i, layer in enumerate(distinct, start=1):
@@ -516,11 +579,18 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", tp: int = 1, micro_ba
         report(i, total, f"{layer.kind}" + (f" x{count}" if count > 1 else ""))
         measured[layer] = _measure(layer, micro_batch, s, tp, xp, dtype, speed, warmup, repeats,
                                    budget_s, mem)
+    peak_after = measured_peak_flops(xp, dtype, speed)
     report(total, total, "done")
     env = environment(xp, dtype)
     env["probe"] = {"matmul_tflops": speed.flops_per_s / 1e12,
                     "copy_gbps": speed.bytes_per_s / 1e9}
-    env.update(repeats=repeats, warmup=warmup, budget_s=budget_s)
+    env["peak"] = {"matmul_tflops": max(peak_before, peak_after) / 1e12,
+                   "drift": peak_after / peak_before - 1 if peak_before else 0.0,
+                   "source": "best square matmul (sizes "
+                             f"{', '.join(map(str, PEAK_SIZES_CPU if xp is np else PEAK_SIZES_GPU))},"
+                             " best of 3) at the start and at the end of the profile; drift = "
+                             "end / start - 1"}
+    env.update(repeats=repeats, warmup=warmup, budget_s=budget_s, statistic="median")
     return Profile(model_name=spec.name, device=device, device_name=device_name(xp), dtype=dtype,
                    tp=tp, micro_batch=micro_batch, seq_len=s,
                    layers=tuple(measured[layer] for layer in spec.layers), environment=env)

@@ -1,12 +1,19 @@
 """Pictures of a simulated step: a terminal Gantt (rich) and a standalone SVG.
 
-Both draw one row per pipeline rank, time left to right, F blue, B green, W yellow, idle blank,
-each op labelled with its microbatch number where it fits.  `render_gantt` also prints the
-simulated bubble (both definitions) beside the closed form and the peak in-flight activations.
+Both draw one row per pipeline rank, time left to right, F blue, B green, W yellow, idle blank.
+Without colour (piped, NO_COLOR) the terminal rows still read: every op starts with its kind and
+microbatch where they fit ("F12") and fills the rest of its span with its own mark (F -, B =,
+W ~), so only idle time is blank. A schedule too long for the width (most ops under
+``MIN_CELLS`` cells) is drawn compressed: the start and the end at a readable scale, the middle
+(the steady state, which repeats) cut out and marked ``⋯``, and the header says how much.
+`render_gantt` also prints the simulated bubble (both definitions) beside the closed form and the
+peak in-flight activations.
 """
 
 from __future__ import annotations
 
+import statistics
+from dataclasses import dataclass
 from xml.sax.saxutils import escape
 
 from rich.console import Console
@@ -17,6 +24,60 @@ from planner.pipeline.simulate import SimResult, closed_form_bubble
 
 STYLE = {"F": "white on blue", "B": "black on green", "W": "black on yellow"}
 FILL = {"F": "#4a78c2", "B": "#4caf50", "W": "#e6c229"}
+MARK = {"F": "-", "B": "=", "W": "~"}  # fills an op's span: readable without colour
+MIN_CELLS = 3  # cells the median op needs to show its kind and a microbatch number
+CUT = " ⋯ "  # where a compressed chart leaves out the middle of the step
+
+
+@dataclass(frozen=True)
+class Window:
+    """The part of the step one stretch of the chart draws: [start_s, end_s) over ``cells``."""
+
+    start_s: float
+    end_s: float
+    cells: int
+
+
+def windows(result: SimResult, width: int) -> tuple[Window, ...]:
+    """The whole step over ``width`` cells, or, when the median op would get fewer than
+    MIN_CELLS cells, its first and last stretches at that scale with the middle cut out. A long
+    run's timeline is its short run (``drawn_span_s``)."""
+    span = drawn_span_s(result)
+    durations = [t.end_s - t.start_s for row in result.timeline for t in row if t.end_s > t.start_s]
+    if span <= 0 or not durations:
+        return (Window(0.0, span, width),)
+    scale = MIN_CELLS / statistics.median(durations)  # cells per second for a readable chart
+    if span * scale <= width or width < 2 * MIN_CELLS + len(CUT):
+        return (Window(0.0, span, width),)
+    half = (width - len(CUT)) // 2
+    seconds = half / scale
+    return (Window(0.0, seconds, half), Window(span - seconds, span, width - len(CUT) - half))
+
+
+def _draw(row, window: Window) -> Text:
+    """One rank's ops inside one window, as ``window.cells`` characters with styles."""
+    scale = window.cells / (window.end_s - window.start_s) if window.end_s > window.start_s else 0
+    cells = [" "] * window.cells
+    styles: list[str | None] = [None] * window.cells
+    for t in row:
+        if t.end_s <= window.start_s or t.start_s >= window.end_s:
+            continue
+        a = min(int(round((max(t.start_s, window.start_s) - window.start_s) * scale)),
+                window.cells)
+        b = min(int(round((min(t.end_s, window.end_s) - window.start_s) * scale)), window.cells)
+        if b <= a and t.end_s > t.start_s and a < window.cells:
+            b = a + 1  # never hide an op entirely
+        kind = t.op.kind
+        label = f"{kind}{t.op.microbatch}" if t.start_s >= window.start_s else MARK[kind]
+        if len(label) > b - a:
+            label = kind if t.start_s >= window.start_s else MARK[kind]
+        text = (label + MARK[kind] * (b - a))[:b - a]
+        for i, ch in zip(range(a, b), text):
+            cells[i], styles[i] = ch, STYLE[kind]
+    out = Text()
+    for ch, style in zip(cells, styles):
+        out.append(ch, style=style or "")
+    return out
 
 
 def drawn_span_s(result: SimResult) -> float:
@@ -37,27 +98,16 @@ def compressed_note(result: SimResult) -> str:
 
 
 def gantt_rows(result: SimResult, width: int) -> list[Text]:
-    """One rich Text per rank, `width` cells spanning the drawn timeline."""
-    span = drawn_span_s(result)
-    scale = width / span if span > 0 else 0.0
+    """One rich Text per rank, ``width`` cells: the whole step, or (``windows``) its start and
+    its end joined by the cut mark."""
+    parts = windows(result, width)
     rows = []
     for row in result.timeline:
-        cells = [" "] * width
-        styles: list[str | None] = [None] * width
-        for t in row:
-            a = min(int(round(t.start_s * scale)), width)
-            b = min(int(round(t.end_s * scale)), width)
-            if b <= a and t.end_s > t.start_s and a < width:
-                b = a + 1  # never hide an op entirely
-            label = str(t.op.microbatch)
-            for i in range(a, b):
-                styles[i] = STYLE[t.op.kind]
-            if b - a >= len(label):
-                offset = a + (b - a - len(label)) // 2
-                cells[offset:offset + len(label)] = list(label)
         text = Text()
-        for ch, style in zip(cells, styles):
-            text.append(ch, style=style or "")
+        for k, window in enumerate(parts):
+            if k:
+                text.append(CUT)
+            text.append_text(_draw(row, window))
         rows.append(text)
     return rows
 
@@ -76,16 +126,23 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     """Print the Gantt rows, a legend, the bubble against its closed form and peak in-flight."""
     label_w = len(f"rank {result.p - 1}") + 1
     width = width or max(10, console.width - label_w - 2)
+    parts = windows(result, width)
     console.print(f"[bold]{result.schedule}[/bold]  p={result.p}  M={result.m}  v={result.v}  "
                   f"step {result.makespan_s:.4g} s")
     if result.timeline_m is not None:
         console.print(compressed_note(result))
+    if len(parts) > 1:
+        left, right = parts
+        console.print(f"compressed: 0-{left.end_s:.4g} s and {right.start_s:.4g}-"
+                      f"{right.end_s:.4g} s drawn; the {right.start_s - left.end_s:.4g} s "
+                      f"between (steady state) cut at {CUT.strip()}", highlight=False)
     for r, text in enumerate(gantt_rows(result, width)):
         console.print(Text(f"rank {r}".ljust(label_w)) + text + Text("|"), no_wrap=True, overflow="crop")
     legend = Text("legend: ")
     for kind, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad")):
         if kind != "W" or result.schedule == "zb-h1":
-            legend.append(f" {kind} ", style=STYLE[kind]).append(f" {name}  ")
+            legend.append(f"{kind}3{MARK[kind] * 2}", style=STYLE[kind]).append(f" {name}  ")
+    legend.append("(of microbatch 3); blank: idle")
     console.print(legend)
     table = Table(show_header=True, header_style="bold")
     table.add_column("bubble")

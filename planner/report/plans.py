@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+from typing import Callable
+
 from rich import box
 from rich.console import Console
+from rich.measure import Measurement
 from rich.table import Table
 
 from planner.core.text import for_rich
@@ -11,6 +15,10 @@ from planner.core.units import GIB
 from planner.hardware.profiles import Hardware
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
+from planner.report import frames
+from planner.report.frames import blocks_per_stage, stage_recompute
+
+_MEASURE = Console(width=10_000, color_system=None)
 from planner.stack import Stack
 
 
@@ -22,57 +30,146 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
-def blocks_per_stage(plan: Plan) -> str:
-    """Transformer blocks per chunk, compactly: "8x4" when even, "7|9x2|6" when only the edge
-    stages differ (Megatron's first/last-stage flags), "5-9" otherwise."""
-    layers = plan.model.layers
-    counts = [sum(1 for layer in layers[s.first:s.last] if layer.kind == "block")
-              for s in plan.stages]
-    if len(set(counts)) == 1:
-        return f"{counts[0]}x{len(counts)}"
-    middle = counts[1:-1]
-    if len(counts) > 2 and len(set(middle)) == 1:
-        return f"{counts[0]}|{middle[0]}x{len(middle)}|{counts[-1]}"
-    if len(counts) == 2:
-        return f"{counts[0]}|{counts[1]}"
-    return f"{min(counts)}-{max(counts)}"
-
-
 def recompute_label(plan: Plan) -> str:
     """The recompute mode, or the modes the stages mix (the partitioner picks one per stage)."""
-    modes = [m for m in ("none", "selective", "full") if any(s.recompute == m for s in plan.stages)]
-    return "/".join(modes)
+    return stage_recompute(plan)
 
 
-def plans_table(plans: list[Plan] | tuple[Plan, ...], title: str) -> Table:
-    """The ranked plans, compact enough for a 100-column terminal: degrees as tp·pp·dp,
-    micro-batch × microbatches, interleaving in the schedule (v4), the global batch in the
-    title when every plan shares it; TFLOP/s per GPU is in the JSON (MFU says the same)."""
-    batches = {p.parallel.global_batch for p in plans}
-    if len(batches) == 1:
-        title += f", global batch {batches.pop()}"
+@dataclass(frozen=True)
+class Column:
+    header: str
+    cell: Callable[[Plan], str]
+    left: bool = False
+    knob: bool = True  # part of the configuration (False: a predicted number)
+
+
+# Every column the plans table can show, most important first: at a narrow width the table drops
+# columns from the end of this list (never one that tells two shown rows apart), and says which.
+COLUMNS = (
+    Column("#", lambda p: ""),  # filled with the rank
+    Column("tp·pp·dp", lambda p: f"{p.parallel.tp}·{p.parallel.pp}·{p.parallel.dp}"),
+    Column("mb×M", lambda p: f"{p.parallel.micro_batch}×{p.parallel.num_microbatches}"),
+    Column("batch", lambda p: str(p.parallel.global_batch)),
+    Column("schedule", lambda p: p.parallel.schedule + (f" v{p.parallel.virtual_stages}"
+                                                        if p.parallel.virtual_stages > 1 else ""),
+           left=True),
+    Column("step s", lambda p: f"{p.metrics.step_time_s:.3f}", knob=False),
+    Column("MFU", lambda p: f"{p.metrics.mfu:.1%}", knob=False),
+    Column("mem GiB", lambda p: f"{p.metrics.peak_memory_bytes / GIB:.1f}", knob=False),
+    Column("bubble", lambda p: f"{p.metrics.bubble_fraction:.1%}", knob=False),
+    Column("recomp", recompute_label, left=True),
+    Column("ZeRO", lambda p: str(p.parallel.zero)),
+    Column("SP", lambda p: "on" if p.parallel.sequence_parallel else "off"),
+    Column("tokens/s", lambda p: _si(p.metrics.tokens_per_s), knob=False),
+    Column("blocks", lambda p: blocks_per_stage(p), left=True),
+)
+# The order the columns appear in, whichever are shown.
+ORDER = ("#", "tp·pp·dp", "mb×M", "batch", "schedule", "blocks", "recomp", "ZeRO", "SP", "step s",
+         "tokens/s", "MFU", "mem GiB", "bubble")
+
+
+@dataclass(frozen=True)
+class PlansView:
+    """What the plans table shows: its columns, the rows (cells per plan) and what it left out."""
+
+    columns: tuple[Column, ...]
+    rows: tuple[tuple[str, ...], ...]
+    hidden: tuple[str, ...]  # columns dropped for the width
+    folded: int  # rows equal in every shown column to a row above, left out
+
+
+def _cells(plans, columns) -> list[tuple[str, ...]]:
+    return [tuple(str(i) if c.header == "#" else c.cell(plan) for c in columns)
+            for i, plan in enumerate(plans, 1)]
+
+
+def _distinct_rows(columns, rows) -> bool:
+    """No two rows show the same configuration (the predicted numbers aside: rows that differ
+    only there look like one configuration predicted twice)."""
+    knobs = [i for i, c in enumerate(columns) if c.knob and c.header != "#"]
+    return len({tuple(row[i] for i in knobs) for row in rows}) == len(rows)
+
+
+def _table(columns, rows, title: str | None = None) -> Table:
     table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
                   padding=(0, 1, 0, 1), collapse_padding=True)
-    columns = ["#", "tp·pp·dp", "mb×M", "schedule", "blocks", "recomp", "ZeRO", "SP", "step s",
-               "tokens/s", "MFU", "mem GiB", "bubble"]
-    if len({p.parallel.global_batch for p in plans}) > 1:
-        columns.insert(3, "batch")
-    for col in columns:
-        table.add_column(col, justify="left" if col in ("schedule", "recomp", "blocks")
-                         else "right")
-    for i, plan in enumerate(plans, 1):
-        p, m = plan.parallel, plan.metrics
-        cells = {
-            "#": str(i), "tp·pp·dp": f"{p.tp}·{p.pp}·{p.dp}",
-            "mb×M": f"{p.micro_batch}×{p.num_microbatches}", "batch": str(p.global_batch),
-            "schedule": p.schedule + (f" v{p.virtual_stages}" if p.virtual_stages > 1 else ""),
-            "blocks": blocks_per_stage(plan), "recomp": recompute_label(plan),
-            "ZeRO": str(p.zero), "SP": "on" if p.sequence_parallel else "off",
-            "step s": f"{m.step_time_s:.3f}", "tokens/s": _si(m.tokens_per_s),
-            "MFU": f"{m.mfu:.1%}", "mem GiB": f"{m.peak_memory_bytes / GIB:.1f}",
-            "bubble": f"{m.bubble_fraction:.1%}"}
-        table.add_row(*(cells[c] for c in columns))
+    for c in columns:
+        table.add_column(c.header, justify="left" if c.left else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*row)
     return table
+
+
+def table_width(columns, rows) -> int:
+    """The characters a line of the table takes, measured by rich itself."""
+    return Measurement.get(_MEASURE, _MEASURE.options, _table(columns, rows)).maximum
+
+
+def plans_view(plans, width: int | None) -> PlansView:
+    """Choose the columns for ``width`` characters (None: all of them).
+
+    Columns go from the least important up while the table is wider than ``width``, skipping any
+    whose loss would make two rows show the same configuration (the batch column is shown only
+    when the plans' batches differ: the title states a shared one). If the table is still too
+    wide, the remaining columns go too, a row then showing the same configuration as one above is
+    folded into it, and the caption says so."""
+    batches = {p.parallel.global_batch for p in plans}
+    candidates = [c for c in COLUMNS if c.header != "batch" or len(batches) > 1]
+    shown = list(candidates)
+
+    def layout(cols):
+        ordered = sorted(cols, key=lambda c: ORDER.index(c.header))
+        return ordered, _cells(plans, ordered)
+
+    if width is not None:
+        for forced in (False, True):
+            for column in reversed(candidates[3:]):  # the rank, degrees and mb×M always stay
+                if table_width(*layout(shown)) <= width:
+                    break
+                trial = [c for c in shown if c is not column]
+                if forced or _distinct_rows(*layout(trial)):
+                    shown = trial
+    cols, rows = layout(shown)
+    knobs = [i for i, c in enumerate(cols) if c.knob and c.header != "#"]
+    kept, seen = [], set()
+    for row in rows:
+        key = tuple(row[i] for i in knobs)
+        if key not in seen:
+            seen.add(key)
+            kept.append(row)
+    hidden = tuple(c.header for c in candidates if c not in shown)
+    return PlansView(tuple(cols), tuple(kept), hidden, len(rows) - len(kept))
+
+
+def plans_table(plans: list[Plan] | tuple[Plan, ...], title: str | None = None,
+                width: int | None = None) -> Table:
+    """The ranked plans, their columns chosen for ``width`` (``plans_view``): degrees as
+    tp·pp·dp, micro-batch × microbatches, interleaving in the schedule (v4); TFLOP/s per GPU is in
+    the JSON and the frames (MFU says the same)."""
+    view = plans_view(plans, width)
+    return _table(view.columns, view.rows, title)
+
+
+def _print_unsqueezed(console: Console, table: Table, width: int) -> None:
+    """Print at the table's own width even where the console is narrower (``--wide``): rich
+    would otherwise shrink the columns and cut their values with an ellipsis."""
+    saved = console.width
+    console.width = max(saved, width)
+    try:
+        console.print(table)
+    finally:
+        console.width = saved
+
+
+def plans_caption(view: PlansView, width: int | None) -> str | None:
+    """One line on what the table left out, or None."""
+    parts = []
+    if view.hidden:
+        parts.append(f"not shown at {width} columns: {', '.join(view.hidden)}")
+    if view.folded:
+        parts.append(f"{view.folded} plan{'s' if view.folded > 1 else ''} showing the same "
+                     "configuration as one above in these columns left out")
+    return "; ".join(parts) + " (--wide shows all)" if parts else None
 
 
 def rejected_line(rejected: dict[str, int]) -> str:
@@ -107,35 +204,54 @@ def hardware_table(gpus: dict[str, Hardware]) -> Table:
     return table
 
 
-def print_search(console: Console, result, model: ModelSpec, cluster) -> None:
+def search_title(result, model: ModelSpec, cluster) -> str:
     nodes = f"{cluster.nodes} node" + ("s" if cluster.nodes > 1 else "")
-    title = (f"{for_rich(model.name)} ({_si(model.params)} params, seq {model.seq_length}) on "
-             f"{cluster.gpus} x {for_rich(cluster.hardware.name)} ({nodes})")
-    console.print(plans_table(result.plans, title))
-    console.print(f"{result.screened} configurations screened in {result.elapsed_s:.2f} s; "
-                  + rejected_line(result.rejected))
+    batches = {p.parallel.global_batch for p in result.plans}
+    return (f"{for_rich(model.name)} ({_si(model.params)} params, seq {model.seq_length}) on "
+            f"{cluster.gpus} x {for_rich(cluster.hardware.name)} ({nodes})"
+            + (f", global batch {batches.pop()}" if len(batches) == 1 else ""))
+
+
+def funnel_lines(result) -> list[str]:
+    """Where the configurations went, as sums that add up (SearchResult.accounted)."""
+    lines = [f"{result.considered} configurations considered in {result.elapsed_s:.2f} s = "
+             f"{sum(result.rejected.values())} rejected + {result.not_refined} not refined "
+             f"(proven slower by a lower bound, or past --refine) + {result.feasible} feasible"]
+    if result.rejected:
+        lines.append(rejected_line(result.rejected))
+    if result.feasible > len(result.plans):
+        lines.append(f"feasible = {len(result.plans)} shown + {result.folded} folded (equal to a "
+                     "shown plan but for ZeRO stage or unused recompute) + "
+                     f"{result.below_top} below --top")
+    return lines
+
+
+def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool = False,
+                 hint: str | None = None) -> None:
+    """The plans table (columns chosen for the console's width unless ``wide``), where the
+    configurations went, the batch hint and the plan's assumptions."""
+    width = None if wide else console.width
+    console.print(search_title(result, model, cluster), highlight=False)
+    view = plans_view(result.plans, width)
+    _print_unsqueezed(console, _table(view.columns, view.rows),
+                      table_width(view.columns, view.rows))
+    caption = plans_caption(view, width)
+    if caption:
+        console.print(f"[dim]{caption}[/dim]", highlight=False)
+    for line in funnel_lines(result):
+        console.print(line, highlight=False)
     for note in result.notes:
-        console.print(f"[dim]{for_rich(note)}[/dim]")
+        console.print(f"[dim]{for_rich(note)}[/dim]", highlight=False)
+    if hint:
+        console.print(f"[yellow]hint:[/yellow] {for_rich(hint)}", highlight=False)
     for note in result.plans[0].notes:
-        console.print(f"[dim]{for_rich(note)}[/dim]")
+        console.print(f"[dim]{for_rich(note)}[/dim]", highlight=False)
     console.print("[dim]how close such predictions come to real runs: `plan validate`[/dim]")
 
 
-CSV_COLUMNS = ("tp", "pp", "dp", "micro_batch", "num_microbatches", "global_batch", "schedule",
-               "virtual_stages", "recompute", "zero", "sequence_parallel", "step_time_s",
-               "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "peak_memory_bytes",
-               "bubble_fraction")
-
-
 def plans_csv(plans) -> str:
-    """The ranked plans as CSV, one row per plan, the plan JSON's field names as header."""
-    rows = [",".join(CSV_COLUMNS)]
-    for plan in plans:
-        d = plan.to_dict(with_layout=False)
-        values = {**d["parallel"], **d["metrics"]}
-        rows.append(",".join(str(values[c]).lower() if isinstance(values[c], bool)
-                             else str(values[c]) for c in CSV_COLUMNS))
-    return "\n".join(rows) + "\n"
+    """The ranked plans as CSV: the plans frame (planner/report/frames.py), one row per plan."""
+    return frames.plans_csv(plans)
 
 
 def stacks_table(stacks: dict[str, Stack]) -> Table:
@@ -188,14 +304,21 @@ def _memory_rows(exp) -> list[dict]:
              "total": int(round(sum(v[r] for v in parts.values())))} for r in range(ranks)]
 
 
-def print_explanation(console: Console, exp) -> None:
+def print_explanation(console: Console, exp, wide: bool = False) -> None:
     """Fits or not, and by how much; the stages and their memory when it was predicted."""
     if exp.plan is None:
         console.print(f"[bold red]not a valid configuration:[/bold red] {for_rich(exp.rule)}",
                       highlight=False)
         return
     m = exp.plan.metrics
-    console.print(plans_table([exp.plan], "the pinned configuration"))
+    console.print(f"the pinned configuration, global batch {exp.plan.parallel.global_batch}",
+                  highlight=False)
+    view = plans_view([exp.plan], None if wide else console.width)
+    _print_unsqueezed(console, _table(view.columns, view.rows),
+                      table_width(view.columns, view.rows))
+    caption = plans_caption(view, None if wide else console.width)
+    if caption:
+        console.print(f"[dim]{caption}[/dim]", highlight=False)
     spare = exp.capacity_bytes - m.peak_memory_bytes
     if exp.no_split is not None:
         console.print(f"[red]does not fit[/red]: {exp.no_split}; Megatron's even split below "
@@ -209,7 +332,7 @@ def print_explanation(console: Console, exp) -> None:
                       f"{exp.capacity_bytes / GIB:.0f} GiB per GPU ({-spare / GIB:.1f} GiB over); "
                       "try recompute, more pipeline stages or a higher ZeRO stage")
     table = Table(title="per pipeline rank", title_justify="left")
-    for col in ("rank", "layers", "recompute", "time/microbatch s", "memory GiB"):
+    for col in ("rank", "layers", "recompute", "s/microbatch", "GiB"):
         table.add_column(col, justify="right")
     for r, mem in enumerate(exp.plan.rank_memory_bytes):
         chunks = [s for s in exp.plan.stages if s.rank == r]

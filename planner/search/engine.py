@@ -35,12 +35,33 @@ __all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_co
 
 @dataclass(frozen=True)
 class SearchResult:
+    """The ranked plans and where every configuration considered went, in whole configurations:
+
+        considered = sum(rejected) + not_refined + feasible     (``accounted`` checks it)
+        feasible   = len(plans) + folded + below_top
+
+    ``not_refined``: fit at screening but slower than the ``refine`` best; ``folded``: feasible
+    plans equal to a better one but for the ZeRO stage or recompute its stages do not use."""
+
     plans: tuple[Plan, ...]
     rejected: dict[str, int]
     screened: int
     elapsed_s: float
     notes: tuple[str, ...] = field(default=())
     refined: int = 0  # configurations partitioned and simulated
+    considered: int = 0
+    not_refined: int = 0
+    feasible: int = 0
+    folded: int = 0
+
+    @property
+    def below_top(self) -> int:
+        return self.feasible - self.folded - len(self.plans)
+
+    @property
+    def accounted(self) -> bool:
+        return (self.considered == sum(self.rejected.values()) + self.not_refined + self.feasible
+                and self.below_top >= 0)
 
 
 def capacity_bytes(cluster: Cluster) -> float:
@@ -138,17 +159,18 @@ def search(req: Request, progress=None) -> SearchResult:
     capacity = capacity_bytes(req.cluster)
     costs = _Costs(req)
     kept = screen(req, costs, configs, rejected, progress)
+    considered = sum(rejected.values()) + len(kept)  # before refinement rejects some kept ones
     refined, notes = _branch_and_bound(req, costs, kept, rejected, capacity)
+    not_refined = len(kept) - costs.refinements  # each kept configuration is refined at most once
     if not refined:
-        raise NoFeasiblePlan(_no_plan_message(req, rejected, len(configs)), dict(rejected))
+        raise NoFeasiblePlan(_no_plan_message(req, rejected, considered, not_refined),
+                             dict(rejected))
     refined.sort(key=_plan_key)
-    plans, hidden = _distinct_beyond_zero(refined)
-    if hidden:
-        notes.append(f"{hidden} plans that differ from a better one only in ZeRO stage are not "
-                     "shown")
+    plans, hidden = _distinct(refined)
     return SearchResult(plans=tuple(plans[: req.top]), rejected=dict(sorted(rejected.items())),
                         screened=len(configs), elapsed_s=time.perf_counter() - start,
-                        notes=tuple(notes), refined=costs.refinements)
+                        notes=tuple(notes), refined=costs.refinements, considered=considered,
+                        not_refined=not_refined, feasible=len(refined), folded=hidden)
 
 
 def screen(req: Request, costs: "_Costs", configs: list[Parallel], rejected: Counter,
@@ -244,12 +266,15 @@ def _zero_groups(ranked: list[Parallel]) -> list[list[Parallel]]:
     return list(groups.values())
 
 
-def _distinct_beyond_zero(plans: list[Plan]) -> tuple[list[Plan], int]:
-    """Keep the best plan of each configuration that differs in more than the ZeRO stage: a
-    ZeRO-2 twin of a ZeRO-1 plan at the same speed tells the user nothing new."""
+def _distinct(plans: list[Plan]) -> tuple[list[Plan], int]:
+    """Keep the best plan of each configuration that differs in more than the ZeRO stage or the
+    recompute it allows but none of its stages uses: a ZeRO-2 twin of a ZeRO-1 plan at the same
+    speed, or a "full recompute allowed" plan whose stages all chose none, tells the user nothing
+    new (and looked like a duplicate row)."""
     seen, out = set(), []
     for plan in plans:
-        key = replace(plan.parallel, zero=0)
+        key = (replace(plan.parallel, zero=0, recompute="none"),
+               tuple(s.recompute for s in plan.stages))
         if key not in seen:
             seen.add(key)
             out.append(plan)
@@ -274,9 +299,12 @@ def analytical_comparison(req: Request, plan: Plan) -> str:
     return (f"step time of plan 1: {plan.metrics.step_time_s:.3f} s from the measured profile "
             f"({req.profile.device_name}, {req.profile.dtype}), "
             f"{analytical.metrics.step_time_s:.3f} s from the analytical model of "
-            f"{req.cluster.hardware.name}. Compute times come from the profile; memory, links and "
-            f"MFU's peak from {req.cluster.hardware.name} (for a cluster of the profiled device, "
-            "pass --hardware with the file `plan profile --calibrate` writes on it)")
+            f"{req.cluster.hardware.name}. Compute times and MFU's peak come from the profile"
+            + (" (its measured matmul peak)" if getattr(req.profile, "peak_flops", None) else
+               f" (no measured peak in it: {req.cluster.hardware.name}'s)")
+            + f"; memory and links from {req.cluster.hardware.name} (for a cluster of the "
+            "profiled device, pass --hardware with the file `plan profile --calibrate` writes on "
+            "it)")
 
 
 @dataclass(frozen=True)
@@ -345,10 +373,18 @@ def explain(req: Request) -> Explanation:
     return Explanation(par, plan, capacity, None, no_split, parts)
 
 
-def _no_plan_message(req: Request, rejected: Counter, screened: int) -> str:
+STRUCTURAL = ("TP across nodes", "more stages than layers", "schedule rule", "uneven interleaving", "heads not divisible",
+              "KV heads not divisible", "FFN not divisible", "vocabulary not divisible")
+
+
+def _no_plan_message(req: Request, rejected: Counter, considered: int, not_refined: int) -> str:
     gib = (capacity_bytes(req.cluster) - constants.RESERVED_BYTES) / 1024**3
     reasons = ", ".join(f"{n} {r}" for r, n in rejected.most_common())
-    top = rejected.most_common(1)[0][0] if rejected else ""
+    # The hint follows the most common reason the user can act on: the structural rules (TP inside
+    # a node and dividing the heads, no more stages than layers, the schedules' own rules) reject
+    # much of every large space, counted in whole configurations, whether or not anything fits.
+    actionable = Counter({r: n for r, n in rejected.items() if not r.startswith(STRUCTURAL)})
+    top = (actionable or rejected).most_common(1)[0][0] if rejected else ""
     if top.startswith("memory"):
         hint = (f"the model does not fit in {gib:.0f} GiB per GPU with the options tried: add "
                 "GPUs, allow recompute and ZeRO (drop pins) or use a larger GPU")
@@ -358,4 +394,6 @@ def _no_plan_message(req: Request, rejected: Counter, screened: int) -> str:
     else:
         hint = "relax the pins or limits that rejected the most"
     return (f"{req.model.name} on {req.cluster.gpus} x {req.cluster.hardware.name}: "
-            f"{screened} configurations screened; rejected: {reasons or 'none'}. {hint}")
+            f"{considered} configurations considered; rejected: {reasons or 'none'}"
+            + (f"; {not_refined} more fit when screened but were not refined (raise --refine)"
+               if not_refined else "") + f". {hint}")

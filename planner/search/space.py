@@ -133,35 +133,74 @@ def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
 
 
 def enumerate_configs(req: Request, rejected: Counter):
-    """Yield every Parallel the pins allow; count each rejection by its reason."""
+    """Yield every Parallel the pins allow; count each rejection by its reason.
+
+    Every count is of whole configurations: a rule that rejects a TP degree or a (tp, pp, mb)
+    shape counts every configuration it rules out (``knob_count`` of them), so the configurations
+    considered are exactly the rejected ones plus the ones yielded (``space_size``)."""
     model, cluster, pins = req.model, req.cluster, req.pins
     gpus = cluster.gpus
     for tp in [pins.tp] if pins.tp else divisors(gpus):
         if gpus % tp:
             continue
-        reason = tp_rule(model, cluster, tp)
-        if reason:
-            rejected[reason] += 1
-            continue
+        tp_reason = tp_rule(model, cluster, tp)
         for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
             if (gpus // tp) % pp:
                 continue
             dp = gpus // (tp * pp)
             if pins.dp and dp != pins.dp:
                 continue
-            if pp > len(model.layers):
-                rejected["more stages than layers"] += 1
-                continue
             for mb in [pins.micro_batch] if pins.micro_batch else MICRO_BATCHES:
-                m = microbatches(req, mb * dp)
-                if m is None:
-                    rejected["batch not divisible"] += 1
+                m = None if tp_reason else microbatches(req, mb * dp)
+                reason = tp_reason or ("more stages than layers" if pp > len(model.layers)
+                                       else "batch not divisible" if m is None else None)
+                if reason:
+                    rejected[reason] += knob_count(req, tp, pp)
                     continue
                 if m > MAX_MICROBATCHES:  # core/limits.py: the simulator's work grows with M
                     rejected[f"more than {MAX_MICROBATCHES:,} microbatches"] += 1
                     continue
                 yield from _knobs(req, Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb,
                                                 num_microbatches=m), rejected)
+
+
+def space_size(req: Request) -> int:
+    """How many configurations the pins allow, before any rule: the sum of knob_count over every
+    (tp, pp, dp, mb) shape. enumerate_configs accounts for each one exactly once."""
+    gpus, pins = req.cluster.gpus, req.pins
+    total = 0
+    for tp in [pins.tp] if pins.tp else divisors(gpus):
+        for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
+            if gpus % (tp * pp) or (pins.dp and gpus // (tp * pp) != pins.dp):
+                continue
+            total += knob_count(req, tp, pp) * (1 if pins.micro_batch else len(MICRO_BATCHES))
+    return total
+
+
+def _choices(req: Request, tp: int, pp: int):
+    """(schedules, virtual stages of one schedule, recomputes, ZeRO stages, SP) the pins allow."""
+    pins = req.pins
+    schedules = [pins.schedule] if pins.schedule else (
+        ["1f1b"] if pp == 1 else [s for s in SCHEDULES if s in req.options.schedules])
+    recomputes = [pins.recompute] if pins.recompute else [
+        r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
+    zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
+    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else (
+        [True, False] if tp > 1 else [False])
+
+    def vs(schedule: str) -> list[int]:
+        if schedule != "interleaved":
+            return [1]
+        return [pins.virtual_stages] if pins.virtual_stages else list(VIRTUAL_STAGES)
+
+    return schedules, vs, recomputes, zeros, sps
+
+
+def knob_count(req: Request, tp: int, pp: int) -> int:
+    """Configurations of one (tp, pp, dp, mb) shape: schedule x virtual stages x recompute x ZeRO x
+    SP, as ``_knobs`` enumerates them."""
+    schedules, vs, recomputes, zeros, sps = _choices(req, tp, pp)
+    return sum(len(vs(s)) for s in schedules) * len(recomputes) * len(zeros) * len(sps)
 
 
 def microbatches(req: Request, per_microbatch_step: int) -> int | None:
@@ -177,25 +216,23 @@ def microbatches(req: Request, per_microbatch_step: int) -> int | None:
 
 def _knobs(req: Request, shape: Parallel, rejected: Counter):
     """The schedule, virtual-stage, recompute, ZeRO and SP choices of one (tp, pp, dp, mb, M)."""
-    pins, tp = req.pins, shape.tp
-    schedules = [pins.schedule] if pins.schedule else (
-        ["1f1b"] if shape.pp == 1 else [s for s in SCHEDULES if s in req.options.schedules])
-    recomputes = [pins.recompute] if pins.recompute else [
-        r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
-    zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
-    sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else (
-        [True, False] if tp > 1 else [False])
+    schedules, vs, recomputes, zeros, sps = _choices(req, shape.tp, shape.pp)
     for schedule in schedules:
-        vs = [1]
-        if schedule == "interleaved":
-            vs = [pins.virtual_stages] if pins.virtual_stages else list(VIRTUAL_STAGES)
-        for v in vs:
+        for v in vs(schedule):
             timed = replace(shape, schedule=schedule, virtual_stages=v)
             if stack_rule(req.options, timed):
-                rejected[f"{req.options.name} runs no {schedule}"] += 1
+                rejected[f"{req.options.name} runs no {schedule}"] += (
+                    len(recomputes) * len(zeros) * len(sps))
                 continue
             if schedule_rule(req.model, timed):
-                rejected["schedule rule"] += 1
+                rejected["schedule rule"] += len(recomputes) * len(zeros) * len(sps)
+                continue
+            if (v > 1 and req.pins.virtual_stages is None
+                    and req.model.num_layers % timed.num_chunks):
+                # Uneven interleaved chunks run (and are partitioned) when pinned; unpinned, the
+                # search leaves them out: their lower bound (search/bound.py) is too weak to
+                # prune, so they would cost hundreds of refinements to rule out.
+                rejected[UNEVEN_UNPINNED] += len(recomputes) * len(zeros) * len(sps)
                 continue
             for recompute, zero, sp in product(recomputes, zeros, sps):
                 par = replace(timed, recompute=recompute, zero=zero, sequence_parallel=sp)
@@ -217,6 +254,9 @@ def stack_rule(stack: Stack, par: Parallel) -> str | None:
         return (f"the {stack.name} stack runs no {par.schedule} schedule (it runs "
                 f"{', '.join(stack.schedules)}); choose one of those or another --stack")
     return None
+
+
+UNEVEN_UNPINNED = "uneven interleaving (searched when --virtual-stages is pinned)"
 
 
 def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:

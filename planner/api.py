@@ -1,0 +1,319 @@
+"""The Python API: what the CLI does, as functions returning typed results with ``.to_frame()``.
+
+    from planner import solve
+    result = solve(gpus=16, nodes=2)             # the search of `plan solve`
+    result.to_frame()                            # one row per plan (pandas), best first
+    result.stages().to_frame()                   # the best plan's stages
+
+``solve``, ``explain``, ``partition``, ``validate`` and ``profile`` take the CLI's options as
+keyword arguments (the same names, underscores for dashes) and raise ``PlanInputError`` (a
+ValueError) with the CLI's one-line message on bad input, ``NoFeasiblePlan`` when nothing fits.
+``model`` is a preset name, a model.json or HF config.json path, or a ModelSpec; ``hardware`` a
+hardware JSON path or a Hardware. Every result is a frozen dataclass holding the planner's own
+objects (Plan, Profile, ValidationRow, ...), so nothing is lost by the frames.
+
+Floor: top (beside cli.py); ``planner/__init__.py`` re-exports these names lazily, so
+``import planner`` (and ``plan --help``) does not pay for the search modules or pandas.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+# Every sub-package is imported here, not inside the functions: `planner.partition` and
+# `planner.profile` are both sub-packages and API functions, and importing a sub-package for the
+# first time re-binds its name on `planner` (see planner/__init__.py).
+from planner.core.errors import NoFeasiblePlan, PlanInputError
+from planner.core.parallel import Parallel
+from planner.fidelity.published import DEFAULT_FILES, validate_file
+from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
+from planner.model.spec import ModelSpec, load_model
+from planner.partition.problem import PartitionError
+from planner.pipeline.schedule import ScheduleError
+from planner.predict.plan import Plan
+from planner.predict.stages import METHODS
+from planner.profile.profiler import load_profile, profile_model, save_profile
+from planner.report import frames
+from planner.report.partition import compare_splits, place_nodes
+from planner.search.advice import batch_hint
+from planner.search.engine import check_profile_matches, search
+from planner.search.engine import explain as explain_request
+from planner.search.space import Pins, Request, tp_rule, validate_pins
+from planner.stack import Stack, resolve_stack
+
+__all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
+           "Explanation", "Partition", "Validation", "Profiled", "PlanInputError",
+           "NoFeasiblePlan"]
+
+
+# --- results -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Stages:
+    """One plan's per-stage breakdown: layers, recompute, per-microbatch times, memory."""
+
+    plan: Plan
+
+    def to_frame(self):
+        return frames.stages_frame(self.plan)
+
+
+@dataclass(frozen=True)
+class Solution:
+    """The plans of a search, best first, and how the configurations considered were spent."""
+
+    plans: tuple[Plan, ...]
+    considered: int  # configurations of the search space = sum(rejected) + not refined + feasible
+    rejected: dict[str, int]
+    screened: int
+    elapsed_s: float
+    notes: tuple[str, ...]
+    hint: str | None = None  # a larger global batch, when the best plan's pipeline idles
+
+    @property
+    def best(self) -> Plan:
+        return self.plans[0]
+
+    def stages(self, rank: int = 1) -> Stages:
+        """The per-stage breakdown of the plan ranked ``rank`` (1 = best, as in the table)."""
+        if not 1 <= rank <= len(self.plans):
+            raise PlanInputError(f"rank must be 1..{len(self.plans)}, got {rank}")
+        return Stages(self.plans[rank - 1])
+
+    def to_frame(self):
+        """One row per plan (index: rank, 1 = best); the columns of `plan solve --csv`."""
+        return frames.plans_frame(self.plans)
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """One pinned configuration: its prediction, whether it fits in memory, or the rule it breaks."""
+
+    parallel: Parallel | None
+    plan: Plan | None
+    capacity_bytes: float
+    rule: str | None
+
+    @property
+    def fits(self) -> bool:
+        return (self.rule is None and self.plan is not None
+                and self.plan.metrics.peak_memory_bytes <= self.capacity_bytes)
+
+    def to_frame(self):
+        """The configuration's stages (empty when a rule forbids it before any prediction)."""
+        if self.plan is None:
+            import pandas as pd
+
+            return pd.DataFrame()
+        return frames.stages_frame(self.plan)
+
+
+@dataclass(frozen=True)
+class Partition:
+    """`plan partition`: the min-bottleneck split beside Megatron's even and the equal-parameter
+    split of the same configuration."""
+
+    optimal: Plan
+    even: Plan
+    equal_params: Plan
+    method: str
+    capacity_bytes: float
+    placement: str = ""  # how the GPUs were placed on nodes
+
+    @property
+    def gain(self) -> float:
+        """Throughput gain of the min-bottleneck split over the even split."""
+        return self.even.metrics.step_time_s / self.optimal.metrics.step_time_s - 1
+
+    def stages(self, split: str = "optimal") -> Stages:
+        return Stages(getattr(self, split))
+
+    def to_frame(self):
+        """One row per split: the plans-frame columns of each (index: split name)."""
+        frame = frames.plans_frame([self.optimal, self.even, self.equal_params])
+        frame.index = ["min-bottleneck", "even", "equal parameters"]
+        frame.index.name = "split"
+        frame["fits"] = frame["peak_memory_bytes"] <= self.capacity_bytes
+        return frame
+
+
+@dataclass(frozen=True)
+class Validation:
+    """`plan validate`: each published run predicted and compared, and the summary."""
+
+    rows: tuple
+    summary: object  # planner.validate.ValidationSummary
+
+    def to_frame(self):
+        """One row per case (index: case name) with the signed errors."""
+        return frames.validation_frame(self.rows)
+
+
+@dataclass(frozen=True)
+class Profiled:
+    """`plan profile`: measured per-layer times on this machine."""
+
+    profile: object  # planner.profile.Profile
+
+    def to_frame(self):
+        """One row per model layer with the passes' median times and their spread."""
+        return frames.profile_frame(self.profile)
+
+    def save(self, path, force: bool = False) -> Path:
+
+        return save_profile(self.profile, path, force=force)
+
+
+# --- inputs --------------------------------------------------------------------------------------
+
+
+def _model(model, seq_len: int | None = None) -> ModelSpec:
+    spec = model if isinstance(model, ModelSpec) else load_model(model)
+    return spec.with_seq_length(seq_len)
+
+
+def _hardware(gpu: str | None, hardware) -> Hardware:
+    if isinstance(hardware, Hardware):
+        return hardware
+    return load_hardware(gpu, hardware)
+
+
+def _cluster(gpus: int, nodes: int, gpu: str | None, hardware) -> Cluster:
+    return make_cluster(_hardware(gpu, hardware), gpus, nodes)
+
+
+def _stack(stack, launcher=None, flash=None, overlap=None, tp_overlap=None,
+           grad_dtype=None) -> Stack:
+    """A Stack as given, or resolved like the CLI's --stack and its override flags."""
+    if isinstance(stack, Stack):
+        overrides = (flash, overlap, tp_overlap, grad_dtype)
+        if any(x is not None for x in overrides):
+            raise PlanInputError("pass a stack name or file to combine it with flash, overlap, "
+                                 "tp_overlap or grad_dtype; a Stack object is used as it is")
+        return stack
+    return resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype)
+
+
+def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
+             max_bubble, top, refine, launcher, partition_solver, profile, stack: Stack,
+             pins: dict):
+
+    spec = _model(model, seq_len)
+    measured = profile
+    if isinstance(profile, (str, Path)):
+
+        measured = load_profile(profile)
+    if measured is not None:
+        check_profile_matches(measured, spec)
+    batch_range = tuple(global_batch_range) if global_batch_range is not None else None
+    return Request(model=spec, cluster=_cluster(gpus, nodes, gpu, hardware),
+                   global_batch=global_batch, batch_range=batch_range, max_bubble=max_bubble,
+                   profile=measured, pins=Pins(**pins), top=top, refine=refine,
+                   launcher=launcher, partition_method=partition_solver, options=stack)
+
+
+# --- functions -----------------------------------------------------------------------------------
+
+
+def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
+          global_batch: int | None = None, global_batch_range: tuple[int, int] | None = None,
+          seq_len: int | None = None, max_bubble: float | None = None, top: int = 10,
+          refine: int = 20, launcher: str | None = None, partition: str = "ilp", profile=None,
+          stack=None, flash: bool | None = None, overlap: bool | None = None,
+          tp_overlap: bool | None = None, grad_dtype: str | None = None, tp: int | None = None,
+          pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
+          schedule: str | None = None, virtual_stages: int | None = None,
+          recompute: str | None = None, zero: int | None = None,
+          sequence_parallel: bool | None = None, progress=None) -> Solution:
+    """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
+    return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension; ``stack``
+    is a stack name, file or Stack (default: the launcher's, else megatron-core), ``flash`` ...
+    ``grad_dtype`` override its fields; ``progress(done, total)`` is called while screening."""
+
+    pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                virtual_stages=virtual_stages, recompute=recompute, zero=zero,
+                sequence_parallel=sequence_parallel)
+    req = _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
+                   max_bubble, top, refine, launcher, partition, profile,
+                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype), pins)
+    result = search(req, progress)
+    return Solution(plans=result.plans, considered=result.considered,
+                    rejected=dict(result.rejected), screened=result.screened,
+                    elapsed_s=result.elapsed_s, notes=result.notes,
+                    hint=batch_hint(req, result.plans[0], search))
+
+
+def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
+            global_batch: int | None = None, seq_len: int | None = None, launcher: str | None = None,
+            stack=None, flash: bool | None = None, overlap: bool | None = None,
+            tp_overlap: bool | None = None, grad_dtype: str | None = None,
+            tp: int | None = None, pp: int | None = None,
+            dp: int | None = None, micro_batch: int | None = None, schedule: str | None = None,
+            virtual_stages: int | None = None, recompute: str | None = None,
+            zero: int | None = None, sequence_parallel: bool | None = None) -> Explanation:
+    """Predict one pinned configuration (`plan solve --explain`): fits or not, by how much."""
+
+    pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                virtual_stages=virtual_stages, recompute=recompute, zero=zero,
+                sequence_parallel=sequence_parallel)
+    req = _request(gpus, nodes, model, gpu, hardware, global_batch, None, seq_len, None, 10, 20,
+                   launcher, "ilp", None,
+                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype), pins)
+    exp = explain_request(req)
+    return Explanation(exp.parallel, exp.plan, exp.capacity_bytes, exp.rule)
+
+
+def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int = 1,
+              microbatches: int | None = None, schedule: str = "1f1b", virtual_stages: int = 1,
+              recompute: str = "full", zero: int = 1, gpu: str | None = None, hardware=None,
+              nodes: int | None = None, seq_len: int | None = None, solver: str = "ilp",
+              stack=None, flash: bool | None = None, overlap: bool | None = None,
+              tp_overlap: bool | None = None, grad_dtype: str | None = None) -> Partition:
+    """Split the layers into ``pp`` stages balanced by compute under memory (`plan partition`),
+    beside the even and the equal-parameter split. ``microbatches`` defaults to 4 x pp; the
+    tp·pp·dp GPUs sit on ``nodes`` nodes, by default as `plan partition` places them
+    (``Partition.placement`` says how)."""
+    spec = _model(model, seq_len)
+    run_stack = _stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
+    if solver not in METHODS:
+        raise PlanInputError(f"solver must be one of {', '.join(METHODS)}, got {solver!r}")
+    m = microbatches or 4 * pp
+    gpus = tp * pp * dp
+    hw = _hardware(gpu, hardware)
+    node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
+    cluster = make_cluster(hw, gpus, node_count)
+    pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                virtual_stages=virtual_stages, recompute=recompute, zero=zero)
+    validate_pins(Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp,
+                          pins=pins))
+    rule = tp_rule(spec, cluster, tp)
+    if rule is not None:
+        raise PlanInputError(f"tp {tp}: {rule}")
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=m,
+                   schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
+                   zero=zero, sequence_parallel=tp > 1)
+    try:
+        cmp = compare_splits(spec, cluster, par, run_stack, solver, placement=placement)
+    except (PartitionError, ScheduleError) as e:
+        raise PlanInputError(str(e)) from None
+    return Partition(cmp.optimal, cmp.even, cmp.equal_params, cmp.method, cmp.capacity_bytes,
+                     placement)
+
+
+def validate(file=None, progress=None) -> Validation:
+    """Predict the bundled published runs (or those of ``file``) and compare (`plan validate`)."""
+
+    rows, summary = validate_file(file or DEFAULT_FILES, progress=progress)
+    return Validation(rows, summary)
+
+
+def profile(model=None, *, device: str = "cpu", tp: int = 1, micro_batch: int = 1,
+            seq_len: int | None = None, budget_s: float = 10.0, repeats: int = 5,
+            progress=None) -> Profiled:
+    """Measure every distinct layer's passes on this machine (`plan profile`)."""
+
+    return Profiled(profile_model(_model(model), device=device, tp=tp, micro_batch=micro_batch,
+                                  seq_len=seq_len, budget_s=budget_s, repeats=repeats,
+                                  progress=progress))

@@ -1,0 +1,46 @@
+"""The batch hint: when the best plan's pipeline idles, suggest the batch that fixes it."""
+
+from hypothesis import given, strategies as st
+
+from planner.search.advice import BUBBLE_HINT, batch_hint, microbatches_for
+from planner.api import _request, _stack
+from planner.search.engine import search
+from planner.pipeline.simulate import closed_form_bubble
+
+
+@given(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb-h1"]), st.integers(2, 64),
+       st.integers(1, 8), st.floats(0.01, 0.9))
+def test_microbatches_for_is_the_fewest_that_bring_the_closed_form_under(schedule, p, v, bubble):
+    m = microbatches_for(schedule, p, v, bubble)
+    assert closed_form_bubble(schedule, p, m, v) <= bubble
+    assert m == 1 or closed_form_bubble(schedule, p, m - 1, v) > bubble
+
+
+def _req(**kw):
+    base = dict(gpus=16384, nodes=2048, model="llama3-405b", gpu=None, hardware=None,
+                global_batch=None, global_batch_range=None, seq_len=None, max_bubble=None,
+                top=10, refine=20, launcher=None, partition_solver="ilp", profile=None,
+                stack=_stack(None), pins={})
+    base.update(kw)
+    return _request(**base)
+
+
+def test_llama3_405b_on_16k_gpus_gets_a_larger_batch_that_the_search_confirms():
+    """The issue's case: the default batch (512) leaves ~70% of the step idle."""
+    req = _req()
+    best = search(req).plans[0]
+    assert best.metrics.bubble_fraction > BUBBLE_HINT
+    hint = batch_hint(req, best, search)
+    assert hint is not None and "--global-batch" in hint
+    batch = int(hint.split("--global-batch ")[1].split()[0])
+    assert batch > best.parallel.global_batch
+    again = search(_req(global_batch=batch, top=1, refine=5)).plans[0]
+    assert again.metrics.bubble_fraction <= BUBBLE_HINT
+    assert f"{again.metrics.bubble_fraction:.1%}" in hint
+
+
+def test_no_hint_when_the_bubble_is_small():
+    req = _req(gpus=16, nodes=2, model="llama3-8b")
+    best = search(req).plans[0]
+    assert best.metrics.bubble_fraction <= BUBBLE_HINT
+    assert batch_hint(req, best, search) is None
