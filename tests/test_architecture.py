@@ -19,6 +19,7 @@ FLOORS = {
     "search": 5, "engine": 5,
     "fidelity": 6,
     "report": 7,
+    "cli": 99,  # the command line: top, beside planner/__init__.py and planner/api.py
 }
 TOP = 99
 
@@ -94,3 +95,15 @@ def test_no_import_cycles():
         if node not in state:
             visit(node, [node])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+def test_the_install_ships_every_package():
+    """pyproject.toml lists the packages one by one (profiles/ installs as planner.profiles):
+    a new sub-package must be added there, or a plain `pip install .` would leave it out."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+                 ["packages"])
+    present = {"planner"} | {f"planner.{p.name}" for p in (ROOT / "planner").iterdir()
+                             if (p / "__init__.py").exists()}
+    assert listed == present | {"planner.profiles"}

@@ -8,6 +8,7 @@ from rich.progress import Progress
 from typer.testing import CliRunner
 
 import cli
+from planner.cli import common
 
 runner = CliRunner()
 
@@ -38,7 +39,7 @@ def test_solve_help_groups_its_options_and_renders_flags_and_defaults():
     result = runner.invoke(cli.app, ["solve", "--help"], env={"COLUMNS": "120"})
     assert result.exit_code == 0
     text = result.output
-    for panel in (cli.PLAN, cli.PINS, cli.LIMITS, cli.OUTPUT):
+    for panel in (common.PLAN, common.PINS, common.LIMITS, common.OUTPUT):
         assert f"─ {panel} " in text
     flags = [line for line in text.splitlines()
              if re.search(r"--(json|wide|force|explain|flash|overlap|sequence-parallel)\b", line)
@@ -57,7 +58,7 @@ def test_every_boolean_flag_has_no_value_placeholder():
 def test_progress_count_is_blank_until_the_total_is_known():
     progress = Progress()
     task = progress.add_task("x", total=None)
-    column = cli._Count()
+    column = common._Count()
     assert column.render(progress.tasks[task]).plain == ""
     progress.update(task, completed=3, total=7)
     assert column.render(progress.tasks[task]).plain == "3/7"

@@ -1,0 +1,67 @@
+"""`plan models`, `plan models show`, `plan stacks`, `plan hardware`: what the planner knows."""
+
+from __future__ import annotations
+
+import typer
+
+from planner.hardware.profiles import bundled_hardware
+from planner.model.spec import PRESETS, load_model
+from planner.model.template import model_template
+from planner.report.models import template_table
+from planner.report.plans import hardware_table, models_table, stacks_dict, stacks_table
+from planner.stack import bundled_stacks
+from planner.cli.common import _flag, app, out, print_json, user_errors
+
+
+models_app = typer.Typer(help="List the model presets, or show one as a model.json template.")
+
+
+app.add_typer(models_app, name="models")
+
+
+@models_app.callback(invoke_without_command=True)
+def models(ctx: typer.Context):
+    """List the model presets with their parameter counts.
+
+    Example: plan models show llama3-8b --json > model.json
+    """
+    if ctx.invoked_subcommand is None:
+        out.print(models_table(PRESETS))
+
+
+@models_app.command("show")
+def models_show(
+    name: str = typer.Argument(..., help="A preset (plan models), model.json or HF config.json."),
+    as_json: bool = _flag(False, "--json", "Print the model.json itself."),
+):
+    """Show a model as a model.json template: every field, its value and meaning.
+
+    Examples:\n
+      plan models show llama3-8b\n
+      plan models show llama3-8b --json > my-model.json\n
+      plan models show path/to/config.json --json   (a HuggingFace config as a model.json)
+    """
+    with user_errors(as_json):
+        spec = load_model(name)
+        if as_json:
+            print_json(model_template(spec))
+        else:
+            out.print(template_table(spec))
+
+
+@app.command("stacks")
+def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its source, as JSON.")):
+    """List the bundled software stacks (plan solve --stack NAME, or --stack FILE)."""
+    with user_errors():
+        stacks = bundled_stacks()
+        if as_json:
+            print_json(stacks_dict(stacks))
+        else:
+            out.print(stacks_table(stacks))
+
+
+@app.command("hardware")
+def hardware_cmd():
+    """List the bundled GPU profiles."""
+    with user_errors():
+        out.print(hardware_table(bundled_hardware()))

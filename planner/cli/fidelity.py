@@ -1,0 +1,88 @@
+"""`plan validate` and `plan calibrate`: predictions against measured runs, and efficiency
+factors fitted to the user's own."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+import json
+import sys
+
+from rich.markup import escape
+import typer
+
+from planner.core.errors import PlanInputError
+from planner.core.files import refuse_overwrite, write_text
+from planner.fidelity.calibrate import (calibrate as calibrate_runs, calibrated_profile,
+                                        parse_factors)
+from planner.fidelity.published import DEFAULT_FILES, load_cases, validate_file
+from planner.hardware.profiles import load_hardware
+from planner.report.calibration import calibration_table
+from planner.report.validation import validation_markdown, validation_table
+from planner.stack import resolve_stack
+from planner.cli.common import _flag, app, out, progress_bar, user_errors
+
+
+@app.command()
+def validate(
+    file: Optional[Path] = typer.Argument(None, help="Published runs JSON.",
+                                          show_default="the bundled runs"),
+    runs: Optional[Path] = typer.Option(None, "--runs",
+                                        help="Your own runs file (same format as the bundled "
+                                             "profiles/validation/*.json)."),
+    hardware: Optional[Path] = typer.Option(None, "--hardware",
+                                            help="A GPU profile (e.g. from plan calibrate) used "
+                                                 "for every run instead of the bundled one."),
+    markdown: bool = typer.Option(False, "--markdown", metavar="",
+                                  help="Print a markdown table (the README's)."),
+    stack: Optional[str] = typer.Option(None, "--stack",
+                                        help="Price every case on this stack NAME or FILE "
+                                             "instead of the stack each case names."),
+):
+    """Predict published training runs and compare: step time, TFLOP/s, memory, ranking.
+
+    Examples: plan validate · plan validate --runs my_runs.json --hardware h100-mine.json
+    """
+    with user_errors():
+        if file is not None and runs is not None:
+            raise PlanInputError("give the runs file once: as the argument or as --runs")
+        hw = load_hardware(file=hardware) if hardware else None
+        with progress_bar("validating") as progress:
+            rows, summary = validate_file(file or runs or DEFAULT_FILES, hardware=hw,
+                                          stack=resolve_stack(stack) if stack else None,
+                                          progress=progress)
+        if markdown:
+            sys.stdout.write(validation_markdown(rows, summary))
+        else:
+            out.print(validation_table(rows, summary))
+
+
+@app.command("calibrate")
+def calibrate_cmd(
+    runs: Path = typer.Option(..., "--runs", help="Your measured runs (the format of "
+                                                  "profiles/validation/*.json), one GPU kind."),
+    factors: str = typer.Option("matmul,attention,network", "--factors",
+                                help="Efficiency factors to fit (comma list, at most these three)."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Write the calibrated GPU "
+                                                                      "profile here (for "
+                                                                      "--hardware)."),
+    force: bool = _flag(False, "--force", "Overwrite --out."),
+):
+    """Fit the GPU profile's efficiency factors to your own measured runs.
+
+    Least squares on log step-time error; prints the leave-one-out error before and after, so
+    you see what the calibration buys on a run it has not seen.
+
+    Example: plan calibrate --runs my_runs.json --factors matmul --out h100-mine.json
+    """
+    with user_errors():
+        names = parse_factors(factors)
+        if out_file is not None:
+            refuse_overwrite([out_file], force)
+        with progress_bar("calibrating") as progress:
+            cal = calibrate_runs(load_cases(runs), names, progress)
+        out.print(calibration_table(cal))
+        if out_file is not None:
+            doc = calibrated_profile(cal, runs.name)
+            write_text(out_file, json.dumps(doc, indent=2) + "\n", force=force)
+            out.print(f"wrote {escape(str(out_file))}; use it with --hardware")

@@ -1,0 +1,148 @@
+"""`plan profile`, `plan simulate`, `plan layout`: measure this machine, draw a schedule, place
+ranks on nodes."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+import json
+import math
+import sys
+
+import typer
+
+from planner.core.errors import PlanInputError
+from planner.core.files import refuse_overwrite, write_text
+from planner.core.text import for_rich
+from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
+from planner.model.spec import load_model
+from planner.pipeline.job import on_stack, run_simulation, simulation_job, simulation_summary
+from planner.profile.machine import calibrate
+from planner.profile.profiler import profile_model, save_profile
+from planner.report.gantt import render_gantt, to_svg
+from planner.report.layout import render_layout
+from planner.report.profile import profile_table
+from planner.stack import resolve_stack
+from planner.cli.common import _flag, _three, app, err, out, print_json, progress_bar, user_errors
+
+
+@app.command()
+def profile(
+    model: Optional[str] = typer.Argument(None, help="Preset, model.json or HF config.json.",
+                                          show_default="llama3-8b"),
+    device: str = typer.Option("cpu", "--device", help="cpu (numpy) or gpu (CuPy)."),
+    tp: int = typer.Option(1, "--tp", help="Time the TP-sharded shapes of this degree."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Sequence length.",
+                                          show_default="the model's"),
+    repeats: int = typer.Option(5, "--repeats", help="Timed runs of each pass; the median is "
+                                                     "kept, the spread reported."),
+    budget_s: float = typer.Option(10.0, "--budget-s",
+                                   help="Per-layer time budget; bigger layers are measured "
+                                        "smaller and scaled by FLOPs."),
+    out_file: Optional[Path] = typer.Option(None, "--out", "-o", help="Profile JSON to write."),
+    force: bool = _flag(False, "--force", "Overwrite --out."),
+    calibrate_it: bool = _flag(False, "--calibrate", "Measure matmul and memory speed instead, "
+                                                     "and write a hardware profile for "
+                                                     "--hardware."),
+):
+    """Measure per-layer forward/backward time with torch-free kernels on this machine.
+
+    Examples:\n
+      plan profile llama3-8b --out llama3-8b.cpu.json\n
+      plan solve --gpus 16 --nodes 2 --profile llama3-8b.cpu.json\n
+      plan profile --calibrate --out cpu.json
+    """
+    with user_errors():
+        if device not in ("cpu", "gpu"):
+            raise PlanInputError(f"--device must be cpu or gpu, got {device!r}")
+        if not (math.isfinite(budget_s) and budget_s > 0):
+            raise PlanInputError(f"--budget-s must be a positive number of seconds, got {budget_s}")
+        if calibrate_it:
+            with progress_bar("calibrating") as progress:
+                hw = calibrate(device, progress=_three(progress))
+            text = json.dumps(hw, indent=2) + "\n"
+            if out_file is not None:
+                write_text(out_file, text, force=force)
+                err.print(f"wrote {for_rich(str(out_file))}", highlight=False)
+            else:
+                sys.stdout.write(text)
+            return
+        spec = load_model(model)
+        for name, value in (("--tp", tp), ("--micro-batch", micro_batch), ("--seq-len", seq_len)):
+            if value is not None and value < 1:
+                raise PlanInputError(f"{name} must be positive, got {value}")
+        if out_file is not None:
+            refuse_overwrite([out_file], force)
+        with progress_bar("profiling") as progress:
+            measured = profile_model(spec, device=device, tp=tp, micro_batch=micro_batch,
+                                     seq_len=seq_len, budget_s=budget_s, repeats=repeats,
+                                     progress=_three(progress))
+        out.print(profile_table(measured))
+        if device == "gpu":
+            err.print("[dim]note: the GPU path is tested with a stand-in CuPy module but has not "
+                      "yet been checked on real hardware; sanity-check the TFLOP/s column[/dim]")
+        if out_file is not None:
+            save_profile(measured, out_file, force=force)
+            err.print(f"wrote {for_rich(str(out_file))}", highlight=False)
+
+
+@app.command()
+def simulate(
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline ranks."),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
+                                               help="Microbatches per step (M)."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
+    virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
+    stage_times: Optional[str] = typer.Option(None, "--stage-times",
+                                              help="Forward time per chunk, comma list "
+                                                   "(backward = 2x); default all 1."),
+    comm_time: float = typer.Option(0.0, "--comm-time", help="Transfer time per boundary."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Draw a saved plan.json."),
+    as_json: bool = _flag(False, "--json", "Print the summary as JSON."),
+    svg: Optional[Path] = typer.Option(None, "--svg", help="Also write the chart as SVG."),
+    force: bool = _flag(False, "--force", "Overwrite the SVG file."),
+    stack: Optional[str] = typer.Option(None, "--stack",
+                                        help="Check the schedule runs on this stack NAME or FILE "
+                                             "and add its per-action overhead."),
+):
+    """Run a pipeline schedule op by op and draw it.
+
+    Examples:\n
+      plan simulate --pp 4 --microbatches 8 --schedule 1f1b\n
+      plan simulate --pp 4 --microbatches 8 --schedule interleaved --virtual-stages 2\n
+      plan simulate --plan out/plan.json --svg schedule.svg
+    """
+    with user_errors(as_json):
+        job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
+                             plan_file)
+        if stack is not None:
+            job = on_stack(job, resolve_stack(stack), from_plan=plan_file is not None)
+        result = run_simulation(job)
+        if svg is not None:
+            write_text(svg, to_svg(result), force=force)
+        if as_json:
+            print_json(simulation_summary(result))
+        else:
+            render_gantt(result, out)
+
+
+@app.command()
+def layout(
+    tp: int = typer.Option(..., "--tp", help="Tensor-parallel size."),
+    pp: int = typer.Option(..., "--pp", help="Pipeline-parallel size."),
+    dp: int = typer.Option(..., "--dp", help="Data-parallel size."),
+    gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node."),
+    order: str = typer.Option("tp-dp-pp", "--order", help="tp-dp-pp (Megatron) or tp-pp-dp."),
+):
+    """Show which rank runs which (tp, pp, dp) slice, node by node, and the process groups.
+
+    Example: plan layout --tp 2 --pp 4 --dp 2 --gpus-per-node 8
+    """
+    with user_errors():
+        try:
+            rank_layout = build_layout(tp, pp, dp, gpus_per_node, order)
+            require_node_local_tp(rank_layout)
+        except LayoutError as e:
+            raise PlanInputError(str(e)) from None
+        render_layout(rank_layout, out)

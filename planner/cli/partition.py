@@ -1,0 +1,103 @@
+"""`plan partition`: the optimal stage split beside the even and equal-parameter splits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from planner.core.errors import PlanInputError
+from planner.core.files import refuse_overwrite
+from planner.core.parallel import Parallel
+from planner.hardware.profiles import load_hardware, make_cluster
+from planner.partition.problem import PartitionError
+from planner.pipeline.job import check_sizes
+from planner.pipeline.schedule import ScheduleError
+from planner.predict.stages import METHODS
+from planner.report.partition import compare_splits, comparison_dict, place_nodes, print_comparison
+from planner.search.space import Pins, Request, tp_rule, validate_pins
+from planner.stack import resolve_stack
+from planner.cli.common import STACK_FLAGS, _flag, app, out, planned_model, print_json, user_errors
+
+
+@app.command()
+def partition(
+    model: Optional[str] = typer.Option(None, "--model", "-m", help="Preset, model.json or HF "
+                                                                    "config.json.",
+                                        show_default="llama3-8b"),
+    pp: int = typer.Option(..., "--pp", help="Pipeline stages."),
+    tp: int = typer.Option(1, "--tp", help="Tensor-parallel size."),
+    dp: int = typer.Option(1, "--dp", help="Data-parallel size (shards ZeRO states)."),
+    micro_batch: int = typer.Option(1, "--micro-batch", help="Micro-batch size."),
+    microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
+                                               help="Microbatches per step.",
+                                               show_default="4 x pp"),
+    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
+    virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
+    recompute: str = typer.Option("full", "--recompute",
+                                  help="The most recompute a stage may use."),
+    zero: int = typer.Option(1, "--zero", help="ZeRO stage."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="Bundled GPU.",
+                                      show_default="a100-80gb"),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes holding the tp x pp x dp "
+                                        "GPUs (default: the hardware's GPUs per node)."),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", help="Override the sequence length."),
+    solver: str = typer.Option("auto", "--solver", help="auto (the exact DP for one chunk per "
+                                                          "rank, the MILP for interleaved chunks), "
+                                                          "ilp (PuLP: HiGHS or CBC) or dp."),
+    lp: Optional[Path] = typer.Option(None, "--lp", help="Write the ILP model to this file."),
+    as_json: bool = _flag(False, "--json", "Print the splits as JSON."),
+    force: bool = _flag(False, "--force", "Overwrite the --lp file."),
+    stack: Optional[str] = typer.Option(None, "--stack", help="Software stack NAME or FILE."),
+    flash: Optional[bool] = STACK_FLAGS["flash"],
+    overlap: Optional[bool] = STACK_FLAGS["overlap"],
+    tp_overlap: Optional[bool] = STACK_FLAGS["tp_overlap"],
+    grad_dtype: Optional[str] = STACK_FLAGS["grad_dtype"],
+):
+    """Split the layers into pipeline stages balanced by compute under memory.
+
+    The optimum (ILP, checked against an exact DP) is shown beside Megatron's even split and the
+    equal-parameter split, with the predicted throughput gain.
+
+    Examples:\n
+      plan partition --model llama3-8b --pp 4\n
+      plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
+    """
+    with user_errors(as_json):
+        for name, value in (("--pp", pp), ("--tp", tp), ("--dp", dp),
+                            ("--microbatches", microbatches)):
+            if value is not None and value < 1:
+                raise PlanInputError(f"{name} must be positive, got {value}")
+        m = microbatches or 4 * pp
+        check_sizes(pp, m, virtual_stages)
+        if lp is not None:
+            refuse_overwrite([lp], force)
+        spec = planned_model(model, seq_len)
+        run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
+        if solver not in METHODS:
+            raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
+        gpus = tp * pp * dp
+        hw = load_hardware(gpu, hardware)
+        node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
+        cluster = make_cluster(hw, gpus, node_count)
+        pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                    virtual_stages=virtual_stages, recompute=recompute, zero=zero)
+        req = Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp, pins=pins)
+        validate_pins(req)
+        rule = tp_rule(spec, cluster, tp)
+        if rule is not None:
+            raise PlanInputError(f"--tp {tp}: {rule}")
+        par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=m,
+                       schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
+                       zero=zero, sequence_parallel=tp > 1)
+        try:
+            cmp = compare_splits(spec, cluster, par, run_stack, solver, lp_path=lp,
+                                 placement=placement)
+        except (PartitionError, ScheduleError) as e:
+            raise PlanInputError(str(e)) from None
+        if as_json:
+            print_json(comparison_dict(cmp))
+        else:
+            print_comparison(out, cmp)

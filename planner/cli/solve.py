@@ -1,0 +1,180 @@
+"""`plan solve`: search (or explain one pinned configuration), print the ranked plans, export the
+best."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from planner.core.errors import PlanInputError
+from planner.core.files import write_text
+from planner.core.text import for_rich
+from planner.hardware.profiles import load_hardware, make_cluster
+from planner.launchers import export_plan, implied_launcher, parse_targets
+from planner.profile.profiler import load_profile
+from planner.report.plans import explanation_dict, plans_csv, print_explanation, print_search
+from planner.search.advice import batch_hint
+from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
+from planner.search.space import Pins, Request
+from planner.stack import resolve_stack
+from planner.cli.common import (LIMITS, OUTPUT, PINS, PLAN, _flag, app, err, out, parse_range,
+                                planned_model, print_json,
+                                progress_bar, stack_flags,
+                                user_errors)
+
+
+@app.command()
+def solve(
+    gpus: int = typer.Option(..., "--gpus", help="Total GPUs.", rich_help_panel=PLAN),
+    nodes: int = typer.Option(..., "--nodes", help="Nodes; GPUs per node = gpus / nodes.",
+                              rich_help_panel=PLAN),
+    model: Optional[str] = typer.Option(None, "--model", "-m", show_default="llama3-8b",
+                                        help="Preset name, model.json or HF config.json.",
+                                        rich_help_panel=PLAN),
+    gpu: Optional[str] = typer.Option(None, "--gpu", show_default="a100-80gb",
+                                      help="Bundled GPU (plan hardware).", rich_help_panel=PLAN),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON.",
+                                            rich_help_panel=PLAN),
+    global_batch: Optional[int] = typer.Option(None, "--global-batch",
+                                               show_default="~4M tokens",
+                                               help="Sequences per step.", rich_help_panel=PLAN),
+    batch_range: Optional[str] = typer.Option(None, "--global-batch-range", metavar="MIN,MAX",
+                                              help="Let the search choose the batch.",
+                                              rich_help_panel=PLAN),
+    seq_len: Optional[int] = typer.Option(None, "--seq-len", show_default="the model's",
+                                          help="Override the sequence length.",
+                                          rich_help_panel=PLAN),
+    profile_file: Optional[Path] = typer.Option(None, "--profile",
+                                                help="Plan from measured layer times "
+                                                     "(plan profile --out FILE).",
+                                                rich_help_panel=PLAN),
+    stack: Optional[str] = typer.Option(None, "--stack", show_default="the launcher's, else "
+                                                                      "megatron-core",
+                                        help="Software stack NAME (plan stacks) or FILE.",
+                                        rich_help_panel=PLAN),
+    flash: Optional[bool] = stack_flags(PLAN)["flash"],
+    overlap: Optional[bool] = stack_flags(PLAN)["overlap"],
+    tp_overlap: Optional[bool] = stack_flags(PLAN)["tp_overlap"],
+    grad_dtype: Optional[str] = stack_flags(PLAN)["grad_dtype"],
+    tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size.",
+                                     rich_help_panel=PINS),
+    pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size.",
+                                     rich_help_panel=PINS),
+    dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size.",
+                                     rich_help_panel=PINS),
+    micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Micro-batch size.",
+                                              rich_help_panel=PINS),
+    schedule: Optional[str] = typer.Option(None, "--schedule",
+                                           help="gpipe | 1f1b | interleaved | zb-h1.",
+                                           rich_help_panel=PINS),
+    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
+                                                 help="Chunks per rank (interleaved).",
+                                                 rich_help_panel=PINS),
+    recompute: Optional[str] = typer.Option(None, "--recompute",
+                                            help="none | selective | full.",
+                                            rich_help_panel=PINS),
+    zero: Optional[int] = typer.Option(None, "--zero",
+                                       help="ZeRO stage 0-3 (1 = distributed optimizer).",
+                                       rich_help_panel=PINS),
+    sequence_parallel: Optional[bool] = typer.Option(None, "--sequence-parallel/"
+                                                     "--no-sequence-parallel", metavar="",
+                                                     show_default="searched",
+                                                     help="Sequence parallelism on or off.",
+                                                     rich_help_panel=PINS),
+    max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
+                                               help="Reject plans idling more than this "
+                                                    "fraction of the step.",
+                                               rich_help_panel=LIMITS),
+    launcher: Optional[str] = typer.Option(None, "--launcher",
+                                           help="Only plans this launcher runs: megatron | "
+                                                "deepspeed | torchtitan.",
+                                           rich_help_panel=LIMITS),
+    refine: int = typer.Option(20, "--refine", help="Partition and simulate at most K "
+                                                    "screened configurations; fewer when a "
+                                                    "lower bound proves plan 1 the fastest.",
+                               rich_help_panel=LIMITS),
+    partition_solver: str = typer.Option("auto", "--partition",
+                                         help="Stage split solver: auto (the exact DP for one "
+                                              "chunk per rank, the MILP for interleaved chunks), "
+                                              "ilp (PuLP: HiGHS, else CBC) or dp.",
+                                         rich_help_panel=LIMITS),
+    top: int = typer.Option(10, "--top", help="How many plans to show.", rich_help_panel=OUTPUT),
+    wide: bool = _flag(False, "--wide", "Every column, however wide the terminal.", OUTPUT),
+    as_json: bool = _flag(False, "--json", "Print the plans as JSON.", OUTPUT),
+    csv_file: Optional[Path] = typer.Option(None, "--csv", help="Also write the plans as CSV.",
+                                            rich_help_panel=OUTPUT),
+    explain_it: bool = _flag(False, "--explain", "Explain the pinned configuration: fits or "
+                                                 "not, by how much.", OUTPUT),
+    export: Optional[str] = typer.Option(None, "--export",
+                                         help="Write the best plan for: json, megatron, "
+                                              "deepspeed, torchtitan, torchrun (comma list).",
+                                         rich_help_panel=OUTPUT),
+    out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for --export.",
+                                           rich_help_panel=OUTPUT),
+    force: bool = _flag(False, "--force", "Overwrite exported files.", OUTPUT),
+    torchtitan_version: str = typer.Option("0.3.0", "--torchtitan-version",
+                                           help="torchtitan release for --export torchtitan: "
+                                                "0.3.0 (arguments) or 0.2 (TOML).",
+                                           rich_help_panel=OUTPUT),
+):
+    """Search TP x PP x DP, micro-batch, schedule, recompute and ZeRO; print the best plans.
+
+    Examples:\n
+      plan solve --gpus 16 --nodes 2\n
+      plan solve --model gpt3-175b --gpus 1024 --nodes 128 --global-batch 1536\n
+      plan solve --model llama3-70b --gpus 64 --nodes 8 --gpu h100 --tp 8 --json\n
+      plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/\n
+      plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
+    """
+    with user_errors(as_json):
+        if gpu is not None and hardware is not None:
+            raise PlanInputError("give --gpu NAME or --hardware FILE, not both")
+        targets = parse_targets(export)
+        spec = planned_model(model, seq_len)
+        cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
+        pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                    virtual_stages=virtual_stages, recompute=recompute, zero=zero,
+                    sequence_parallel=sequence_parallel)
+        launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
+        if targets and out_dir is None:
+            raise PlanInputError("--export needs --out DIR for the files")
+        measured = load_profile(profile_file) if profile_file is not None else None
+        if measured is not None:
+            check_profile_matches(measured, spec)
+        req = Request(model=spec, cluster=cluster, global_batch=global_batch,
+                      batch_range=parse_range(batch_range), max_bubble=max_bubble,
+                      profile=measured, pins=pins, top=top, refine=refine,
+                      launcher=launcher, partition_method=partition_solver,
+                      options=resolve_stack(stack, launcher, flash, overlap, tp_overlap,
+                                            grad_dtype))
+        if explain_it:
+            explanation = explain(req)
+            if as_json:
+                print_json(explanation_dict(explanation))
+            else:
+                print_explanation(out, explanation, wide=wide)
+            return
+        with progress_bar("searching") as progress:
+            result = search(req, progress)
+        hint = None
+        if not as_json:
+            with progress_bar("checking a larger batch") as progress:
+                hint = batch_hint(req, result.plans[0], search)
+        if csv_file is not None:
+            write_text(csv_file, plans_csv(result.plans), force=force)
+        if targets:
+            written = export_plan(result.plans[0], targets, out_dir, force=force,
+                                  torchtitan_version=torchtitan_version)
+            err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
+        if as_json:
+            doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
+                   "search": {"considered": result.considered, "screened": result.screened,
+                              "not_refined": result.not_refined, "feasible": result.feasible,
+                              "folded": result.folded, "returned": len(result.plans)}}
+            print_json(doc)
+        else:
+            print_search(out, result, spec, cluster, wide=wide, hint=hint)
+            if measured is not None:
+                out.print(for_rich(analytical_comparison(req, result.plans[0])), highlight=False)
