@@ -268,7 +268,7 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
 def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int = 1,
               microbatches: int | None = None, schedule: str = "1f1b", virtual_stages: int = 1,
               recompute: str = "full", zero: int = 1, gpu: str | None = None, hardware=None,
-              nodes: int | None = None, seq_len: int | None = None, solver: str = "ilp",
+              nodes: int | None = None, seq_len: int | None = None, solver: str = "auto",
               stack=None, flash: bool | None = None, overlap: bool | None = None,
               tp_overlap: bool | None = None, grad_dtype: str | None = None) -> Partition:
     """Split the layers into ``pp`` stages balanced by compute under memory (`plan partition`),
@@ -279,9 +279,22 @@ def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int
     run_stack = _stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
     if solver not in METHODS:
         raise PlanInputError(f"solver must be one of {', '.join(METHODS)}, got {solver!r}")
+    cmp, placement = compare_partitions(
+        spec, _hardware(gpu, hardware), run_stack, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
+        microbatches=microbatches, schedule=schedule, virtual_stages=virtual_stages,
+        recompute=recompute, zero=zero, nodes=nodes, solver=solver)
+    return Partition(cmp.optimal, cmp.even, cmp.equal_params, cmp.method, cmp.capacity_bytes,
+                     placement)
+
+
+def compare_partitions(spec, hw, run_stack, *, tp: int, pp: int, dp: int, micro_batch: int,
+                       microbatches: int | None, schedule: str, virtual_stages: int,
+                       recompute: str, zero: int, nodes: int | None, solver: str, lp_path=None):
+    """What `plan partition` and :func:`partition` compute: the tp·pp·dp GPUs placed on nodes,
+    the pins checked, and the optimal split beside the even and equal-parameter ones.
+    Returns (SplitComparison, placement)."""
     m = microbatches or 4 * pp
     gpus = tp * pp * dp
-    hw = _hardware(gpu, hardware)
     node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
     cluster = make_cluster(hw, gpus, node_count)
     pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
@@ -290,16 +303,16 @@ def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int
                           pins=pins))
     rule = tp_rule(spec, cluster, tp)
     if rule is not None:
-        raise PlanInputError(f"tp {tp}: {rule}")
+        raise PlanInputError(f"--tp {tp}: {rule}")
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=m,
                    schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
                    zero=zero, sequence_parallel=tp > 1)
     try:
-        cmp = compare_splits(spec, cluster, par, run_stack, solver, placement=placement)
+        cmp = compare_splits(spec, cluster, par, run_stack, solver, lp_path=lp_path,
+                             placement=placement)
     except (PartitionError, ScheduleError) as e:
         raise PlanInputError(str(e)) from None
-    return Partition(cmp.optimal, cmp.even, cmp.equal_params, cmp.method, cmp.capacity_bytes,
-                     placement)
+    return cmp, placement
 
 
 def validate(file=None, progress=None) -> Validation:

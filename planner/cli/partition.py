@@ -7,16 +7,13 @@ from typing import Optional
 
 import typer
 
+from planner.api import compare_partitions
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite
-from planner.core.parallel import Parallel
-from planner.hardware.profiles import load_hardware, make_cluster
-from planner.partition.problem import PartitionError
+from planner.hardware.profiles import load_hardware
 from planner.pipeline.job import check_sizes
-from planner.pipeline.schedule import ScheduleError
 from planner.predict.stages import METHODS
-from planner.report.partition import compare_splits, comparison_dict, place_nodes, print_comparison
-from planner.search.space import Pins, Request, tp_rule, validate_pins
+from planner.report.partition import comparison_dict, print_comparison
 from planner.stack import resolve_stack
 from planner.cli.common import STACK_FLAGS, _flag, app, out, planned_model, print_json, user_errors
 
@@ -78,25 +75,11 @@ def partition(
         run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
-        gpus = tp * pp * dp
-        hw = load_hardware(gpu, hardware)
-        node_count, placement = place_nodes(gpus, tp, hw.gpus_per_node, nodes)
-        cluster = make_cluster(hw, gpus, node_count)
-        pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
-                    virtual_stages=virtual_stages, recompute=recompute, zero=zero)
-        req = Request(model=spec, cluster=cluster, global_batch=micro_batch * m * dp, pins=pins)
-        validate_pins(req)
-        rule = tp_rule(spec, cluster, tp)
-        if rule is not None:
-            raise PlanInputError(f"--tp {tp}: {rule}")
-        par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=m,
-                       schedule=schedule, virtual_stages=virtual_stages, recompute=recompute,
-                       zero=zero, sequence_parallel=tp > 1)
-        try:
-            cmp = compare_splits(spec, cluster, par, run_stack, solver, lp_path=lp,
-                                 placement=placement)
-        except (PartitionError, ScheduleError) as e:
-            raise PlanInputError(str(e)) from None
+        cmp, _ = compare_partitions(
+            spec, load_hardware(gpu, hardware), run_stack, tp=tp, pp=pp, dp=dp,
+            micro_batch=micro_batch, microbatches=m, schedule=schedule,
+            virtual_stages=virtual_stages, recompute=recompute, zero=zero, nodes=nodes,
+            solver=solver, lp_path=lp)
         if as_json:
             print_json(comparison_dict(cmp))
         else:
