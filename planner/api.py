@@ -26,7 +26,8 @@ from pathlib import Path
 # first time re-binds its name on `planner` (see planner/__init__.py).
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.core.parallel import Parallel
-from planner.fidelity.published import DEFAULT_FILES, validate_file
+from planner.fidelity.cases import DEFAULT_FILES
+from planner.fidelity.published import validate_file
 from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
 from planner.model.spec import ModelSpec, load_model
 from planner.partition.problem import PartitionError

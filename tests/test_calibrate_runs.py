@@ -9,7 +9,8 @@ from typer.testing import CliRunner
 from cli import app
 from planner.core.errors import PlanInputError
 from planner.fidelity.calibrate import FACTORS, _with, calibrate
-from planner.fidelity.published import DEFAULT_FILES, load_cases, validate_case
+from planner.fidelity.cases import DEFAULT_FILES, load_cases
+from planner.fidelity.published import validate_case
 from planner.hardware.profiles import load_hardware, load_hardware_file
 
 import numpy as np

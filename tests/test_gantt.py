@@ -93,7 +93,7 @@ def test_a_long_run_draws_its_short_run_and_says_so():
     console = Console(record=True, width=100, color_system=None)
     render_gantt(r, console)
     text = console.export_text()
-    assert f"of 200 microbatches" in text
+    assert "of 200 microbatches" in text
     assert all("F0" in line for line in text.splitlines() if line.startswith("rank "))
 
 

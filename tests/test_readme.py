@@ -7,7 +7,8 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from planner.fidelity.published import DEFAULT_FILES, validate_file
+from planner.fidelity.cases import DEFAULT_FILES
+from planner.fidelity.published import validate_file
 from planner.report.validation import validation_markdown
 
 ROOT = Path(__file__).resolve().parent.parent

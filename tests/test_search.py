@@ -8,7 +8,7 @@ from planner.core.errors import NoFeasiblePlan
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.spec import PRESETS
 from planner.search.engine import Pins, Request, enumerate_configs, explain, search
-from planner.fidelity.published import case_setup, load_cases
+from planner.fidelity.cases import case_setup, load_cases
 
 
 @settings(max_examples=25, deadline=None)

@@ -8,8 +8,8 @@ today's value and marked as such, so an improvement shows up as an easy tighteni
 
 import pytest
 
-from planner.fidelity.published import (DEFAULT_FILE, MODERN_FILE, case_setup, load_cases, spearman,
-                              summarize, validate_cases, validate_file)
+from planner.fidelity.cases import DEFAULT_FILE, MODERN_FILE, case_setup, load_cases
+from planner.fidelity.published import spearman, summarize, validate_cases, validate_file
 from planner.report.validation import summary_lines, validation_markdown, validation_table
 
 

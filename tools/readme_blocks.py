@@ -144,7 +144,8 @@ def render_block(block: Block, outputs: list[list[str]]) -> str:
 
 
 def validation_markdown() -> str:
-    from planner.fidelity.published import DEFAULT_FILES, validate_file
+    from planner.fidelity.cases import DEFAULT_FILES
+    from planner.fidelity.published import validate_file
     from planner.report.validation import validation_markdown as md
 
     return md(*validate_file(DEFAULT_FILES))

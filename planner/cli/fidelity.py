@@ -15,7 +15,8 @@ from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
 from planner.fidelity.calibrate import (calibrate as calibrate_runs, calibrated_profile,
                                         parse_factors)
-from planner.fidelity.published import DEFAULT_FILES, load_cases, validate_file
+from planner.fidelity.cases import DEFAULT_FILES, load_cases
+from planner.fidelity.published import validate_file
 from planner.hardware.profiles import load_hardware
 from planner.report.calibration import calibration_table
 from planner.report.validation import validation_markdown, validation_table

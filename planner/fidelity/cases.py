@@ -1,0 +1,306 @@
+"""The published runs as the planner sees them: each case of a runs file rebuilt as a model, a
+cluster, the PUBLISHED parallel configuration and the software stack its source documents.
+
+Every case of a published-runs file (profiles/validation/published_runs.json; its README describes
+the fields) names its bundled stack (``stack``, profiles/stacks/) and any ``stack_overrides``;
+nothing is tuned per case. planner/fidelity/published.py evaluates the cases and compares.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from planner.core.errors import PlanInputError
+from planner.core.files import read_json
+from planner.core.parallel import Parallel
+from planner.core.units import DATA_DIR
+from planner.fidelity.runs_schema import check_runs_document
+from planner.hardware.profiles import Cluster, Hardware, load_hardware
+from planner.model.spec import ModelSpec, _gpt
+from planner.stack import Stack, load_stack, with_overrides
+
+VALIDATION_DIR = DATA_DIR / "validation"
+# The 2020-23 runs (unfused attention, Megatron-LM / Megatron-DeepSpeed) and the modern stacks
+# (flash attention, FSDP / ZeRO-3, Megatron-Core, torchtitan); ``validate_file`` reads both.
+DEFAULT_FILE = VALIDATION_DIR / "published_runs.json"
+MODERN_FILE = VALIDATION_DIR / "modern_runs.json"
+DEFAULT_FILES = (DEFAULT_FILE, MODERN_FILE)
+# Zero-bubble cases publish no vocabulary: GPT-2 BPE padded to 51,200 as in Megatron-LM's GPT
+# runs (Narayanan et al. 2021, Table 1). It is 2-4% of the parameters of the 1.5B/14.6B models.
+GPT2_PADDED_VOCAB = 51200
+
+
+@dataclass(frozen=True)
+class CaseSetup:
+    """What one published case becomes in the planner: ``unsupported`` says why it is skipped."""
+
+    name: str
+    group: str
+    sweep: str  # cases whose speeds are ranked against each other
+    model: ModelSpec | None
+    cluster: Cluster | None
+    parallel: Parallel | None
+    options: Stack | None
+    bounds: tuple[tuple[int, int], ...] | None
+    notes: tuple[str, ...]
+    unsupported: str = ""
+    # torchtitan's selective AC: evaluated as the mean of no and full recompute (_recompute_mode)
+    half_recompute: bool = False
+    # unpublished recompute: none, unless none would not fit where the run did (validate_case)
+    recompute_guessed: bool = False
+
+
+# --- building the cases --------------------------------------------------------------------------
+
+
+def load_cases(path: str | Path = DEFAULT_FILE) -> list[dict]:
+    data = read_json(path, "validation file")
+    check_runs_document(data, str(path))  # every case's keys, types, ranges: runs_schema.py
+    return data
+
+
+def base_profile(gpu: str) -> str:
+    """The bundled profile of the case's GPU kind: its HBM bandwidth and measured efficiencies
+    are the part's, whatever the source publishes about the cluster."""
+    text = gpu.lower()
+    if "h100" in text:
+        return "h100-sxm-80gb"
+    if "a100" in text and "40" in text:
+        return "a100-40gb"
+    return "a100-80gb"
+
+
+def case_cluster(case: dict, hardware: Hardware | None = None) -> tuple[Cluster, tuple[str, ...]]:
+    """The case's GPUs and links on the bundled profile of its GPU kind (HBM bandwidth and
+    efficiencies), or on ``hardware`` (a calibrated profile) when given; an unpublished
+    inter-node bandwidth falls back to that profile's (one NIC per GPU: 200 Gb/s HDR on A100,
+    400 Gb/s NDR on H100) and says so."""
+    cl = case["cluster"]
+    profile = base_profile(str(cl.get("gpu", "")))
+    base = hardware or load_hardware(profile)
+    notes = []
+    inter = cl.get("inter_node_GBps")
+    per_node = int(cl["gpus_per_node"])
+    gpus = int(cl["gpus"])
+    if inter is None:
+        inter = base.inter_node_gbps
+        if gpus > per_node:
+            notes.append(f"inter-node bandwidth unpublished: bundled {profile} {inter:g} GB/s")
+    hw = replace(base, name=cl.get("gpu", base.name), peak_tflops=float(cl["peak_tflops_bf16"]),
+                 memory_gib=float(cl.get("hbm_gb") or base.memory_gib),
+                 intra_node_gbps=float(cl["intra_node_GBps"]), inter_node_gbps=float(inter),
+                 gpus_per_node=per_node)
+    return Cluster(hardware=hw, nodes=max(1, gpus // per_node), gpus_per_node=min(per_node, gpus)), \
+        tuple(notes)
+
+
+def _uniform_bounds(model: ModelSpec, chunks: int) -> tuple[tuple[int, int], ...] | None:
+    """Embedding and head counted as layers and all layers split evenly: DeepSpeed's
+    'type:transformer|embedding' partition (BLOOM) and the zero-bubble runs' 'first and last
+    stage have one fewer transformer layer'. None when the count does not divide."""
+    n = len(model.layers)
+    if n % chunks:
+        return None
+    size = n // chunks
+    return tuple((k * size, (k + 1) * size) for k in range(chunks))
+
+
+def _megatron_interleave(layers_per_stage: int) -> int:
+    """Unreported virtual stages of the 2021 runs: the smallest interleaving the layer count
+    allows (v = smallest divisor > 1 of the layers per stage), the least extra communication."""
+    for v in range(2, layers_per_stage + 1):
+        if layers_per_stage % v == 0:
+            return v
+    return 1
+
+
+def case_stack(case: dict, stack: Stack | None = None) -> Stack:
+    """The case's own stack (its bundled ``stack`` with its ``stack_overrides``), or ``stack``
+    for every case when given."""
+    if stack is not None:
+        return stack
+    name = case.get("name", "a case")
+    if "stack" not in case:
+        raise PlanInputError(f"{name}: no 'stack'; every case names the stack it ran on "
+                             "(`plan stacks` lists them)")
+    overrides = case.get("stack_overrides") or {}
+    if not isinstance(overrides, dict):
+        raise PlanInputError(f"{name}: 'stack_overrides' must be an object of stack fields")
+    return with_overrides(load_stack(case["stack"]), f"{name}: stack_overrides", **overrides)
+
+
+def case_setup(case: dict, hardware: Hardware | None = None,
+               stack: Stack | None = None) -> CaseSetup:
+    """Model, cluster, published configuration and the case's stack (or ``stack``) for one
+    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given)."""
+    name, group = case["name"], case.get("group", "")
+    m, cf = case["model"], case["config"]
+    cluster, notes = case_cluster(case, hardware)
+    opts = case_stack(case, stack)
+    notes = list(notes)
+    tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
+    gb = int(cf["global_batch"])
+    sweep = group if "sweep" in group else ""  # Table 1 and single runs are not sweeps
+    bounds = None
+
+    if group.startswith("megatron"):
+        # Megatron-LM 2021 (Narayanan et al. 2021; README GPT-3 example): unfused softmax
+        # attention, DDP all-reduce after the backward, fp32 main grads, no ZeRO, no SP, full
+        # recompute (--checkpoint-activations).
+        model = _gpt(name, m["layers"], m["hidden"], m["heads"], vocab=m["vocab"],
+                     seq=m["seq_len"], ffn=m["ffn_hidden"])
+        mb = int(cf["micro_batch"] or 1)
+        if cf["micro_batch"] is None:
+            notes.append("micro-batch unpublished: 1 (as the README GPT-3 run)")
+        schedule, v = "1f1b", int(cf.get("virtual_stages") or 1)
+        sched_text = str(cf["schedule"]).lower()
+        if sched_text.startswith("interleaved") and cf.get("virtual_stages") is None and pp > 1:
+            v = _megatron_interleave(m["layers"] // pp)
+            schedule = "interleaved" if v > 1 else "1f1b"
+            notes.append(f"virtual stages unpublished: v={v} (smallest interleaving)")
+        par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=gb // (mb * dp),
+                       schedule=schedule, virtual_stages=v, recompute="full", zero=0,
+                       sequence_parallel=False)
+    elif group.startswith("bloom"):
+        # BLOOM (Megatron-DeepSpeed 2022, tr11 slurm script): ALiBi (no position table),
+        # 250,880 vocabulary tied, --embed-layernorm, unfused attention, BF16_Optimizer = ZeRO-1 with an fp32
+        # gradient accumulation buffer beside the kept bf16 grads, DeepSpeed's 1F1B TrainSchedule
+        # keeping stage outputs until their backward, all-reduce after the backward (not
+        # overlapped), full recompute keeping only layer inputs; its pipeline sends the whole
+        # activation from every TP rank (no Megatron scatter/gather).
+        model = ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
+                          num_attention_heads=m["heads"], num_kv_heads=m["heads"],
+                          ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"],
+                          seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=True,
+                          tie_embeddings=True, embedding_norm=True)
+        mb = int(cf["micro_batch"])
+        par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=gb // (mb * dp),
+                       schedule="1f1b", virtual_stages=1, recompute="full",
+                       zero=int(cf.get("zero") or 0), sequence_parallel=False)
+        bounds = _uniform_bounds(model, pp)
+        notes.append("embedding and head each take a layer slot (type:transformer|embedding)")
+    elif group.startswith("zero_bubble"):
+        # Zero-bubble fork of Megatron-LM (2023): Megatron's default unfused softmax attention
+        # (flash is opt-in, --use-flash-attn; Table 4's memory, e.g. 30 GB for 1.5B/1F1B, is what
+        # stored s x s scores need and twice what flash would), untied embeddings
+        # (examples/pretrain_zero_bubble.sh), learned positions, fp32 main grads; pure PP, no
+        # recompute.
+        vocab = m.get("vocab") or GPT2_PADDED_VOCAB
+        if m.get("vocab") is None:
+            notes.append(f"vocabulary unpublished: GPT-2 padded {vocab}")
+        model = ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
+                          num_attention_heads=m["heads"], num_kv_heads=m["heads"],
+                          ffn_hidden_size=m["ffn_hidden"], vocab_size=vocab,
+                          seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=True,
+                          tie_embeddings=False, position_embeddings=m["seq_len"])
+        sweep = f"{group}:{m['params_b']}B"
+        mb = int(cf["micro_batch"])
+        sched = str(cf["schedule"])
+        schedule, v = {"1F1B": ("1f1b", 1), "ZB-1p": ("zb-h1", 1)}.get(sched, (None, 1))
+        if sched == "1F1B-I":
+            schedule, v = "interleaved", len(model.layers) // pp  # one layer per chunk
+            notes.append(f"v={v}: one layer per chunk")
+        if schedule is None:
+            return CaseSetup(name, group, sweep, None, None, None, None, None, tuple(notes),
+                             unsupported=f"{sched}: no equivalent schedule (ZB-2p's 2p "
+                                         "activation limit is not modelled)")
+        if sched == "ZB-1p":
+            notes.append("ZB-1p as zb-h1")
+        par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=gb // (mb * dp),
+                       schedule=schedule, virtual_stages=v, recompute="none", zero=0,
+                       sequence_parallel=False)
+        bounds = _uniform_bounds(model, pp * v)
+    elif _is_modern(group):
+        return _modern_setup(case, cluster, notes, opts)
+    else:
+        return CaseSetup(name, group, sweep, None, None, None, None, None, tuple(notes),
+                         unsupported=f"unknown group {group!r}: no documented stack")
+    return CaseSetup(name, group, sweep, model, cluster, par, opts, bounds, tuple(notes))
+
+
+# Groups of modern_runs.json, by stack.
+_MODERN_PREFIXES = ("llmfoundry", "torchtitan", "llama3_405b", "nemo")
+
+# llm-foundry's MPT: tied embeddings, no biases, LayerNorm, GeLU MLP 4h, learned positions in the
+# benchmark models (NumParams grows with the sequence), no dropout (attn_pdrop, resid_pdrop and
+# emb_pdrop 0.0 in scripts/train/yamls/pretrain/mpt-*.yaml).
+# torchtitan and Llama 3: the Llama family (SwiGLU, RMSNorm, no biases, RoPE, untied, no dropout).
+
+
+def _is_modern(group: str) -> bool:
+    return group.startswith(_MODERN_PREFIXES)
+
+
+def _modern_model(case: dict) -> ModelSpec:
+    m, name = case["model"], case["name"]
+    if case["group"].startswith("llmfoundry"):
+        return ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
+                         num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
+                         ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"],
+                         seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=False,
+                         tie_embeddings=True, position_embeddings=m["seq_len"], dropout=False,
+                         make_vocab_size_divisible_by=1)  # llm-foundry trains the vocab unpadded
+    return ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
+                     num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
+                     ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"] or GPT2_PADDED_VOCAB,
+                     seq_length=m["seq_len"], mlp=m.get("mlp", "swiglu"),
+                     norm="rmsnorm" if m.get("mlp", "swiglu") == "swiglu" else "layernorm",
+                     bias=False, tie_embeddings=False, dropout=False)
+
+
+def _recompute_mode(text) -> tuple[str, bool]:
+    """(planner recompute mode, half): torchtitan's selective AC recomputes about half a block's
+    forward (layer policy: every other block checkpointed; op policy: every other matmul and the
+    element-wise ops), so it is evaluated as the mean of no and full recompute (``half``)."""
+    text = str(text or "none").lower()
+    if text.startswith("full"):
+        return "full", False
+    if text.startswith("selective"):
+        return "none", True
+    return "none", False
+
+
+def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
+    """Flash attention, FSDP/ZeRO and overlapped DP traffic, as each source documents them."""
+    name, group = case["name"], case["group"]
+    cf = case["config"]
+    precision = str(cf.get("precision") or "").lower()
+    techniques = str(cf.get("techniques") or "").lower()
+    skip = ""
+    if "fp8" in precision or "float8" in precision:
+        skip = "FP8 not modelled"
+    elif int(cf.get("cp") or 1) > 1:
+        skip = f"context parallelism (cp={cf['cp']}) not modelled"
+    elif "compile" in techniques:
+        skip = "torch.compile (fused element-wise kernels) not modelled"
+    if skip:
+        return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
+                         unsupported=skip)
+    model = _modern_model(case)
+    tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
+    gb = int(cf["global_batch"])
+    mb = cf.get("micro_batch")
+    if mb is None:
+        mb = 1
+        notes.append("micro-batch unpublished: 1")
+    mb = int(mb)
+    recompute, half = _recompute_mode(cf.get("recompute"))
+    if cf.get("recompute") is None:
+        notes.append("recompute unpublished: none")
+    if half:
+        notes.append("selective AC (about half the forward recomputed): mean of none and full")
+    schedule, v = "1f1b", 1
+    sched_text = str(cf.get("schedule") or "").lower()
+    if pp > 1 and sched_text.startswith("interleaved"):
+        v = int(cf.get("virtual_stages") or 0)
+        if not v:
+            v = _megatron_interleave(-(-model.num_layers // pp))
+            notes.append(f"virtual stages unpublished: v={v} (smallest interleaving)")
+        schedule = "interleaved" if v > 1 else "1f1b"
+    zero = int(cf.get("zero") or 0)
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
+                   schedule=schedule, virtual_stages=v, recompute=recompute, zero=zero,
+                   sequence_parallel=bool(cf.get("sequence_parallel")) and tp > 1)
+    return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
+                     half_recompute=half, recompute_guessed=cf.get("recompute") is None)
