@@ -16,7 +16,6 @@ import argparse
 import json
 import sys
 import tempfile
-from dataclasses import replace
 from pathlib import Path
 
 from rich.console import Console

@@ -114,7 +114,8 @@ def main() -> None:
     console.print(f"block matmuls: worst ratio {min(mm):.2f}, median {statistics.median(mm):.2f} "
                   f"(target >= 0.80); attention ratio {attn:.2f} (target >= 0.50)")
     if not args.skip_profile:
-        from planner.model.spec import DEFAULT_MODEL, load_model
+        from planner.model.presets import DEFAULT_MODEL
+        from planner.model.load import load_model
         from planner.profile.profiler import profile_model
 
         spec = load_model(DEFAULT_MODEL)

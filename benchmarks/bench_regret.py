@@ -27,7 +27,7 @@ from dataclasses import replace
 from planner.core.errors import NoFeasiblePlan
 from planner.core.parallel import SCHEDULES
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.model.spec import load_model
+from planner.model.load import load_model
 from planner.search.engine import (Pins, Request, _Costs, capacity_bytes, enumerate_configs,
                                    screen, search)
 

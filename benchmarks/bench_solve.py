@@ -18,7 +18,7 @@ import statistics
 import time
 
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.model.spec import load_model
+from planner.model.load import load_model
 from planner.pipeline.simulate import simulate
 from planner.search.engine import Request, search
 

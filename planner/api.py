@@ -29,7 +29,8 @@ from planner.core.parallel import Parallel
 from planner.fidelity.cases import DEFAULT_FILES
 from planner.fidelity.published import validate_file
 from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
-from planner.model.spec import ModelSpec, load_model
+from planner.model.spec import ModelSpec
+from planner.model.load import load_model
 from planner.partition.problem import PartitionError
 from planner.pipeline.schedule import ScheduleError
 from planner.predict.plan import Plan

@@ -60,7 +60,7 @@ def test_explain_partition_and_errors():
 def test_model_and_hardware_objects_are_accepted():
     from planner.api import solve
     from planner.hardware.profiles import load_hardware
-    from planner.model.spec import load_model
+    from planner.model.load import load_model
 
     a = solve(gpus=8, nodes=1, model=load_model("llama2-7b"), hardware=load_hardware("h100"),
               top=1)

@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.model.spec import PRESETS
+from planner.model.presets import PRESETS
 from planner.search.bound import relaxed_bound, split_bound, split_fits
 from planner.search.engine import (Request, _Costs, capacity_bytes, enumerate_configs, predict,
                                    screen, search)

@@ -7,7 +7,7 @@ from planner.cost.layer import block_forward_flops, layer_cost, model_flops_per_
 from planner.stack import default_stack, load_stack, with_overrides
 from planner.hardware.profiles import load_hardware
 from planner.cost.memory import Shape, activation_bytes, model_state_bytes, working_bytes
-from planner.model.spec import PRESETS, _gpt
+from planner.model.presets import PRESETS, _gpt
 
 
 def table1(published_runs):

@@ -20,7 +20,7 @@ from conftest import engine_module
 
 from planner.launchers import ExportError, export_plan, render_all
 from planner.launchers import deepspeed, torchtitan
-from planner.model.spec import PRESETS
+from planner.model.presets import PRESETS
 from planner.stack import load_stack
 from test_export import GOLDEN, UPDATE, make_plan
 

@@ -8,7 +8,7 @@ from planner.cost import constants
 from planner.stack import default_stack
 from planner.predict.step import evaluate, inflight_closed_form
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.model.spec import PRESETS
+from planner.model.presets import PRESETS
 from planner.core.parallel import Parallel
 from planner.pipeline.simulate import simulate
 from planner.predict.stages import usable_bytes

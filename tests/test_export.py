@@ -18,7 +18,7 @@ from planner.launchers import (EXPORTERS, ExportError, Facts, export_plan, launc
                             parse_megatron_args, render_all)
 from planner.launchers import megatron
 from planner.hardware.profiles import Cluster, Hardware
-from planner.model.spec import PRESETS
+from planner.model.presets import PRESETS
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
 

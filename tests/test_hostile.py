@@ -606,7 +606,7 @@ def _plan(name: str, gpu_name: str = "a100-80gb", launcher: str = "megatron"):
     from dataclasses import replace
 
     from planner.hardware.profiles import load_hardware, make_cluster
-    from planner.model.spec import PRESETS
+    from planner.model.presets import PRESETS
     from planner.search.engine import search
     from planner.search.space import Pins, Request
     from planner.stack import load_stack
@@ -770,7 +770,7 @@ def test_ten_concurrent_writers_never_leave_a_mixed_set(tmp_path):
     from planner.search.engine import search
     from planner.search.space import Request
     from planner.hardware.profiles import load_hardware, make_cluster
-    from planner.model.spec import PRESETS
+    from planner.model.presets import PRESETS
 
     req = Request(model=PRESETS["llama3-8b"], cluster=make_cluster(load_hardware(), 16, 2),
                   top=10, refine=10, launcher="megatron")

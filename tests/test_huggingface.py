@@ -15,7 +15,8 @@ from planner.core.errors import PlanInputError
 from planner.cost.layer import block_forward_flops
 from planner.cost.memory import sharded_params
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.model.spec import ModelSpec, load_model, model_from_dict, sequence_note
+from planner.model.spec import ModelSpec, sequence_note
+from planner.model.load import load_model, model_from_dict
 from planner.search.space import tp_rule
 
 CONFIGS = Path(__file__).parent / "hf_configs"

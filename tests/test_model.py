@@ -3,7 +3,8 @@ import json
 import pytest
 
 from planner.core.errors import PlanInputError
-from planner.model.spec import PRESETS, load_model, model_from_dict
+from planner.model.load import load_model, model_from_dict
+from planner.model.presets import PRESETS
 
 
 @pytest.mark.parametrize("name, published", [

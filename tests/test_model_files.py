@@ -8,7 +8,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
-from planner.model.spec import PRESETS, ModelSpec, model_from_dict
+from planner.model.spec import ModelSpec
+from planner.model.load import model_from_dict
+from planner.model.presets import PRESETS
 from planner.model.template import FIELDS, fields_markdown, model_template
 
 ROOT = Path(__file__).resolve().parent.parent

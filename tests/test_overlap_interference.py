@@ -12,7 +12,7 @@ from planner.stack import default_stack, with_overrides
 from planner.core.errors import PlanInputError
 from planner.predict.step import _overlapped_cost_s, evaluate
 from planner.hardware.profiles import hardware_from_dict, load_hardware, make_cluster
-from planner.model.spec import PRESETS
+from planner.model.presets import PRESETS
 from planner.core.parallel import Parallel
 
 NO_OVERLAP = with_overrides(default_stack(), overlap_grad_reduce=False,

@@ -312,7 +312,7 @@ def test_ilp_solves_a_real_memory_bound_instance_itself():
     A wrong worst-case bound once skipped their memory rows and the ILP's split was rejected."""
     from planner.stack import default_stack
     from planner.hardware.profiles import load_hardware, make_cluster
-    from planner.model.spec import load_model
+    from planner.model.load import load_model
     from planner.core.parallel import Parallel
     from planner.predict.stages import cost_tables, partition_problem
 
@@ -334,7 +334,7 @@ def test_splits_that_recompute_are_checked_with_the_recompute_fragmentation(name
     per-mode capacity must refuse every split rather than promise memory the rank lacks."""
     from planner.stack import default_stack
     from planner.hardware.profiles import load_hardware, make_cluster
-    from planner.model.spec import load_model
+    from planner.model.load import load_model
     from planner.core.parallel import Parallel
     from planner.predict.stages import best_split, cost_tables
 
@@ -350,7 +350,7 @@ def _llama(pp, v=1, recompute="none", schedule=None, micro_batch=1):
     from planner.core.parallel import Parallel
     from planner.stack import default_stack
     from planner.hardware.profiles import load_hardware, make_cluster
-    from planner.model.spec import load_model
+    from planner.model.load import load_model
     from planner.predict.stages import cost_tables
 
     spec, hw = load_model("llama3-8b"), load_hardware("a100-80gb")

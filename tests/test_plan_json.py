@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from cli import app
 from planner.core.errors import PlanInputError
 from planner.launchers import export_plan, plan_json
-from planner.model.spec import PRESETS, Layer
+from planner.model.spec import Layer
+from planner.model.presets import PRESETS
 from planner.pipeline.job import simulation_job
 from test_export import make_plan
 

@@ -9,7 +9,7 @@ import types
 import numpy as np
 import pytest
 
-from planner.model.spec import model_from_dict
+from planner.model.load import model_from_dict
 from planner.profile import profiler as profile
 from planner.profile.profiler import profile_model
 

@@ -10,7 +10,7 @@ from typer.testing import CliRunner
 
 import cli
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.model.spec import PRESETS
+from planner.model.presets import PRESETS
 from planner.report.plans import COLUMNS, plans_view, table_width
 from planner.search.engine import Request, search
 

@@ -6,7 +6,7 @@ from hypothesis import strategies as st
 
 from planner.core.errors import NoFeasiblePlan
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.model.spec import PRESETS
+from planner.model.presets import PRESETS
 from planner.search.engine import Pins, Request, enumerate_configs, explain, search
 from planner.fidelity.cases import case_setup, load_cases
 

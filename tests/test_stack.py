@@ -133,7 +133,7 @@ def test_overrides_are_checked_and_recorded():
 def _predict(stack, zero=1, pp=2, **par):
     from planner.core.parallel import Parallel
     from planner.hardware.profiles import load_hardware, make_cluster
-    from planner.model.spec import PRESETS
+    from planner.model.presets import PRESETS
     from planner.predict.step import predict_plan
     model = PRESETS["llama3-8b"]
     cluster = make_cluster(load_hardware("a100-80gb"), 16, 2)
@@ -184,7 +184,7 @@ def test_eager_elementwise_kernels_cost_time_only_where_megatron_fuses():
     from planner.cost.layer import layer_cost
     from planner.cost.memory import Shape
     from planner.hardware.profiles import load_hardware
-    from planner.model.spec import PRESETS
+    from planner.model.presets import PRESETS
     hw = load_hardware("a100-80gb")
     shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=2048)
     fused, eager = default_stack(), with_overrides(default_stack(), fused_elementwise=False)

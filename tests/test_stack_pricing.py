@@ -15,7 +15,8 @@ from planner.hardware.profiles import load_hardware, make_cluster
 from planner.launchers import render_all
 from planner.launchers.common import ExportError
 from planner.launchers.megatron import parse_megatron_args
-from planner.model.spec import PRESETS, ModelSpec
+from planner.model.spec import ModelSpec
+from planner.model.presets import PRESETS
 from planner.search.engine import explain, search
 from planner.search.space import Pins, Request
 from planner.stack import LAUNCHER_STACKS, bundled_names, load_stack, with_overrides

@@ -5,7 +5,8 @@ from __future__ import annotations
 import typer
 
 from planner.hardware.profiles import bundled_hardware
-from planner.model.spec import PRESETS, load_model
+from planner.model.load import load_model
+from planner.model.presets import PRESETS
 from planner.model.template import model_template
 from planner.report.models import template_table
 from planner.report.plans import hardware_table, models_table, stacks_dict, stacks_table

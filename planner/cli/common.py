@@ -19,7 +19,8 @@ import typer
 
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.core.text import for_rich
-from planner.model.spec import load_model, sequence_note
+from planner.model.spec import sequence_note
+from planner.model.load import load_model
 from planner.report.output import INPUT_ERROR, NOTHING_FITS, error_document, error_markup, json_text
 
 

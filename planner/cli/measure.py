@@ -15,7 +15,7 @@ from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
 from planner.core.text import for_rich
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
-from planner.model.spec import load_model
+from planner.model.load import load_model
 from planner.pipeline.job import on_stack, run_simulation, simulation_job, simulation_summary
 from planner.profile.machine import calibrate
 from planner.profile.profiler import profile_model, save_profile

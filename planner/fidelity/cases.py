@@ -17,7 +17,8 @@ from planner.core.parallel import Parallel
 from planner.core.units import DATA_DIR
 from planner.fidelity.runs_schema import check_runs_document
 from planner.hardware.profiles import Cluster, Hardware, load_hardware
-from planner.model.spec import ModelSpec, _gpt
+from planner.model.spec import ModelSpec
+from planner.model.presets import _gpt
 from planner.stack import Stack, load_stack, with_overrides
 
 VALIDATION_DIR = DATA_DIR / "validation"

@@ -1,0 +1,163 @@
+"""Reading a model: a preset name, our model.json (uniform or with explicit `layers`), or a
+HuggingFace config.json; every field checked, one line on error."""
+
+from __future__ import annotations
+
+from planner.model.presets import ALIASES, DEFAULT_MODEL, PRESETS
+from planner.model.spec import LAYER_KINDS, MLP_KINDS, NORM_KINDS, QK_NORM_KINDS, Layer, ModelSpec
+
+from pathlib import Path
+from planner.core.errors import PlanInputError
+from planner.core.files import read_json
+from planner.core.text import check_name
+from planner.model.huggingface import huggingface_fields
+from planner.model.schema import check_model_document
+
+
+_MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
+             "num_experts_per_tok", "moe_intermediate_size")
+
+
+def load_model(source: str | Path | None) -> ModelSpec:
+    """A preset name, our model.json, or a HuggingFace config.json -> ModelSpec."""
+    if source is None:
+        return PRESETS[DEFAULT_MODEL]
+    text = str(source)
+    key = text.lower().strip()
+    if key in PRESETS or key in ALIASES:
+        return PRESETS[ALIASES.get(key, key)]
+    path = Path(text)
+    if not path.exists():
+        raise PlanInputError(
+            f"unknown model '{text}': not a file and not a preset; `plan models` lists the presets")
+    data = read_json(path, "model file")
+    spec = model_from_dict(data, origin=str(path))
+    check_name(spec.name, f"{path}: the model name (its 'name', or the file name)")
+    return spec
+
+
+def model_from_dict(data: dict, origin: str = "model") -> ModelSpec:
+    """Recognise our model.json or a HuggingFace config.json and build the spec."""
+    check_model_document(data, origin)  # types, ranges, unknown keys: model/schema.py
+    moe = [k for k in _MOE_KEYS if data.get(k) not in (None, 0, 1)]
+    if moe:
+        raise PlanInputError(
+            f"{origin}: a mixture-of-experts model ({moe[0]}={data[moe[0]]}); plan3d plans dense "
+            "models only and will not plan it as dense")
+    if "model_type" in data or "architectures" in data:
+        return _checked(ModelSpec(**huggingface_fields(data, origin)), origin)
+    return _from_ours(data, origin)
+
+
+def _require(data: dict, origin: str, *keys: str):
+    for key in keys:
+        if key in data and data[key] is not None:
+            return data[key]
+    raise PlanInputError(f"{origin}: missing '{keys[0]}'; add it to the model file")
+
+
+def _positive(origin: str, **values) -> None:
+    for name, value in values.items():
+        if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+            raise PlanInputError(f"{origin}: '{name}' must be a positive integer, got {value!r}")
+
+
+def _checked(spec: ModelSpec, origin: str, explicit: bool = False) -> ModelSpec:
+    if not explicit:
+        _positive(origin, num_layers=spec.num_layers)
+    _positive(origin, hidden_size=spec.hidden_size,
+              num_attention_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads,
+              ffn_hidden_size=spec.ffn_hidden_size, vocab_size=spec.vocab_size,
+              seq_length=spec.seq_length)
+    if not spec.head_dim and spec.hidden_size % spec.num_attention_heads:
+        raise PlanInputError(f"{origin}: hidden_size {spec.hidden_size} is not divisible by "
+                             f"num_attention_heads {spec.num_attention_heads}")
+    if spec.num_attention_heads % spec.num_kv_heads:
+        raise PlanInputError(f"{origin}: num_attention_heads {spec.num_attention_heads} is not a "
+                             f"multiple of num_kv_heads {spec.num_kv_heads}")
+    if spec.mlp not in MLP_KINDS:
+        raise PlanInputError(f"{origin}: mlp must be one of {', '.join(MLP_KINDS)}, got {spec.mlp!r}")
+    if spec.norm not in NORM_KINDS:
+        raise PlanInputError(f"{origin}: norm must be one of {', '.join(NORM_KINDS)}, "
+                             f"got {spec.norm!r}")
+    if spec.qk_norm not in QK_NORM_KINDS:
+        raise PlanInputError(f"{origin}: qk_norm must be one of "
+                             f"{', '.join(repr(k) for k in QK_NORM_KINDS)}, got {spec.qk_norm!r}")
+    _positive(origin, block_norms=spec.block_norms,
+              make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by)
+    for name in ("head_dim", "sliding_window", "max_position_embeddings"):
+        value = getattr(spec, name)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise PlanInputError(f"{origin}: '{name}' must be a non-negative integer (0: none), "
+                                 f"got {value!r}")
+    if spec.rope_theta is not None and (isinstance(spec.rope_theta, bool) or not isinstance(
+            spec.rope_theta, (int, float)) or spec.rope_theta <= 0):
+        raise PlanInputError(f"{origin}: 'rope_theta' must be a positive number or null, "
+                             f"got {spec.rope_theta!r}")
+    if spec.rope_scaling is not None and not isinstance(spec.rope_scaling, dict):
+        raise PlanInputError(f"{origin}: 'rope_scaling' must be an object or null, "
+                             f"got {spec.rope_scaling!r}")
+    return spec
+
+
+def _from_ours(data: dict, origin: str) -> ModelSpec:
+    heads = _require(data, origin, "num_attention_heads")
+    hidden = _require(data, origin, "hidden_size")
+    mlp = data.get("mlp", "gelu")
+    seq = _require(data, origin, "seq_length")
+    base = dict(
+        name=str(data.get("name", Path(origin).stem)),
+        num_layers=0 if "layers" in data else _require(data, origin, "num_layers"),
+        hidden_size=hidden, num_attention_heads=heads,
+        num_kv_heads=data.get("num_kv_heads", heads),
+        ffn_hidden_size=data.get("ffn_hidden_size", 4 * hidden if isinstance(hidden, int) else 0),
+        vocab_size=_require(data, origin, "vocab_size"), seq_length=seq, mlp=mlp,
+        norm=data.get("norm", "rmsnorm" if mlp == "swiglu" else "layernorm"),
+        bias=bool(data.get("bias", mlp != "swiglu")),
+        tie_embeddings=bool(data.get("tie_embeddings", False)),
+        position_embeddings=int(data.get("position_embeddings", 0)),
+        # unless the file says otherwise dropout is on: the conservative choice (its masks cost
+        # memory)
+        dropout=bool(data.get("dropout", True)),
+        embedding_norm=bool(data.get("embedding_norm", False)),
+        head_dim=data.get("head_dim", 0), qkv_bias=bool(data.get("qkv_bias", False)),
+        qk_norm=data.get("qk_norm", ""), block_norms=data.get("block_norms", 2),
+        rope_theta=data.get("rope_theta"), rope_scaling=data.get("rope_scaling"),
+        max_position_embeddings=data.get("max_position_embeddings", 0),
+        sliding_window=data.get("sliding_window", 0),
+        make_vocab_size_divisible_by=data.get("make_vocab_size_divisible_by", 128),
+    )
+    if "layers" not in data:
+        return _checked(ModelSpec(**base), origin)
+    layers = _explicit_layers(data["layers"], base, origin)
+    base["num_layers"] = sum(1 for layer in layers if layer.kind == "block")
+    return _checked(ModelSpec(**base, layers=layers), origin, explicit=True)
+
+
+def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
+    """An explicit sequential model: [{"kind": "block", "repeat": 24, ...overrides}, ...]."""
+    if not isinstance(entries, list) or not entries:
+        raise PlanInputError(f"{origin}: 'layers' must be a non-empty list of layer objects")
+    defaults = dict(hidden_size=base["hidden_size"], num_attention_heads=base["num_attention_heads"],
+                    num_kv_heads=base["num_kv_heads"], ffn_hidden_size=base["ffn_hidden_size"],
+                    mlp=base["mlp"], vocab_size=base["vocab_size"], norm=base["norm"],
+                    bias=base["bias"], dropout=base["dropout"], head_dim=base["head_dim"],
+                    qkv_bias=base["qkv_bias"], qk_norm=base["qk_norm"],
+                    block_norms=base["block_norms"],
+                    make_vocab_size_divisible_by=base["make_vocab_size_divisible_by"])
+    known = set(Layer.__dataclass_fields__) | {"repeat"}
+    layers: list[Layer] = []
+    for n, entry in enumerate(entries):
+        where = f"{origin}: layers[{n}]"
+        if not isinstance(entry, dict) or entry.get("kind") not in LAYER_KINDS:
+            raise PlanInputError(f"{where}: needs 'kind', one of {', '.join(LAYER_KINDS)}")
+        unknown = sorted(set(entry) - known)
+        if unknown:
+            raise PlanInputError(f"{where}: unknown field '{unknown[0]}'")
+        repeat = entry.get("repeat", 1)
+        _positive(where, repeat=repeat)
+        fields = {**defaults, **{k: v for k, v in entry.items() if k != "repeat"}}
+        if fields["kind"] == "linear":
+            _positive(where, out_features=fields.get("out_features"))
+        layers.extend([Layer(**fields)] * repeat)
+    return tuple(layers)
