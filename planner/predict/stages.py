@@ -14,9 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost import constants
-from planner.predict.step import (CostTable, Stages, even_block_bounds, gathered_bytes,
-                                  inflight_closed_form, kept_outputs, model_layer_costs,
-                                  stage_transfer_s, state_bytes)
+from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
+from planner.predict.chunks import CostTable, Stages
+from planner.predict.memory import gathered_bytes, kept_outputs, state_bytes
 from planner.hardware.profiles import Cluster
 from planner.cost.memory import ACT_BYTES, fragmentation
 from planner.model.spec import ModelSpec

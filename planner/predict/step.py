@@ -20,87 +20,18 @@ from planner.cost import comm
 from planner.cost.layer import LayerCost, layer_cost
 from planner.hardware.profiles import Cluster
 from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
-from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, fragmentation, model_state_parts,
-                                 sharded_params)
+from planner.cost.memory import ACT_BYTES, Shape
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
 from planner.pipeline.simulate import simulate
 from planner.stack import Stack, default_stack
+from planner.predict.memory import state_bytes, memory_parts
+from planner.predict.chunks import Stages, CostTable, split_stages
 
 # Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
 # m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
 OPTIMIZER_BYTES_PER_PARAM = 30
-
-_SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
-           "hardware_flops")
-
-
-@dataclass(frozen=True, eq=False)
-class Stages:
-    """One split of the model: per-chunk totals for one microbatch, as arrays over the chunks
-    (chunk k runs on pipeline rank k mod pp)."""
-
-    first: np.ndarray
-    last: np.ndarray
-    recompute: tuple[str, ...]
-    fwd_s: np.ndarray
-    bwd_input_s: np.ndarray  # recompute included
-    bwd_weight_s: np.ndarray
-    params: np.ndarray
-    act_bytes: np.ndarray  # per in-flight microbatch
-    work_bytes: np.ndarray  # largest transient of the chunk's layers
-    model_flops: np.ndarray
-    hardware_flops: np.ndarray
-
-    @property
-    def bwd_s(self) -> np.ndarray:
-        return self.bwd_input_s + self.bwd_weight_s
-
-    @property
-    def time_s(self) -> np.ndarray:
-        return self.fwd_s + self.bwd_s
-
-    def by_rank(self, values: np.ndarray, pp: int) -> np.ndarray:
-        """Sum a per-chunk array over the chunks of each rank."""
-        return values.reshape(-1, pp).sum(axis=0)
-
-    def rank_max(self, values: np.ndarray, pp: int) -> np.ndarray:
-        return values.reshape(-1, pp).max(axis=0)
-
-
-class CostTable:
-    """Prefix sums over a model's layer costs under one recompute mode, so any split's per-chunk
-    totals are read with one vectorised difference."""
-
-    def __init__(self, costs: list[LayerCost]):
-        self.costs = costs
-        self.work_bytes = np.array([c.work_bytes for c in costs])
-        rows = {
-            "fwd_s": [c.fwd_s for c in costs],
-            "bwd_input_s": [c.bwd_input_s + c.recompute_s for c in costs],
-            "bwd_weight_s": [c.bwd_weight_s for c in costs],
-            "params": [c.params for c in costs],
-            "act_bytes": [c.act_bytes for c in costs],
-            "model_flops": [c.model_flops for c in costs],
-            "hardware_flops": [c.hardware_flops for c in costs],
-        }
-        self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
-
-
-def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float = 0.0) -> Stages:
-    """Per-chunk totals of a split, each chunk under its own recompute mode; ``overhead_s``
-    (the stack's per-pipeline-action cost) is added to every chunk's forward and backward."""
-    first = np.array([a for a, _ in bounds])
-    last = np.array([b for _, b in bounds])
-    sums = {}
-    for name in _SUMMED:
-        sums[name] = np.array([tables[m].prefix[name][b] - tables[m].prefix[name][a]
-                               for (a, b), m in zip(bounds, modes)])
-    work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
-    sums["fwd_s"] = sums["fwd_s"] + overhead_s
-    sums["bwd_input_s"] = sums["bwd_input_s"] + overhead_s
-    return Stages(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)
 
 
 def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recompute: str,
@@ -298,88 +229,6 @@ def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
 
 MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "transient",
                 "fragmentation", "reserved")
-
-
-def state_parts(params, par: Parallel, opts: Stack) -> tuple:
-    """(weights, gradients, optimizer) bytes of ``params`` parameters (scalar or array) under
-    this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies."""
-    return model_state_parts(params, par.dp, par.zero, opts.held_grad_bytes(par.zero),
-                             opts.held_weight_bytes(par.zero), opts.optimizer_state_bytes,
-                             opts.zero2_shards_grads())
-
-
-def state_bytes(params, par: Parallel, opts: Stack):
-    """Model-state bytes of ``params`` parameters: the sum of :func:`state_parts`."""
-    return sum(state_parts(params, par, opts))
-
-
-def stage_output_bytes(model: ModelSpec, par: Parallel) -> float:
-    """One microbatch's output of a chunk (16-bit hidden states; sharded with SP)."""
-    return ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
-        par.tp if par.sequence_parallel else 1)
-
-
-def kept_outputs(model: ModelSpec, par: Parallel, inflight: np.ndarray, opts: Stack) -> np.ndarray:
-    """Per chunk: the stage outputs a pipeline engine that keeps them holds (each in-flight
-    microbatch's output of every chunk but the last); zeros for an engine that frees them."""
-    out = np.zeros(par.num_chunks)
-    if opts.keep_stage_outputs:
-        out[:-1] = inflight[:-1] * stage_output_bytes(model, par)
-    return out
-
-
-def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) -> np.ndarray:
-    """Per rank: 16-bit weights ZeRO-3 holds unsharded at once. Gathering a layer at a time,
-    the running layer and the ``zero3_prefetch`` next (PyTorch FSDP ``limit_all_gathers``; FSDP2
-    and DeepSpeed ZeRO-3 prefetch one unit ahead likewise): the model's largest layer counts
-    1 + prefetch times. Gathering a whole stage: the rank's parameters."""
-    rank_params = np.asarray(rank_params, dtype=float)
-    if par.zero < 3:
-        return np.zeros_like(rank_params)
-    if opts.zero3_gather == "stage":
-        return rank_params * ACT_BYTES
-    largest = max(sharded_params(layer, par.tp) for layer in model.layers)
-    return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
-
-
-def logit_bytes(model: ModelSpec, par: Parallel, stages: Stages) -> np.ndarray:
-    """Per chunk: the fp32 logits one microbatch keeps for the loss (the chunk with the head)."""
-    out = np.zeros(len(stages.first))
-    head = model.layers[-1]
-    if head.kind == "head":
-        out[stages.last == len(model.layers)] = (LOGIT_BYTES * par.micro_batch * model.seq_length
-                                                 * head.padded_vocab(par.tp) / par.tp)
-    return out
-
-
-def memory_parts(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.ndarray,
-                 opts: Stack, held_activations=None) -> dict[str, np.ndarray]:
-    """Peak bytes per pipeline rank, by part (MEMORY_PARTS), conservative: model states +
-    held activations (the closed-form in-flight counts, or the simulated peak when given; kept
-    stage outputs included) of which the fp32 logits are shown apart + the largest transient
-    (a layer's backward working set, ZeRO-3's gathered weights), plus the allocator's
-    fragmentation (more on ranks that recompute) and the framework's reserve."""
-    p = par.pp
-    weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts))
-    if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
-        tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
-        tw, tg, to = state_parts(tied, par, opts)
-        weights, grads, optim = weights - tw, grads - tg, optim - to
-    if held_activations is None:
-        acts = stages.by_rank(inflight * stages.act_bytes, p)
-    else:
-        acts = np.asarray(held_activations, dtype=float)
-    acts = acts + stages.by_rank(kept_outputs(model, par, inflight, opts), p)
-    logits = np.minimum(stages.by_rank(inflight * logit_bytes(model, par, stages), p), acts)
-    transient = stages.rank_max(stages.work_bytes, p) + gathered_bytes(
-        model, par, opts, stages.by_rank(stages.params, p))
-    held = weights + grads + optim + acts + transient
-    recomputes = stages.by_rank(np.array([m != "none" for m in stages.recompute]), p) > 0
-    frag = np.where(recomputes, fragmentation(True), fragmentation(False))
-    return {"weights": weights, "gradients": grads, "optimizer": optim,
-            "activations": acts - logits, "logits": logits, "transient": transient,
-            "fragmentation": held * frag / (1 - frag),
-            "reserved": np.full(p, float(constants.RESERVED_BYTES))}
 
 
 def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,

@@ -37,7 +37,8 @@ import numpy as np
 from planner.core.parallel import Parallel
 from planner.cost import constants
 from planner.partition.problem import TIE_RTOL
-from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, CostTable, Stages, _dp_exposed_s
+from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, _dp_exposed_s
+from planner.predict.chunks import CostTable, Stages
 
 
 def split_fits(c: float, families: list[tuple[np.ndarray, np.ndarray]]) -> bool:

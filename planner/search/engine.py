@@ -17,8 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from planner.cost import constants
 from planner.core.errors import NoFeasiblePlan, PlanInputError
-from planner.predict.step import (CostTable, Stages, evaluate, even_block_bounds,
-                                  model_layer_costs, predict, predict_plan, split_stages)
+from planner.predict.step import evaluate, even_block_bounds, model_layer_costs, predict, predict_plan
+from planner.predict.chunks import CostTable, Stages, split_stages
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.partition.problem import PartitionError

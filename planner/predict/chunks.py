@@ -1,0 +1,82 @@
+"""One stage split as arrays over its chunks: per-layer costs summed into per-chunk time,
+parameters, activations and FLOPs (what the memory formula and the step prediction read)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from planner.cost.layer import LayerCost
+
+
+# the per-layer quantities a chunk sums over its layers
+_SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
+           "hardware_flops")
+
+
+@dataclass(frozen=True, eq=False)
+class Stages:
+    """One split of the model: per-chunk totals for one microbatch, as arrays over the chunks
+    (chunk k runs on pipeline rank k mod pp)."""
+
+    first: np.ndarray
+    last: np.ndarray
+    recompute: tuple[str, ...]
+    fwd_s: np.ndarray
+    bwd_input_s: np.ndarray  # recompute included
+    bwd_weight_s: np.ndarray
+    params: np.ndarray
+    act_bytes: np.ndarray  # per in-flight microbatch
+    work_bytes: np.ndarray  # largest transient of the chunk's layers
+    model_flops: np.ndarray
+    hardware_flops: np.ndarray
+
+    @property
+    def bwd_s(self) -> np.ndarray:
+        return self.bwd_input_s + self.bwd_weight_s
+
+    @property
+    def time_s(self) -> np.ndarray:
+        return self.fwd_s + self.bwd_s
+
+    def by_rank(self, values: np.ndarray, pp: int) -> np.ndarray:
+        """Sum a per-chunk array over the chunks of each rank."""
+        return values.reshape(-1, pp).sum(axis=0)
+
+    def rank_max(self, values: np.ndarray, pp: int) -> np.ndarray:
+        return values.reshape(-1, pp).max(axis=0)
+
+
+class CostTable:
+    """Prefix sums over a model's layer costs under one recompute mode, so any split's per-chunk
+    totals are read with one vectorised difference."""
+
+    def __init__(self, costs: list[LayerCost]):
+        self.costs = costs
+        self.work_bytes = np.array([c.work_bytes for c in costs])
+        rows = {
+            "fwd_s": [c.fwd_s for c in costs],
+            "bwd_input_s": [c.bwd_input_s + c.recompute_s for c in costs],
+            "bwd_weight_s": [c.bwd_weight_s for c in costs],
+            "params": [c.params for c in costs],
+            "act_bytes": [c.act_bytes for c in costs],
+            "model_flops": [c.model_flops for c in costs],
+            "hardware_flops": [c.hardware_flops for c in costs],
+        }
+        self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
+
+
+def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float = 0.0) -> Stages:
+    """Per-chunk totals of a split, each chunk under its own recompute mode; ``overhead_s``
+    (the stack's per-pipeline-action cost) is added to every chunk's forward and backward."""
+    first = np.array([a for a, _ in bounds])
+    last = np.array([b for _, b in bounds])
+    sums = {}
+    for name in _SUMMED:
+        sums[name] = np.array([tables[m].prefix[name][b] - tables[m].prefix[name][a]
+                               for (a, b), m in zip(bounds, modes)])
+    work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
+    sums["fwd_s"] = sums["fwd_s"] + overhead_s
+    sums["bwd_input_s"] = sums["bwd_input_s"] + overhead_s
+    return Stages(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)

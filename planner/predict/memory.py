@@ -1,0 +1,97 @@
+"""What a GPU holds for one configuration and split: model states, kept stage outputs, gathered
+ZeRO-3 weights, logits, and their sum per rank: the one memory formula the screen, the
+partitioner, --explain and validation share."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from planner.core.parallel import Parallel
+from planner.cost import constants
+from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, fragmentation, model_state_parts,
+                                 sharded_params)
+from planner.model.spec import ModelSpec
+from planner.predict.chunks import Stages
+from planner.stack import Stack
+
+
+def state_parts(params, par: Parallel, opts: Stack) -> tuple:
+    """(weights, gradients, optimizer) bytes of ``params`` parameters (scalar or array) under
+    this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies."""
+    return model_state_parts(params, par.dp, par.zero, opts.held_grad_bytes(par.zero),
+                             opts.held_weight_bytes(par.zero), opts.optimizer_state_bytes,
+                             opts.zero2_shards_grads())
+
+
+def state_bytes(params, par: Parallel, opts: Stack):
+    """Model-state bytes of ``params`` parameters: the sum of :func:`state_parts`."""
+    return sum(state_parts(params, par, opts))
+
+
+def stage_output_bytes(model: ModelSpec, par: Parallel) -> float:
+    """One microbatch's output of a chunk (16-bit hidden states; sharded with SP)."""
+    return ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
+        par.tp if par.sequence_parallel else 1)
+
+
+def kept_outputs(model: ModelSpec, par: Parallel, inflight: np.ndarray, opts: Stack) -> np.ndarray:
+    """Per chunk: the stage outputs a pipeline engine that keeps them holds (each in-flight
+    microbatch's output of every chunk but the last); zeros for an engine that frees them."""
+    out = np.zeros(par.num_chunks)
+    if opts.keep_stage_outputs:
+        out[:-1] = inflight[:-1] * stage_output_bytes(model, par)
+    return out
+
+
+def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) -> np.ndarray:
+    """Per rank: 16-bit weights ZeRO-3 holds unsharded at once. Gathering a layer at a time,
+    the running layer and the ``zero3_prefetch`` next (PyTorch FSDP ``limit_all_gathers``; FSDP2
+    and DeepSpeed ZeRO-3 prefetch one unit ahead likewise): the model's largest layer counts
+    1 + prefetch times. Gathering a whole stage: the rank's parameters."""
+    rank_params = np.asarray(rank_params, dtype=float)
+    if par.zero < 3:
+        return np.zeros_like(rank_params)
+    if opts.zero3_gather == "stage":
+        return rank_params * ACT_BYTES
+    largest = max(sharded_params(layer, par.tp) for layer in model.layers)
+    return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
+
+
+def logit_bytes(model: ModelSpec, par: Parallel, stages: Stages) -> np.ndarray:
+    """Per chunk: the fp32 logits one microbatch keeps for the loss (the chunk with the head)."""
+    out = np.zeros(len(stages.first))
+    head = model.layers[-1]
+    if head.kind == "head":
+        out[stages.last == len(model.layers)] = (LOGIT_BYTES * par.micro_batch * model.seq_length
+                                                 * head.padded_vocab(par.tp) / par.tp)
+    return out
+
+
+def memory_parts(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.ndarray,
+                 opts: Stack, held_activations=None) -> dict[str, np.ndarray]:
+    """Peak bytes per pipeline rank, by part (MEMORY_PARTS), conservative: model states +
+    held activations (the closed-form in-flight counts, or the simulated peak when given; kept
+    stage outputs included) of which the fp32 logits are shown apart + the largest transient
+    (a layer's backward working set, ZeRO-3's gathered weights), plus the allocator's
+    fragmentation (more on ranks that recompute) and the framework's reserve."""
+    p = par.pp
+    weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts))
+    if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
+        tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
+        tw, tg, to = state_parts(tied, par, opts)
+        weights, grads, optim = weights - tw, grads - tg, optim - to
+    if held_activations is None:
+        acts = stages.by_rank(inflight * stages.act_bytes, p)
+    else:
+        acts = np.asarray(held_activations, dtype=float)
+    acts = acts + stages.by_rank(kept_outputs(model, par, inflight, opts), p)
+    logits = np.minimum(stages.by_rank(inflight * logit_bytes(model, par, stages), p), acts)
+    transient = stages.rank_max(stages.work_bytes, p) + gathered_bytes(
+        model, par, opts, stages.by_rank(stages.params, p))
+    held = weights + grads + optim + acts + transient
+    recomputes = stages.by_rank(np.array([m != "none" for m in stages.recompute]), p) > 0
+    frag = np.where(recomputes, fragmentation(True), fragmentation(False))
+    return {"weights": weights, "gradients": grads, "optimizer": optim,
+            "activations": acts - logits, "logits": logits, "transient": transient,
+            "fragmentation": held * frag / (1 - frag),
+            "reserved": np.full(p, float(constants.RESERVED_BYTES))}
