@@ -35,7 +35,8 @@ from planner.partition.problem import PartitionError
 from planner.pipeline.schedule import ScheduleError
 from planner.predict.plan import Plan
 from planner.predict.stages import METHODS
-from planner.profile.profiler import load_profile, profile_model, save_profile
+from planner.profile.profiler import profile_model
+from planner.profile.record import load_profile, save_profile
 from planner.report import frames
 from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
