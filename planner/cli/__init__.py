@@ -9,10 +9,13 @@ from typing import Optional
 
 import typer
 
-try:  # typer up to 0.1x raises click's errors; later typer vendors click under its own base class
-    from click import ClickException as _UsageProblem
-except ImportError:
+# The parser's errors: typer >= 0.2x vendors click, and its errors derive from TyperException
+# (a separately installed click, say from the engine extra, is not what typer raises); older typer
+# raises click's own.
+try:
     from typer.exceptions import TyperException as _UsageProblem
+except ImportError:
+    from click import ClickException as _UsageProblem
 
 # the command modules register their commands on `app` when imported
 from planner.cli import catalog, fidelity, measure, partition, solve  # noqa: F401
