@@ -4,7 +4,7 @@
 
 1. The large matmuls of a 2048-hidden GPT block at b·s = 2048 tokens (fused QKV, output
    projection, MLP up and down), each pass (forward, input gradient, weight gradient) through
-   planner.profile.kernels against the bare ``a @ b`` of the same operands. Target: ratio >= 0.8.
+   planner.profiling.kernels against the bare ``a @ b`` of the same operands. Target: ratio >= 0.8.
 2. The attention core (16 heads of 128, s = 2048, causal) forward + backward against a bare
    matmul-only attention (the same six matmuls, no mask, no softmax). Both are rated by the same
    matmul FLOPs, so the ratio is bare time / kernel time. Target: ratio >= 0.5.
@@ -24,7 +24,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from planner.profile import kernels as K
+from planner.profiling import kernels as K
 
 
 def _seconds(fn) -> float:
@@ -105,7 +105,7 @@ def main() -> None:
     parser.add_argument("--skip-profile", action="store_true")
     args = parser.parse_args()
     console = Console()
-    table = Table(title="planner.profile.kernels vs bare numpy.matmul (float32, same run)")
+    table = Table(title="planner.profiling.kernels vs bare numpy.matmul (float32, same run)")
     for col in ("kernel", "shape", "kernel GFLOP/s", "bare GFLOP/s", "ratio"):
         table.add_column(col, justify="left" if col in ("kernel", "shape") else "right")
     mm = bench_matmuls(args.repeats, table)
@@ -116,7 +116,7 @@ def main() -> None:
     if not args.skip_profile:
         from planner.model.presets import DEFAULT_MODEL
         from planner.model.load import load_model
-        from planner.profile.profiler import profile_model
+        from planner.profiling.profiler import profile_model
 
         spec = load_model(DEFAULT_MODEL)
         t0 = time.perf_counter()

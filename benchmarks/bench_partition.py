@@ -18,10 +18,10 @@ import time
 import numpy as np
 
 from planner.core.units import GIB
-from planner.partition.dp import partition_dp
-from planner.partition.baselines import even_split
-from planner.partition.problem import PartitionProblem, fits
-from planner.partition.solve import _highs_available, partition
+from planner.partitioning.dp import partition_dp
+from planner.partitioning.baselines import even_split
+from planner.partitioning.problem import PartitionProblem, fits
+from planner.partitioning.solve import _highs_available, partition
 
 GOAL_S = 2.0  # issue #17: v = 4, 512 layers proven optimal (or gap <= 1% printed) within 2 s
 

@@ -6,9 +6,9 @@ The Python API (planner/api.py) is re-exported here lazily::
 
 ``import planner`` itself loads nothing but the version: the CLI imports its modules directly, and
 ``plan --help`` must not pay for the search or for pandas. The first API name asked for loads
-planner.api and binds all of them here. ``partition`` and ``profile`` are also sub-packages
-(planner/partition/, planner/profile/); planner.api imports both first, so the names bound here
-afterwards are the functions. The sub-packages stay importable by their dotted names.
+planner.api and binds all of them here. No sub-package shares a name with an API function
+(the splitting and measuring packages are planner.partitioning and planner.profiling), so
+``from planner import partition`` is the function whatever was imported before.
 """
 
 from planner.core.version import __version__

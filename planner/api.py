@@ -21,8 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-# Every sub-package is imported here, not inside the functions: `planner.partition` and
-# `planner.profile` are both sub-packages and API functions, and importing a sub-package for the
+# Every sub-package is imported here, not inside the functions: `planner.partitioning` and
+# `planner.profiling` are both sub-packages and API functions, and importing a sub-package for the
 # first time re-binds its name on `planner` (see planner/__init__.py).
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.core.parallel import Parallel
@@ -31,12 +31,12 @@ from planner.fidelity.published import validate_file
 from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
 from planner.model.spec import ModelSpec
 from planner.model.load import load_model
-from planner.partition.problem import PartitionError
+from planner.partitioning.problem import PartitionError
 from planner.pipeline.schedule import ScheduleError
 from planner.predict.plan import Plan
 from planner.predict.stages import METHODS
-from planner.profile.profiler import profile_model
-from planner.profile.record import load_profile, save_profile
+from planner.profiling.profiler import profile_model
+from planner.profiling.record import load_profile, save_profile
 from planner.report import frames
 from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
@@ -158,7 +158,7 @@ class Validation:
 class Profiled:
     """`plan profile`: measured per-layer times on this machine."""
 
-    profile: object  # planner.profile.Profile
+    profile: object  # planner.profiling.Profile
 
     def to_frame(self):
         """One row per model layer with the passes' median times and their spread."""

@@ -97,3 +97,15 @@ def test_readme_one_liner_prints_a_frame():
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
                          capture_output=True, text=True).stdout
     assert "rank" in out and "tp" in out and "[10 rows x 20 columns]" in out
+
+
+def test_api_names_are_functions_whatever_was_imported_first():
+    """No sub-package shares a name with an API function, so importing the planner's modules
+    first cannot turn `from planner import partition` into a package."""
+    import subprocess
+    import sys
+
+    code = ("import planner.partitioning.solve, planner.profiling.profiler, planner.search.engine\n"
+            "from planner import partition, profile, solve\n"
+            "assert all(callable(f) for f in (partition, profile, solve))")
+    subprocess.run([sys.executable, "-c", code], check=True)

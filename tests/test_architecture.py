@@ -13,7 +13,7 @@ ROOT = Path(__file__).resolve().parent.parent
 FLOORS = {
     "core": 0,
     "model": 1, "hardware": 1, "layout": 1, "stack": 1,
-    "cost": 2, "pipeline": 2, "partition": 2, "profile": 2,
+    "cost": 2, "pipeline": 2, "partitioning": 2, "profiling": 2,
     "predict": 3,
     "launchers": 4,
     "search": 5, "engine": 5,

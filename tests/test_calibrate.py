@@ -2,7 +2,7 @@
 
 import pytest
 
-from planner.profile.machine import calibrate
+from planner.profiling.machine import calibrate
 from planner.core.errors import PlanInputError
 from planner.hardware.profiles import hardware_from_dict
 

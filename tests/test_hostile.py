@@ -805,7 +805,7 @@ def test_ten_concurrent_writers_never_leave_a_mixed_set(tmp_path):
 def test_solver_files_are_removed_on_ctrl_c(monkeypatch, solver):
     import pulp
 
-    from planner.partition import lexicographic
+    from planner.partitioning import lexicographic
 
     seen = []
 

@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 
-from planner.profile import kernels as K
+from planner.profiling import kernels as K
 from gradcheck import close, numgrad, rand
 
 

@@ -3,7 +3,7 @@
 import pytest
 
 from planner.core.errors import PlanInputError
-from planner.profile.executors import build_executor, layer_costs, shard_dims
+from planner.profiling.executors import build_executor, layer_costs, shard_dims
 from planner.model.spec import Layer
 from gradcheck import close, numgrad
 

@@ -9,15 +9,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.partition.problem import (
+from planner.partitioning.problem import (
     TIE_RTOL,
     PartitionError,
     PartitionProblem,
     fits,
 )
-from planner.partition.baselines import equal_param_split, even_split
-from planner.partition.dp import partition_dp
-from planner.partition.solve import _highs_available, partition
+from planner.partitioning.baselines import equal_param_split, even_split
+from planner.partitioning.dp import partition_dp
+from planner.partitioning.solve import _highs_available, partition
 
 SOLVERS = ["cbc"] + (["highs"] if _highs_available() else [])
 # Property tests check the ILP's answers, not its speed: a loaded CI machine must not turn a
@@ -287,7 +287,7 @@ def test_deterministic_and_lp_file(tmp_path):
 
 
 def test_time_limit_falls_back_to_dp(monkeypatch):
-    import planner.partition.lexicographic as mod
+    import planner.partitioning.lexicographic as mod
 
     monkeypatch.setattr(mod, "solve", lambda *a, **k: ("none", None))
     prob = _vocab_model()
@@ -297,7 +297,7 @@ def test_time_limit_falls_back_to_dp(monkeypatch):
 
 
 def test_solver_crash_is_not_shown(monkeypatch):
-    import planner.partition.lexicographic as mod
+    import planner.partitioning.lexicographic as mod
 
     def boom(*a, **k):
         raise RuntimeError("solver trace")
@@ -386,7 +386,7 @@ def test_the_milp_alone_reproduces_the_product_answers(monkeypatch):
 
     from typer.testing import CliRunner
 
-    import planner.partition.solve as solve_mod
+    import planner.partitioning.solve as solve_mod
     import planner.predict.stages as stages_mod
     from cli import app
 
@@ -424,7 +424,7 @@ def test_a_failed_solver_is_named_in_the_output_and_the_plan(monkeypatch):
 
     from typer.testing import CliRunner
 
-    import planner.partition.lexicographic as mod
+    import planner.partitioning.lexicographic as mod
     from cli import app
 
     def boom(*a, **k):
@@ -448,7 +448,7 @@ def test_interleaved_chunks_are_split_unevenly_and_megatron_reads_them_back():
     is costly, so the best split is far from even (with a mode per chunk); Megatron gets it as
     --pipeline-model-parallel-layout and it parses back to the same block counts."""
     from planner.launchers import megatron, parse_megatron_args
-    from planner.partition.problem import prepare, score_split
+    from planner.partitioning.problem import prepare, score_split
     from planner.predict.stages import best_split, partition_problem
     from planner.predict.step import even_block_bounds, evaluate
 

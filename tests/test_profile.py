@@ -7,8 +7,8 @@ import pytest
 
 from planner.core.errors import PlanInputError
 from planner.model.spec import ModelSpec
-from planner.profile.profiler import CUPY_MISSING, profile_model
-from planner.profile.record import SCHEMA, load_profile, save_profile
+from planner.profiling.profiler import CUPY_MISSING, profile_model
+from planner.profiling.record import SCHEMA, load_profile, save_profile
 
 TINY = ModelSpec(name="tiny", num_layers=3, hidden_size=64, num_attention_heads=4, num_kv_heads=2,
                  ffn_hidden_size=128, vocab_size=256, seq_length=32, mlp="swiglu", norm="rmsnorm",
@@ -135,7 +135,7 @@ def test_report_groups_repeated_blocks(tiny_profile):
 
 def test_flops_match_the_design_formula():
     """Block matmul FLOPs of DESIGN.md §3 (full-matrix attention), backward = 2x forward."""
-    from planner.profile.executors import layer_costs
+    from planner.profiling.executors import layer_costs
 
     spec = ModelSpec(name="f", num_layers=1, hidden_size=512, num_attention_heads=8,
                      num_kv_heads=2, ffn_hidden_size=1408, vocab_size=1000, seq_length=256,
@@ -191,7 +191,7 @@ def test_repeats_give_a_median_and_a_spread(tiny_profile):
 def test_noise_is_flagged_from_the_spread_or_the_drift(tiny_profile):
     from dataclasses import replace
 
-    from planner.profile.record import NOISY_SPREAD
+    from planner.profiling.record import NOISY_SPREAD
 
     prof, _ = tiny_profile
     quiet_timing = replace(prof.layers[0], fwd_min_s=prof.layers[0].fwd_s,

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from planner.model.load import model_from_dict
-from planner.profile import profiler as profile
-from planner.profile.profiler import profile_model
+from planner.profiling import profiler as profile
+from planner.profiling.profiler import profile_model
 
 TINY = {"name": "tiny", "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4,
         "num_kv_heads": 2, "ffn_hidden_size": 128, "mlp": "swiglu", "vocab_size": 256,

@@ -17,9 +17,9 @@ from planner.core.text import for_rich
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
 from planner.model.load import load_model
 from planner.pipeline.job import on_stack, run_simulation, simulation_job, simulation_summary
-from planner.profile.machine import calibrate
-from planner.profile.profiler import profile_model
-from planner.profile.record import save_profile
+from planner.profiling.machine import calibrate
+from planner.profiling.profiler import profile_model
+from planner.profiling.record import save_profile
 from planner.report.gantt import render_gantt, to_svg
 from planner.report.layout import render_layout
 from planner.report.profile import profile_table

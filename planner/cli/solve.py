@@ -13,7 +13,7 @@ from planner.core.files import write_text
 from planner.core.text import for_rich
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.launchers import export_plan, implied_launcher, parse_targets
-from planner.profile.record import load_profile
+from planner.profiling.record import load_profile
 from planner.report.plans import explanation_dict, plans_csv, print_explanation, print_search
 from planner.search.advice import batch_hint
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search

@@ -1,6 +1,6 @@
 """From a configuration to its stage-partition problem, and back to stage bounds.
 
-The partitioner (planner/partition/) sees only per-layer numbers: time per microbatch under each
+The partitioner (planner/partitioning/) sees only per-layer numbers: time per microbatch under each
 recompute mode the configuration allows, model-state bytes, activation bytes, the in-flight
 microbatches each chunk holds under the schedule, and, per recompute mode, the per-GPU memory
 left once the framework's reserve, that mode's allocator fragmentation and its largest transient
@@ -20,10 +20,10 @@ from planner.predict.memory import gathered_bytes, kept_outputs, state_bytes
 from planner.hardware.profiles import Cluster
 from planner.cost.memory import ACT_BYTES, fragmentation
 from planner.model.spec import ModelSpec
-from planner.partition.baselines import equal_param_split, fixed_split
-from planner.partition.problem import Partition, PartitionProblem
-from planner.partition.solve import partition
-from planner.partition.dp import partition_dp
+from planner.partitioning.baselines import equal_param_split, fixed_split
+from planner.partitioning.problem import Partition, PartitionProblem
+from planner.partitioning.solve import partition
+from planner.partitioning.dp import partition_dp
 from planner.core.parallel import RECOMPUTE_MODES, Parallel
 from planner.stack import Stack
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from planner.core.text import for_rich
-from planner.profile.record import LayerTiming, Profile
+from planner.profiling.record import LayerTiming, Profile
 
 
 def _groups(profile: Profile) -> list[tuple[LayerTiming, int, int]]:

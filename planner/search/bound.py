@@ -36,7 +36,7 @@ import numpy as np
 
 from planner.core.parallel import Parallel
 from planner.cost import constants
-from planner.partition.problem import TIE_RTOL
+from planner.partitioning.problem import TIE_RTOL
 from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, _dp_exposed_s
 from planner.predict.chunks import CostTable, Stages
 

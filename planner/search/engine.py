@@ -21,7 +21,7 @@ from planner.predict.step import evaluate, even_block_bounds, model_layer_costs,
 from planner.predict.chunks import CostTable, Stages, split_stages
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
-from planner.partition.problem import PartitionError
+from planner.partitioning.problem import PartitionError
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
 from planner.search.bound import Bound, layer_times, step_bound

@@ -56,7 +56,7 @@ class Request:
     refine: int = 20
     launcher: str | None = None  # only configurations this launcher runs
     partition_method: str = "auto"  # predict/stages.py METHODS: auto, ilp or dp
-    profile: object = None  # a measured Profile (planner/profile.py) replacing analytical times
+    profile: object = None  # a measured Profile (planner/profiling/record.py) replacing analytical times
 
     @property
     def batch(self) -> int:

@@ -8,7 +8,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.partition.problem import (Partition, PartitionError, PartitionProblem, Prepared, fits,
+from planner.partitioning.problem import (Partition, PartitionError, PartitionProblem, Prepared, fits,
                                        prepare, score_split)
 
 

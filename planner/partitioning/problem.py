@@ -22,10 +22,10 @@ partition, not only the same objective):
 Values within a relative tolerance of ``TIE_RTOL`` count as equal in 1 and 2.
 
 The MILP proves all three itself (2 with ``B <= B*``, 3 with ``T <= T*`` too,
-chunk by chunk: :mod:`planner.partition.lexicographic`) and never sees the DP's
-answer; the DP (:mod:`planner.partition.dp`) is the test oracle and, labelled as
+chunk by chunk: :mod:`planner.partitioning.lexicographic`) and never sees the DP's
+answer; the DP (:mod:`planner.partitioning.dp`) is the test oracle and, labelled as
 such, the fallback when a solver fails.  This module holds the problem, the
-result and their scoring; the entry point is :mod:`planner.partition.solve`.
+result and their scoring; the entry point is :mod:`planner.partitioning.solve`.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json, write_text
-from planner.profile.schema import check_profile_document
+from planner.profiling.schema import check_profile_document
 
 
 # Above this spread between repeats (or drift of the matmul rate over the profile) the profile

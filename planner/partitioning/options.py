@@ -14,8 +14,8 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.partition.milp import _Infeasible, _lin, _Model, _val
-from planner.partition.problem import TIE_RTOL, Prepared, _lower_bound
+from planner.partitioning.milp import _Infeasible, _lin, _Model, _val
+from planner.partitioning.problem import TIE_RTOL, Prepared, _lower_bound
 
 class OptionModel(_Model):
     """Embedding + N identical blocks + head: binary ``y[k, n, r]`` = chunk k holds n blocks

@@ -3,9 +3,9 @@ boundary formulation for any layer sequence.
 
 :class:`BoundaryModel` places chunk boundaries among the layers of any sequential model; the usual
 LLM (embedding, identical blocks, head) gets the far stronger formulations of
-:mod:`planner.partition.options`. Every formulation carries the per-mode memory capacity (a rank is
+:mod:`planner.partitioning.options`. Every formulation carries the per-mode memory capacity (a rank is
 held to the smallest capacity among the modes its chunks use) and any number of chunks per rank
-(interleaved, v > 1, chunks of different sizes). :mod:`planner.partition.lexicographic` solves
+(interleaved, v > 1, chunks of different sizes). :mod:`planner.partitioning.lexicographic` solves
 them.
 """
 
@@ -15,7 +15,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.partition.problem import PartitionError, Prepared, _lower_bound
+from planner.partitioning.problem import PartitionError, Prepared, _lower_bound
 
 MAX_BINARIES = 20_000
 """Above this many binaries PuLP model building alone takes seconds."""

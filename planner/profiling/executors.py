@@ -1,4 +1,4 @@
-"""One layer's forward, backward-input and backward-weight passes, built from planner.profile.kernels.
+"""One layer's forward, backward-input and backward-weight passes, built from planner.profiling.kernels.
 
 A layer runs on one tensor-parallel rank of ``tp`` (Megatron-LM column/row parallel, Shoeybi et al.
 2019): attention heads, KV heads, the FFN width and the vocabulary are divided by ``tp``; the
@@ -24,10 +24,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.profile import kernels as K
+from planner.profiling import kernels as K
 from planner.core.errors import PlanInputError
 from planner.model.spec import Layer
-from planner.profile.clock import Clock
+from planner.profiling.clock import Clock
 
 PHASES = ("fwd", "bwd_input", "bwd_weight")
 

@@ -14,7 +14,7 @@ above no longer holds; :func:`partition_dp` then enumerates every split and
 mode assignment (exponential: tiny cases only, as a test oracle).
 
 :func:`canonical` implements steps 2 and 3 of the tie-break rule documented in
-:mod:`planner.partition.problem` for v = 1: given the cap ``B*`` it returns the
+:mod:`planner.partitioning.problem` for v = 1: given the cap ``B*`` it returns the
 lexicographically first ``(end_0, mode_0, end_1, mode_1, ...)`` among the splits
 of least compute time.  The MILP proves the same rule on its own; this module is
 its test oracle and its labelled fallback, never its seed.
@@ -28,8 +28,8 @@ import math
 import numpy as np
 
 from planner.core.units import GIB
-from planner.partition.baselines import _upper_bound
-from planner.partition.problem import (
+from planner.partitioning.baselines import _upper_bound
+from planner.partitioning.problem import (
     TIE_RTOL,
     Partition,
     PartitionError,

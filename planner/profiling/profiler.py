@@ -51,11 +51,11 @@ from typing import Callable
 import numpy as np
 
 from planner.core.errors import PlanInputError
-from planner.profile.executors import (PHASES, AttentionExecutor, PhaseCosts, attention_costs,
+from planner.profiling.executors import (PHASES, AttentionExecutor, PhaseCosts, attention_costs,
                                 build_executor, layer_costs, shard_dims, working_set_bytes)
 from planner.model.spec import Layer, ModelSpec
-from planner.profile.clock import Clock
-from planner.profile.record import LayerTiming, Profile
+from planner.profiling.clock import Clock
+from planner.profiling.record import LayerTiming, Profile
 
 MIN_TOKENS = 256  # dense parts are not measured below this many tokens (GEMMs too skinny)
 MIN_VOCAB = 4096  # nor the output head below this vocabulary slice

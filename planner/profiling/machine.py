@@ -21,8 +21,8 @@ from typing import Callable
 import numpy as np
 
 from planner.core.units import GIB
-from planner.profile.profiler import array_backend, device_name
-from planner.profile.clock import Clock
+from planner.profiling.profiler import array_backend, device_name
+from planner.profiling.clock import Clock
 
 INTER_NODE_PLACEHOLDER_GBPS = 12.5  # 100 Gb/s Ethernet/InfiniBand, one direction
 

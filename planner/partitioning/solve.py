@@ -8,10 +8,10 @@ from dataclasses import replace
 from typing import Sequence
 
 from planner.core.fileset import output_error
-from planner.partition import lexicographic
-from planner.partition.dp import infeasible_error, partition_dp
-from planner.partition.baselines import _fixed_split, _upper_bound
-from planner.partition.problem import (Partition, PartitionError, PartitionProblem, _gap, fits,
+from planner.partitioning import lexicographic
+from planner.partitioning.dp import infeasible_error, partition_dp
+from planner.partitioning.baselines import _fixed_split, _upper_bound
+from planner.partitioning.problem import (Partition, PartitionError, PartitionProblem, _gap, fits,
                                        prepare, score_split)
 
 
@@ -45,9 +45,9 @@ def partition(
 ) -> Partition:
     """Optimal split of the layers into ``num_chunks`` chunks over ``p`` ranks, by the MILP.
 
-    The MILP (:mod:`planner.partition.milp`, :mod:`planner.partition.options`) is built cold,
+    The MILP (:mod:`planner.partitioning.milp`, :mod:`planner.partitioning.options`) is built cold,
     bounded only by cheap heuristic splits (even, time-balanced), and proves the whole tie-break
-    rule of :mod:`planner.partition.problem` itself (:mod:`planner.partition.lexicographic`): its
+    rule of :mod:`planner.partitioning.problem` itself (:mod:`planner.partitioning.lexicographic`): its
     answer is ``method='ilp-highs'`` / ``'ilp-cbc'``. ``solver``: 'auto' (HiGHS when
     ``highspy`` imports, else CBC), 'highs', 'cbc', or 'dp' (the exact reference; v > 1 by
     enumeration, tiny cases only).
