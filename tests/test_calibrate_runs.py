@@ -8,7 +8,7 @@ from typer.testing import CliRunner
 
 from cli import app
 from planner.core.errors import PlanInputError
-from planner.fidelity.calibrate import FACTORS, _with, calibrate
+from planner.fidelity.calibrate import FACTORS, _with, calibrate_to_runs
 from planner.fidelity.cases import DEFAULT_FILES, load_cases
 from planner.fidelity.published import validate_case
 from planner.hardware.profiles import load_hardware, load_hardware_file
@@ -39,7 +39,7 @@ def test_recovers_known_factors_from_synthetic_runs_within_two_percent():
     # flash-attention FSDP runs on 64 A100s depend on all three: matmuls, attention, the network
     truth = {"matmul": 0.9, "attention": 0.8, "network": 0.7}
     runs, hw = synthetic(group("torchtitan_a100_fsdp2"), "a100-80gb", truth)
-    cal = calibrate(runs, tuple(truth))
+    cal = calibrate_to_runs(runs, tuple(truth))
     assert cal.not_identified == ()
     for name in truth:
         assert cal.value(cal.fitted, name) == pytest.approx(cal.value(hw, name), rel=0.02)
@@ -50,7 +50,7 @@ def test_recovers_known_factors_from_synthetic_runs_within_two_percent():
 def test_cuts_leave_one_out_error_on_a_real_family():
     # llm-foundry's six MPT runs on H100 are predicted 23% fast on average with the bundled
     # profile; one matmul factor fitted on five of them predicts the sixth far better
-    cal = calibrate(group("llmfoundry_mpt_h100_80gb"), ("matmul",))
+    cal = calibrate_to_runs(group("llmfoundry_mpt_h100_80gb"), ("matmul",))
     assert cal.loo_before > 0.15
     assert cal.loo_after < cal.loo_before / 2
 
@@ -58,20 +58,20 @@ def test_cuts_leave_one_out_error_on_a_real_family():
 def test_a_factor_no_run_depends_on_is_left_alone():
     # the 2021 Megatron runs use unfused attention: the flash-attention factor prices nothing
     runs = group("megatron2021_table1")[:4]
-    cal = calibrate(runs, ("matmul", "attention"))
+    cal = calibrate_to_runs(runs, ("matmul", "attention"))
     assert cal.not_identified == ("attention",)
     assert cal.value(cal.fitted, "attention") == cal.value(cal.profile, "attention")
 
 
 def test_refuses_fewer_runs_than_factors():
     with pytest.raises(PlanInputError, match="needs at least 3 runs.*got 2"):
-        calibrate(group("torchtitan_a100_fsdp2")[:2], tuple(FACTORS))
+        calibrate_to_runs(group("torchtitan_a100_fsdp2")[:2], tuple(FACTORS))
 
 
 def test_refuses_runs_on_several_gpu_kinds():
     runs = group("llmfoundry_mpt_h100_80gb")[:2] + group("llmfoundry_mpt_a100_80gb")[:2]
     with pytest.raises(PlanInputError, match="several GPU kinds"):
-        calibrate(runs, ("matmul",))
+        calibrate_to_runs(runs, ("matmul",))
 
 
 def test_cli_writes_a_profile_that_validate_and_solve_accept(tmp_path):

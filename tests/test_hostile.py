@@ -817,7 +817,7 @@ def test_solver_files_are_removed_on_ctrl_c(monkeypatch, solver):
     monkeypatch.setattr(pulp.LpProblem, "solve", interrupted)
     model = type("Model", (), {"prob": pulp.LpProblem("p")})()
     with pytest.raises(KeyboardInterrupt):
-        lexicographic.solve(model, solver, 1.0)
+        lexicographic.run_milp(model, solver, 1.0)
     assert seen and not os.path.exists(seen[0])
 
 

@@ -289,7 +289,7 @@ def test_deterministic_and_lp_file(tmp_path):
 def test_time_limit_falls_back_to_dp(monkeypatch):
     import planner.partitioning.lexicographic as mod
 
-    monkeypatch.setattr(mod, "solve", lambda *a, **k: ("none", None))
+    monkeypatch.setattr(mod, "run_milp", lambda *a, **k: ("none", None))
     prob = _vocab_model()
     res = partition(prob, 4, 4, solver="cbc")
     assert res.method == "dp" and res.label == "dp (cbc solver failed: no split within 2 s)"
@@ -302,7 +302,7 @@ def test_solver_crash_is_not_shown(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("solver trace")
 
-    monkeypatch.setattr(mod, "solve", boom)
+    monkeypatch.setattr(mod, "run_milp", boom)
     res = partition(_vocab_model(), 4, 4, solver="cbc")
     assert res.label == "dp (cbc solver failed: RuntimeError)"
 
@@ -430,7 +430,7 @@ def test_a_failed_solver_is_named_in_the_output_and_the_plan(monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("solver trace")
 
-    monkeypatch.setattr(mod, "solve", boom)
+    monkeypatch.setattr(mod, "run_milp", boom)
     runner = CliRunner()
     out = runner.invoke(app, ["partition", "--model", "llama3-8b", "--pp", "4", "--solver", "ilp"])
     assert out.exit_code == 0 and "solver failed: RuntimeError" in out.output, out.output

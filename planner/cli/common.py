@@ -128,7 +128,7 @@ def _flag(default: bool, decls: str, help: str, panel: str | None = None):
     return typer.Option(default, decls, help=help, metavar="", rich_help_panel=panel)
 
 
-def stack_flags(panel: str | None = None) -> dict:
+def stack_options(panel: str | None = None) -> dict:
     """The direct flags that override one field of the stack (None: keep the stack's value)."""
     return {
         "flash": typer.Option(None, "--flash/--no-flash", metavar="", show_default="the stack's",
@@ -148,7 +148,7 @@ def stack_flags(panel: str | None = None) -> dict:
     }
 
 
-STACK_FLAGS = stack_flags()
+STACK_FLAGS = stack_options()
 
 
 def parse_range(text: Optional[str]) -> Optional[tuple[int, int]]:

@@ -13,8 +13,7 @@ import typer
 
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
-from planner.fidelity.calibrate import (calibrate as calibrate_runs, calibrated_profile,
-                                        parse_factors)
+from planner.fidelity.calibrate import calibrate_to_runs, calibrated_profile, parse_factors
 from planner.fidelity.cases import DEFAULT_FILES, load_cases
 from planner.fidelity.published import validate_file
 from planner.hardware.profiles import load_hardware
@@ -81,7 +80,7 @@ def calibrate_cmd(
         if out_file is not None:
             refuse_overwrite([out_file], force)
         with progress_bar("calibrating") as progress:
-            cal = calibrate_runs(load_cases(runs), names, progress)
+            cal = calibrate_to_runs(load_cases(runs), names, progress)
         out.print(calibration_table(cal))
         if out_file is not None:
             doc = calibrated_profile(cal, runs.name)

@@ -14,15 +14,14 @@ from planner.core.text import for_rich
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.launchers import export_plan, implied_launcher, parse_targets
 from planner.profiling.record import load_profile
-from planner.report.plans import explanation_dict, plans_csv, print_explanation, print_search
+from planner.report.frames import plans_csv
+from planner.report.plans import explanation_dict, print_explanation, print_search
 from planner.search.advice import batch_hint
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
 from planner.search.space import Pins, Request
 from planner.stack import resolve_stack
 from planner.cli.common import (LIMITS, OUTPUT, PINS, PLAN, _flag, app, err, out, parse_range,
-                                planned_model, print_json,
-                                progress_bar, stack_flags,
-                                user_errors)
+                                planned_model, print_json, progress_bar, stack_options, user_errors)
 
 
 @app.command()
@@ -54,10 +53,10 @@ def solve(
                                                                       "megatron-core",
                                         help="Software stack NAME (plan stacks) or FILE.",
                                         rich_help_panel=PLAN),
-    flash: Optional[bool] = stack_flags(PLAN)["flash"],
-    overlap: Optional[bool] = stack_flags(PLAN)["overlap"],
-    tp_overlap: Optional[bool] = stack_flags(PLAN)["tp_overlap"],
-    grad_dtype: Optional[str] = stack_flags(PLAN)["grad_dtype"],
+    flash: Optional[bool] = stack_options(PLAN)["flash"],
+    overlap: Optional[bool] = stack_options(PLAN)["overlap"],
+    tp_overlap: Optional[bool] = stack_options(PLAN)["tp_overlap"],
+    grad_dtype: Optional[str] = stack_options(PLAN)["grad_dtype"],
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size.",
                                      rich_help_panel=PINS),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size.",

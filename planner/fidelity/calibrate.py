@@ -137,7 +137,7 @@ def _fit(residuals: Callable[[np.ndarray], np.ndarray], k: int, iterations: int 
     return x, identified
 
 
-def calibrate(cases: Sequence[dict], factors: Sequence[str] = tuple(FACTORS),
+def calibrate_to_runs(cases: Sequence[dict], factors: Sequence[str] = tuple(FACTORS),
               progress: Callable[[int, int], None] | None = None) -> Calibration:
     """Fit ``factors`` of the runs' GPU profile to their measured step times."""
     factors = tuple(factors)

@@ -87,7 +87,7 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
             model = RankModel(model)
         except _Infeasible:
             return Outcome("infeasible")
-    status, bound = solve(model, name, deadline - time.monotonic())
+    status, bound = run_milp(model, name, deadline - time.monotonic())
     if status in ("infeasible", "none"):
         return Outcome(status)
     ends, modes = model.solution()
@@ -113,10 +113,10 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
     if prep.R > 1:
         step2.warm_start(ends, modes)
         step2.prob.setObjective(step2.compute_time())
-        status, _ = solve(step2, name, deadline - time.monotonic())
+        status, _ = run_milp(step2, name, deadline - time.monotonic())
         if status == "infeasible":  # B* itself cut off by the solver's tolerance: loosen once
             step2.B.upBound = b_star * (1 + RETRY_SLACK) / step2.tscale
-            status, _ = solve(step2, name, deadline - time.monotonic())
+            status, _ = run_milp(step2, name, deadline - time.monotonic())
         if status != "optimal":
             why = "timed out" if status in ("feasible", "none") else f"was {status}"
             return Outcome("optimal", tuple(ends), tuple(modes), b_star,
@@ -138,7 +138,7 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
         if prep.K > 1:
             model.warm_start(ends, modes)
             model.prob.setObjective(pulp.lpSum(model.end(k) for k in range(prep.K - 1)))
-            status, _ = solve(model, name, deadline - time.monotonic())
+            status, _ = run_milp(model, name, deadline - time.monotonic())
             if status != "optimal":
                 return Outcome("optimal", tuple(ends), tuple(modes), b_star,
                                "tie-break step timed out; ties may differ from the DP")
@@ -180,7 +180,7 @@ def _lexicographic_keys(model: _Model, name: str, deadline: float, ends: list[in
         weights.reverse()
         model.warm_start(ends, modes)
         model.prob.setObjective(sum((wt * model.key(j) for wt, j in zip(weights, window)), 0))
-        status, _ = solve(model, name, deadline - time.monotonic())
+        status, _ = run_milp(model, name, deadline - time.monotonic())
         if status != "optimal":
             return Outcome("optimal", tuple(ends), tuple(modes), b_star,
                            f"tie-break stopped at chunk {k} (time limit); ties may differ from the DP")
@@ -223,7 +223,7 @@ def _make_solver(name: str, time_limit_s: float):
         return pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True)
 
 
-def solve(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
+def run_milp(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
     """Run the solver; returns ('optimal'|'feasible'|'infeasible'|'none', dual bound in scaled units)."""
     import pulp
 

@@ -38,7 +38,7 @@ class Window:
     cells: int
 
 
-def windows(result: SimResult, width: int) -> tuple[Window, ...]:
+def drawn_windows(result: SimResult, width: int) -> tuple[Window, ...]:
     """The whole step over ``width`` cells, or, when the median op would get fewer than
     MIN_CELLS cells, its first and last stretches at that scale with the middle cut out. A long
     run's timeline is its short run (``drawn_span_s``)."""
@@ -98,9 +98,9 @@ def compressed_note(result: SimResult) -> str:
 
 
 def gantt_rows(result: SimResult, width: int) -> list[Text]:
-    """One rich Text per rank, ``width`` cells: the whole step, or (``windows``) its start and
+    """One rich Text per rank, ``width`` cells: the whole step, or (``drawn_windows``) its start and
     its end joined by the cut mark."""
-    parts = windows(result, width)
+    parts = drawn_windows(result, width)
     rows = []
     for row in result.timeline:
         text = Text()
@@ -126,7 +126,7 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     """Print the Gantt rows, a legend, the bubble against its closed form and peak in-flight."""
     label_w = len(f"rank {result.p - 1}") + 1
     width = width or max(10, console.width - label_w - 2)
-    parts = windows(result, width)
+    parts = drawn_windows(result, width)
     console.print(f"[bold]{result.schedule}[/bold]  p={result.p}  M={result.m}  v={result.v}  "
                   f"step {result.makespan_s:.4g} s")
     if result.timeline_m is not None:

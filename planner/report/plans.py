@@ -15,7 +15,6 @@ from planner.core.units import GIB
 from planner.hardware.profiles import Hardware
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
-from planner.report import frames
 from planner.report.frames import blocks_per_stage, stage_recompute
 
 _MEASURE = Console(width=10_000, color_system=None)
@@ -248,10 +247,6 @@ def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool
         console.print(f"[dim]{for_rich(note)}[/dim]", highlight=False)
     console.print("[dim]how close such predictions come to real runs: `plan validate`[/dim]")
 
-
-def plans_csv(plans) -> str:
-    """The ranked plans as CSV: the plans frame (planner/report/frames.py), one row per plan."""
-    return frames.plans_csv(plans)
 
 
 def stacks_table(stacks: dict[str, Stack]) -> Table:
