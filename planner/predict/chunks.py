@@ -16,7 +16,7 @@ _SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model
 
 
 @dataclass(frozen=True, eq=False)
-class Stages:
+class ChunkArrays:
     """One split of the model: per-chunk totals for one microbatch, as arrays over the chunks
     (chunk k runs on pipeline rank k mod pp)."""
 
@@ -67,7 +67,7 @@ class CostTable:
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 
 
-def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float = 0.0) -> Stages:
+def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float = 0.0) -> ChunkArrays:
     """Per-chunk totals of a split, each chunk under its own recompute mode; ``overhead_s``
     (the stack's per-pipeline-action cost) is added to every chunk's forward and backward."""
     first = np.array([a for a, _ in bounds])
@@ -79,4 +79,4 @@ def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float 
     work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
     sums["fwd_s"] = sums["fwd_s"] + overhead_s
     sums["bwd_input_s"] = sums["bwd_input_s"] + overhead_s
-    return Stages(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)
+    return ChunkArrays(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)

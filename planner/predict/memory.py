@@ -11,7 +11,7 @@ from planner.cost import constants
 from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, fragmentation, model_state_parts,
                                  sharded_params)
 from planner.model.spec import ModelSpec
-from planner.predict.chunks import Stages
+from planner.predict.chunks import ChunkArrays
 from planner.stack import Stack
 
 
@@ -57,7 +57,7 @@ def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) ->
     return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
 
 
-def logit_bytes(model: ModelSpec, par: Parallel, stages: Stages) -> np.ndarray:
+def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays) -> np.ndarray:
     """Per chunk: the fp32 logits one microbatch keeps for the loss (the chunk with the head)."""
     out = np.zeros(len(stages.first))
     head = model.layers[-1]
@@ -67,7 +67,7 @@ def logit_bytes(model: ModelSpec, par: Parallel, stages: Stages) -> np.ndarray:
     return out
 
 
-def memory_parts(model: ModelSpec, par: Parallel, stages: Stages, inflight: np.ndarray,
+def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight: np.ndarray,
                  opts: Stack, held_activations=None) -> dict[str, np.ndarray]:
     """Peak bytes per pipeline rank, by part (MEMORY_PARTS), conservative: model states +
     held activations (the closed-form in-flight counts, or the simulated peak when given; kept

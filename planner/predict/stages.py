@@ -15,7 +15,7 @@ import numpy as np
 
 from planner.cost import constants
 from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
-from planner.predict.chunks import CostTable, Stages
+from planner.predict.chunks import CostTable, ChunkArrays
 from planner.predict.memory import gathered_bytes, kept_outputs, state_bytes
 from planner.hardware.profiles import Cluster
 from planner.cost.memory import ACT_BYTES, fragmentation
@@ -112,7 +112,7 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
 
 
 def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
-            tables: dict[str, CostTable], even_stages: Stages | None = None) -> bool:
+            tables: dict[str, CostTable], even_stages: ChunkArrays | None = None) -> bool:
     """A cheap necessary condition for the partitioner to fit this configuration (the search's
     memory screen: it never rejects what the partitioner can fit; tests/test_stack_pricing.py
     checks it against --explain). With S the model states, A the activations under the lightest

@@ -27,7 +27,7 @@ from planner.predict.plan import Metrics, Plan, Stage
 from planner.pipeline.simulate import simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import state_bytes, memory_parts
-from planner.predict.chunks import Stages, CostTable, split_stages
+from planner.predict.chunks import ChunkArrays, CostTable, split_stages
 
 # Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
 # m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
@@ -112,7 +112,7 @@ class Prediction:
 
 
 def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
-            stages: Stages, simulated: bool = False, sim_cache: dict | None = None) -> Prediction:
+            stages: ChunkArrays, simulated: bool = False, sim_cache: dict | None = None) -> Prediction:
     """Step time, bubble and memory of a configuration with the given split. With ``simulated``
     the schedule runs op by op (planner/simulate.py): step time, bubble and the activations each
     rank holds come from the simulation instead of the closed forms."""
@@ -256,7 +256,7 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
 
 
 def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
-                  stages: Stages) -> np.ndarray:
+                  stages: ChunkArrays) -> np.ndarray:
     """Gradient synchronisation each rank cannot hide. ZeRO-0: all-reduce of the gradients;
     ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights once per
     step; ZeRO-2 reduce-scatters after every microbatch where the stack keeps only the shard

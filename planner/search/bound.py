@@ -38,7 +38,7 @@ from planner.core.parallel import Parallel
 from planner.cost import constants
 from planner.partitioning.problem import TIE_RTOL
 from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, _dp_exposed_s
-from planner.predict.chunks import CostTable, Stages
+from planner.predict.chunks import CostTable, ChunkArrays
 
 
 def split_fits(c: float, families: list[tuple[np.ndarray, np.ndarray]]) -> bool:
@@ -194,7 +194,7 @@ def dp_bound(par: Parallel, cluster, opts, params: float) -> float:
     share of the hidden time (or all of it without overlap)."""
     n = par.num_chunks
     zeros, unbounded = np.zeros(n), np.full(n, np.inf)
-    ideal = Stages(first=zeros, last=zeros, recompute=("none",) * n, fwd_s=unbounded,
+    ideal = ChunkArrays(first=zeros, last=zeros, recompute=("none",) * n, fwd_s=unbounded,
                    bwd_input_s=unbounded, bwd_weight_s=zeros, params=np.full(n, params / n),
                    act_bytes=zeros, work_bytes=zeros, model_flops=zeros, hardware_flops=zeros)
     return float(_dp_exposed_s(par, cluster, opts, ideal).max())

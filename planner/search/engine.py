@@ -18,7 +18,7 @@ from dataclasses import dataclass, field, replace
 from planner.cost import constants
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.predict.step import evaluate, even_block_bounds, model_layer_costs, predict, predict_plan
-from planner.predict.chunks import CostTable, Stages, split_stages
+from planner.predict.chunks import CostTable, ChunkArrays, split_stages
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.partitioning.problem import PartitionError
@@ -125,7 +125,7 @@ class _Costs:
         return {m: self.table(par, m) for m in allowed_modes(par, r.options,
                                                               r.pins.recompute is not None)}
 
-    def even_stages(self, par: Parallel) -> Stages:
+    def even_stages(self, par: Parallel) -> ChunkArrays:
         key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute, par.num_chunks)
         if key not in self.stages:
             bounds = even_block_bounds(self.req.model, par.num_chunks)
