@@ -159,8 +159,12 @@ class Partition:
 
     @property
     def label(self) -> str:
-        """How the split was found, for output: ``ilp-highs``, ``dp (solver failed: ...)``."""
-        return f"{self.method} ({self.note})" if self.note else self.method
+        """How the split was found, for output: ``ilp-highs``, ``dp (solver failed: ...)``,
+        ``ilp-cbc, not proven optimal: gap 1.2% (...)``."""
+        text = self.method
+        if not self.optimal:
+            text += f", not proven optimal: gap {self.gap:.1%}"
+        return f"{text} ({self.note})" if self.note else text
 
     @property
     def boundaries(self) -> tuple[int, ...]:

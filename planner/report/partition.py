@@ -122,15 +122,9 @@ def compare_splits(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stac
     best = best_split(model, cluster, par, opts, tables, method, lp_path)
     params = param_split(model, cluster, par, opts, tables)
     even = megatron_split(model, cluster, par, opts, tables)
-    how = "even (interleaved)" if best.partition is None else best.partition.method
-    if best.partition is not None:
-        if not best.partition.optimal:
-            how += f", not proven optimal: gap {best.partition.gap:.1%}"
-        if best.partition.note:
-            how += f" ({best.partition.note})"
     return SplitComparison(
         optimal=run(best.bounds, best.recompute), even=run(even.bounds, even.recompute),
-        equal_params=run(params.bounds, params.recompute), method=how,
+        equal_params=run(params.bounds, params.recompute), method=best.how,
         capacity_bytes=cluster.hardware.memory_bytes, placement=placement)
 
 
