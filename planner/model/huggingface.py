@@ -8,7 +8,7 @@ through one table of what each family adds, GPT-2, GPT-NeoX and Falcon by their 
 changes the planned cost is carried (``head_dim``, Q/K norms, extra block norms, QKV biases, tied
 embeddings); what an exporter needs is carried as declared (``rope_theta``, ``rope_scaling``,
 ``max_position_embeddings``); what the cost model cannot represent is refused in one line naming
-the feature (mixture of experts in spec.py, vision towers, attention or MLP biases on a family
+the feature (an MoE field moe_import.py does not model, vision towers, attention or MLP biases on a family
 planned without them), and a sliding window is refused where it is shorter than the planned
 sequence (``ModelSpec.with_seq_length``).
 """
@@ -69,6 +69,7 @@ def require(data: dict, origin: str, *keys: str):
 def huggingface_fields(data: dict, origin: str) -> dict:
     """A parsed HuggingFace config.json -> the ModelSpec fields it declares, or one clear
     PlanInputError naming what cannot be planned."""
+    from planner.model.moe_import import MOE_FAMILIES, moe_fields  # it builds on this module
     kind = str(data.get("model_type", "")).lower()
     vision = [k for k in _MULTIMODAL_KEYS if k in data]
     if vision:
@@ -77,11 +78,13 @@ def huggingface_fields(data: dict, origin: str) -> dict:
             "text decoder only: save its text_config as a config.json and plan that")
     if kind in FAMILIES:
         return _llama_layout(data, origin, kind, FAMILIES[kind])
+    if kind in MOE_FAMILIES:
+        return moe_fields(data, origin, kind)
     if kind in _OTHERS:
         return _OTHERS[kind](data, origin)
     raise PlanInputError(
         f"{origin}: model_type '{kind}' is not supported; supported HuggingFace families: "
-        f"{', '.join([*FAMILIES, *_OTHERS])} (or write a plan3d model.json)")
+        f"{', '.join([*FAMILIES, *MOE_FAMILIES, *_OTHERS])} (or write a plan3d model.json)")
 
 
 def _name(data: dict, origin: str, kind: str) -> str:
