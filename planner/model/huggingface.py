@@ -8,8 +8,8 @@ through one table of what each family adds, GPT-2, GPT-NeoX and Falcon by their 
 changes the planned cost is carried (``head_dim``, Q/K norms, extra block norms, QKV biases, tied
 embeddings); what an exporter needs is carried as declared (``rope_theta``, ``rope_scaling``,
 ``max_position_embeddings``); what the cost model cannot represent is refused in one line naming
-the feature (an MoE field moe_import.py does not model, vision towers, attention or MLP biases on a family
-planned without them), and a sliding window is refused where it is shorter than the planned
+the feature (vision towers, attention or MLP biases on a family planned without them; MoE
+families: moe_import.py), and a sliding window is refused where it is shorter than the planned
 sequence (``ModelSpec.with_seq_length``).
 """
 
@@ -55,6 +55,10 @@ FAMILIES: dict[str, _Family] = {
                            sliding_window=4096),
 }
 
+# Mixture-of-experts families: model/moe_import.py reads them (on top of _llama_layout) and
+# model/load.py sends them there.
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+
 _MULTIMODAL_KEYS = ("vision_config", "audio_config")
 
 
@@ -69,7 +73,6 @@ def require(data: dict, origin: str, *keys: str):
 def huggingface_fields(data: dict, origin: str) -> dict:
     """A parsed HuggingFace config.json -> the ModelSpec fields it declares, or one clear
     PlanInputError naming what cannot be planned."""
-    from planner.model.moe_import import MOE_FAMILIES, moe_fields  # it builds on this module
     kind = str(data.get("model_type", "")).lower()
     vision = [k for k in _MULTIMODAL_KEYS if k in data]
     if vision:
@@ -78,8 +81,6 @@ def huggingface_fields(data: dict, origin: str) -> dict:
             "text decoder only: save its text_config as a config.json and plan that")
     if kind in FAMILIES:
         return _llama_layout(data, origin, kind, FAMILIES[kind])
-    if kind in MOE_FAMILIES:
-        return moe_fields(data, origin, kind)
     if kind in _OTHERS:
         return _OTHERS[kind](data, origin)
     raise PlanInputError(

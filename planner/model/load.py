@@ -10,9 +10,9 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.text import check_name
-from planner.model.huggingface import huggingface_fields
+from planner.model.huggingface import MOE_FAMILIES, huggingface_fields
+from planner.model.moe_import import moe_fields
 from planner.model.schema import check_model_document
-from planner.model.moe_import import MOE_FAMILIES
 
 
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
@@ -48,6 +48,8 @@ def model_from_dict(data: dict, origin: str = "model") -> ModelSpec:
                 f"{origin}: a mixture-of-experts model ({moe[0]}={data[moe[0]]}) of model_type "
                 f"'{kind}'; plan3d imports MoE configs of {', '.join(MOE_FAMILIES)} only and will "
                 "not plan it as dense (or write a plan3d model.json with num_experts)")
+        if kind in MOE_FAMILIES:
+            return _checked(ModelSpec(**moe_fields(data, origin, kind)), origin)
         return _checked(ModelSpec(**huggingface_fields(data, origin)), origin)
     return _from_ours(data, origin)
 

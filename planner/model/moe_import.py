@@ -11,7 +11,7 @@ line naming it: a config is never planned as a dense model, nor with a router we
 from __future__ import annotations
 
 from planner.core.errors import PlanInputError
-from planner.model.huggingface import FAMILIES, _llama_layout, require
+from planner.model.huggingface import FAMILIES, MOE_FAMILIES, _llama_layout, require
 
 # Keys that do not change what a step computes or stores beyond what is priced: loss weights and
 # the routing rule among the top-k (the router is one h x E matmul and a top-k in every case).
@@ -37,7 +37,7 @@ _READ = {
                     "topk_method", "scoring_func", "num_nextn_predict_layers"},
 }
 _READ["deepseek_v3"] = _READ["deepseek_v2"]
-MOE_FAMILIES = tuple(_READ)
+assert tuple(_READ) == MOE_FAMILIES
 _MOE_WORDS = ("expert", "moe", "router", "topk", "routed", "sparse", "nextn")
 
 
