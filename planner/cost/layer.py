@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import constants
-from planner.cost import comm
+from planner.cost import comm, mla, moe
 from planner.hardware.profiles import Hardware
 from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
@@ -41,6 +41,8 @@ class LayerCost:
     params: float  # parameters stored on this GPU
     act_bytes: float  # kept per in-flight microbatch
     work_bytes: float  # transient while this layer runs its backward
+    expert_params: float = 0.0  # of params: routed-expert weights (sharded by ep x etp)
+    a2a_s: float = 0.0  # of the times: MoE dispatch/combine all-to-all, forward + backward
 
     @property
     def bwd_s(self) -> float:
@@ -61,15 +63,23 @@ class _Work:
     attn_model_flops: float = 0.0  # scores and values, full s×s (model FLOPs convention)
     mem_bytes: float = 0.0  # HBM traffic of memory-bound ops
     attn_mem_bytes: float = 0.0  # HBM traffic of an unfused softmax over the scores
+    # routed-expert FLOPs beyond the balanced share (expert_load > 1): time, not model FLOPs
+    imbalance_flops: float = 0.0
     collectives: int = 0  # TP all-reduces (or all-gather + reduce-scatter pairs) in the forward
     collectives_bwd: int = 0
 
 
 def block_forward_flops(layer: Layer, tokens: int, seq_len: int) -> tuple[float, float]:
-    """(weight-matmul FLOPs, attention FLOPs with full s×s) of one block's forward, whole model."""
+    """(weight-matmul FLOPs, attention FLOPs with full s×s) of one block's forward, whole model;
+    an MoE block's MLP counts its active experts (cost/moe.py), MLA its own shapes (cost/mla.py)."""
     h, f = layer.hidden_size, layer.ffn_hidden_size
     q, kv = layer.q_size, layer.num_kv_heads * layer.head_dim  # q = h unless head_dim is set
     mlp = (6 if layer.mlp == "swiglu" else 4) * tokens * h * f
+    if layer.is_moe:
+        mlp = moe.mlp_flops(layer, tokens)
+    if layer.is_mla:
+        return (float(mla.projection_flops(layer, tokens) + mlp),
+                float(mla.attention_flops(layer, tokens, seq_len)))
     gemm = 2 * tokens * h * (q + 2 * kv) + 2 * tokens * q * h + mlp
     attn = 4 * tokens * seq_len * q
     return float(gemm), float(attn)
@@ -101,19 +111,36 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
     gemm, attn_full = block_forward_flops(layer, T, s)
     f, q, kv = layer.ffn_hidden_size, layer.q_size, layer.num_kv_heads * layer.head_dim
     up = (2 if layer.mlp == "swiglu" else 1) * f
-    gemm_bytes = _gemm_bytes((T, h, (q + 2 * kv) / t), (T, q / t, h), (T, h, up / t),
-                             (T, f / t, h))
+    attn_shapes = mla.projection_shapes(layer, T, t) if layer.is_mla else (
+        (T, h, (q + 2 * kv) / t), (T, q / t, h))
+    imbalance = 0.0
+    if layer.is_moe:
+        # Routed experts (grouped GEMMs on this GPU's experts), shared experts as a dense MLP,
+        # the router; the activation function over this GPU's routed copies; token permutation.
+        routed = moe.routed_flops(layer, T)
+        imbalance = routed / t * (shape.expert_load - 1)
+        sf = layer.shared_ffn_hidden_size
+        sup = (2 if layer.mlp == "swiglu" else 1) * sf
+        gemm_bytes = _gemm_bytes(*attn_shapes, (T, h, layer.num_experts)) + \
+            moe.routed_gemm_bytes(layer, shape) + (
+                _gemm_bytes((T, h, sup / t), (T, sf / t, h)) if sf else 0.0)
+        act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * (
+            moe.routed_copies(layer, shape) * f / moe.expert_tp(shape) + T * sf / t) + \
+            moe.permute_bytes(layer, shape)
+    else:
+        gemm_bytes = _gemm_bytes(*attn_shapes, (T, h, up / t), (T, f / t, h))
+        # The activation function on the sharded FFN hidden (GeLU reads and writes f, SwiGLU
+        # reads 2f and writes f).
+        act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * T * layer.ffn_hidden_size / t
     # Memory-bound ops: two norms (read + write), two residual adds with dropout (read 2, write 1,
-    # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); the activation
-    # function on the sharded FFN hidden (GeLU reads and writes f, SwiGLU reads 2f and writes f).
-    act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * T * layer.ffn_hidden_size / t
+    # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); act_fn above.
     mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn
     if not fused:
         mem += _eager_extra_bytes(layer, T, h * rep, layer.ffn_hidden_size / t)
     if flash:
         return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / 2 / t,
                      attn_model_flops=attn_full / t, mem_bytes=mem, collectives=2,
-                     collectives_bwd=2)
+                     collectives_bwd=2, imbalance_flops=imbalance)
     # Unfused attention: the scores are written by one bmm, scaled/masked/softmaxed (read, write),
     # dropout (read, write, mask) and read by the next bmm: ~13 bytes per score; 8 without dropout.
     scores = layer.num_attention_heads * s * s * shape.micro_batch / t
@@ -121,7 +148,7 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
     return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / t,
                  attn_model_flops=attn_full / t,
                  mem_bytes=mem, attn_mem_bytes=per_score * scores, collectives=2,
-                 collectives_bwd=2)
+                 collectives_bwd=2, imbalance_flops=imbalance)
 
 
 def _eager_extra_bytes(layer: Layer, tokens: int, hidden: float, ffn: float) -> float:
@@ -161,7 +188,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
 
     # Matmul time: compute at the achieved rate plus operand traffic, additive (a roofline that
     # does not assume perfect overlap); this is what makes small TP-sharded matmuls slower.
-    gemm_s = w.gemm_flops / gemm_rate + w.gemm_bytes / mem_rate
+    gemm_s = (w.gemm_flops + w.imbalance_flops) / gemm_rate + w.gemm_bytes / mem_rate
     attn_fwd_s = w.attn_flops / attn_rate + w.attn_mem_bytes / mem_rate
     mem_fwd_s = w.mem_bytes / mem_rate
     fwd_s = gemm_s + attn_fwd_s + mem_fwd_s
@@ -174,7 +201,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     # by the wgrad GEMM with beta=1 under --gradient-accumulation-fusion or by a separate add;
     # DeepSpeed's BF16_Optimizer fp32 accumulation buffer; 16-bit gradients otherwise). Memory-bound, and it scales with parameters, not
     # tokens: what makes small micro-batches of wide layers slower than their FLOPs.
-    params = sharded_params(layer, shape.tp)
+    params = sharded_params(layer, shape.tp, shape.ep, shape.etp)
     bwd_weight_s += 2 * opts.accumulation_bytes * params / mem_rate
 
     fwd_flops = w.gemm_flops + w.attn_model_flops
@@ -201,11 +228,21 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     if recompute == "full" and layer.kind == "block":
         recompute_s += w.collectives * one
 
+    # MoE token dispatch and combine (cost/moe.py): forward both, backward their transposes,
+    # full recompute the forward pair again.
+    a2a = 2 * moe.dispatch_s(layer, shape, hw)
+    fwd_s += a2a
+    bwd_input_s += a2a
+    if recompute == "full" and layer.kind == "block":
+        recompute_s += a2a
+
     return LayerCost(
         fwd_s=fwd_s, bwd_input_s=bwd_input_s, bwd_weight_s=bwd_weight_s, recompute_s=recompute_s,
         model_flops=model_flops,
         hardware_flops=model_flops + recompute_flops,
         params=params,
+        expert_params=moe.local_expert_params(layer, shape),
+        a2a_s=2 * a2a + (a2a if recompute == "full" and layer.kind == "block" else 0.0),
         act_bytes=activation_bytes(layer, shape, recompute, flash),
         work_bytes=working_bytes(layer, shape, recompute, flash) + (
             0.0 if opts.fused_cross_entropy or layer.kind != "head"
