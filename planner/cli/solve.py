@@ -82,6 +82,11 @@ def solve(
                                                      show_default="searched",
                                                      help="Sequence parallelism on or off.",
                                                      rich_help_panel=PINS),
+    ep: Optional[int] = typer.Option(None, "--ep", help="Expert-parallel size (MoE models).",
+                                     rich_help_panel=PINS),
+    etp: Optional[int] = typer.Option(None, "--etp", show_default="tp",
+                                      help="Expert tensor-parallel size (MoE models).",
+                                      rich_help_panel=PINS),
     max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
                                                help="Reject plans idling more than this "
                                                     "fraction of the step.",
@@ -135,7 +140,7 @@ def solve(
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
-                    sequence_parallel=sequence_parallel)
+                    sequence_parallel=sequence_parallel, ep=ep, etp=etp)
         launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")

@@ -145,10 +145,28 @@ def kept_bytes(layer: Layer, shape) -> float:
     return router + routed_copies(layer, shape) * per_copy + shared
 
 
-def ep_in_domain(tp_cp: int, ep: int, domain: int, gpus: int) -> int:
-    """EP group members in one NVLink domain under Megatron's tp-cp-ep-dp-pp rank order: members
-    are tp·cp ranks apart, so a domain of D GPUs holds D / (tp·cp) of them (at least 1, at most
-    ep); a cluster within one domain holds all."""
-    if gpus <= domain:
-        return ep
-    return max(1, min(ep, domain // tp_cp))
+def ep_in_domain(etp: int, ep: int, domain: int) -> int:
+    """EP group members in one NVLink domain under Megatron's expert rank order (etp-ep-edp-pp,
+    layout/ranks.py): members are etp ranks apart, so a domain of D GPUs holds D / etp of them
+    (at least 1, at most ep). tests/test_moe_cost.py checks it against the layout's groups."""
+    return max(1, min(ep, domain // etp))
+
+
+def shape_fields(par, hw: Hardware, opts) -> dict:
+    """The Shape fields of a configuration's experts: ep, etp, EP members per NVLink domain (the
+    hardware's domain, else its node) and the stack's expert load."""
+    domain = hw.nvlink_domain or hw.gpus_per_node
+    return dict(ep=par.ep, etp=par.expert_tp,
+                ep_in_domain=ep_in_domain(par.expert_tp, par.ep, domain),
+                expert_load=opts.moe_expert_load)
+
+
+def notes(model, par, opts) -> tuple[str, ...]:
+    """The plan's MoE footer: experts, active parameters, the expert split and the stated load."""
+    if not model.is_moe:
+        return ()
+    return (f"MoE: {model.num_experts} experts, top-{model.moe_top_k}; "
+            f"{model.active_params / 1e9:.1f}B of {model.params / 1e9:.1f}B parameters active "
+            f"per token (MFU counts active-parameter FLOPs); ep {par.ep}, etp {par.expert_tp}; "
+            f"expert load {opts.moe_expert_load:.2f}x the mean (stack moe_expert_load); "
+            "all-to-all not overlapped with compute",)

@@ -12,7 +12,7 @@ from planner.cost.layer import LayerCost
 
 # the per-layer quantities a chunk sums over its layers
 _SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
-           "hardware_flops")
+           "hardware_flops", "expert_params", "a2a_s")
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +31,9 @@ class ChunkArrays:
     work_bytes: np.ndarray  # largest transient of the chunk's layers
     model_flops: np.ndarray
     hardware_flops: np.ndarray
+    # of params: routed-expert weights (sharded by ep x etp, their optimizer over expert DP)
+    expert_params: np.ndarray
+    a2a_s: np.ndarray  # of the times: MoE all-to-all (cost/moe.py), forward + backward
 
     @property
     def bwd_s(self) -> np.ndarray:
@@ -63,6 +66,8 @@ class CostTable:
             "act_bytes": [c.act_bytes for c in costs],
             "model_flops": [c.model_flops for c in costs],
             "hardware_flops": [c.hardware_flops for c in costs],
+            "expert_params": [c.expert_params for c in costs],
+            "a2a_s": [c.a2a_s for c in costs],
         }
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 

@@ -15,17 +15,22 @@ from planner.predict.chunks import ChunkArrays
 from planner.stack import Stack
 
 
-def state_parts(params, par: Parallel, opts: Stack) -> tuple:
+def state_parts(params, par: Parallel, opts: Stack, expert_params=0.0) -> tuple:
     """(weights, gradients, optimizer) bytes of ``params`` parameters (scalar or array) under
-    this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies."""
-    return model_state_parts(params, par.dp, par.zero, opts.held_grad_bytes(par.zero),
-                             opts.held_weight_bytes(par.zero), opts.optimizer_state_bytes,
-                             opts.zero2_shards_grads())
+    this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies. The
+    ``expert_params`` among them are sharded over the expert-data-parallel group instead of dp
+    (Megatron-Core's distributed optimizer keeps expert parameters in their own buffers over
+    the expert data-parallel group: tp·cp·dp / (etp·ep) ranks)."""
+    args = (opts.held_grad_bytes(par.zero), opts.held_weight_bytes(par.zero),
+            opts.optimizer_state_bytes, opts.zero2_shards_grads())
+    dense = model_state_parts(params - expert_params, par.dp, par.zero, *args)
+    experts = model_state_parts(expert_params, par.expert_dp, par.zero, *args)
+    return tuple(d + e for d, e in zip(dense, experts))
 
 
-def state_bytes(params, par: Parallel, opts: Stack):
+def state_bytes(params, par: Parallel, opts: Stack, expert_params=0.0):
     """Model-state bytes of ``params`` parameters: the sum of :func:`state_parts`."""
-    return sum(state_parts(params, par, opts))
+    return sum(state_parts(params, par, opts, expert_params))
 
 
 def stage_output_bytes(model: ModelSpec, par: Parallel) -> float:
@@ -53,7 +58,7 @@ def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) ->
         return np.zeros_like(rank_params)
     if opts.zero3_gather == "stage":
         return rank_params * ACT_BYTES
-    largest = max(sharded_params(layer, par.tp) for layer in model.layers)
+    largest = max(sharded_params(layer, par.tp, par.ep, par.expert_tp) for layer in model.layers)
     return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
 
 
@@ -75,7 +80,8 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
     (a layer's backward working set, ZeRO-3's gathered weights), plus the allocator's
     fragmentation (more on ranks that recompute) and the framework's reserve."""
     p = par.pp
-    weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts))
+    weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts,
+                                                                        stages.expert_params))
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
         tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
         tw, tg, to = state_parts(tied, par, opts)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import constants
-from planner.cost import comm
+from planner.cost import comm, moe
 from planner.cost.layer import LayerCost, layer_cost
 from planner.hardware.profiles import Cluster
 from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
@@ -38,7 +38,7 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
                 profile=None) -> list[LayerCost]:
     """The cost of every layer of the model under one parallel shape and recompute mode."""
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
-                  seq_len=model.seq_length)
+                  seq_len=model.seq_length, **moe.shape_fields(par, hw, opts))
     cache: dict = {}
     out = []
     for i, layer in enumerate(model.layers):
@@ -141,12 +141,16 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
 
-    states = state_bytes(stages.params, par, opts)
+    states = state_bytes(stages.params, par, opts, stages.expert_params)
     chunk_mem = states + inflight * stages.act_bytes
     parts = memory_parts(model, par, stages, inflight, opts, held)
     rank_mem = sum(parts.values())
     dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
-    owned = stages.by_rank(stages.params, p).max() / (par.dp if par.zero >= 1 else 1)
+    # Each rank steps its shard: dense parameters over dp, experts over expert DP (state_parts).
+    owned = (stages.by_rank(stages.params - stages.expert_params, p)
+             / (par.dp if par.zero >= 1 else 1)
+             + stages.by_rank(stages.expert_params, p)
+             / (par.expert_dp if par.zero >= 1 else 1)).max()
     optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / (
         hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY))
     replicas = par.tp * par.dp * par.num_microbatches  # per-GPU microbatch FLOPs -> whole step
@@ -203,13 +207,13 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
               recompute=stages.recompute[k], time_s=float(stages.time_s[k]),
               memory_bytes=float(pred.chunk_memory_bytes[k]), fwd_s=float(stages.fwd_s[k]),
               bwd_s=float(stages.bwd_s[k]), wgrad_s=float(stages.bwd_weight_s[k]),
-              send_s=float(pred.transfer_s[k]))
+              send_s=float(pred.transfer_s[k]), a2a_s=float(stages.a2a_s[k]))
         for k in range(par.num_chunks))
     plan = Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
                 metrics=metrics_of(model, cluster, par, pred,
                                    getattr(profile, "peak_flops", None)),
                 rank_memory_bytes=tuple(float(x) for x in pred.rank_memory_bytes),
-                notes=_notes(opts), stack=opts)
+                notes=_notes(opts) + moe.notes(model, par, opts), stack=opts)
     return plan, pred
 
 

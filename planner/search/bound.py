@@ -196,7 +196,8 @@ def dp_bound(par: Parallel, cluster, opts, params: float) -> float:
     zeros, unbounded = np.zeros(n), np.full(n, np.inf)
     ideal = ChunkArrays(first=zeros, last=zeros, recompute=("none",) * n, fwd_s=unbounded,
                    bwd_input_s=unbounded, bwd_weight_s=zeros, params=np.full(n, params / n),
-                   act_bytes=zeros, work_bytes=zeros, model_flops=zeros, hardware_flops=zeros)
+                   act_bytes=zeros, work_bytes=zeros, model_flops=zeros, hardware_flops=zeros,
+                   expert_params=zeros, a2a_s=zeros)
     return float(_dp_exposed_s(par, cluster, opts, ideal).max())
 
 

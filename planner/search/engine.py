@@ -73,7 +73,8 @@ def _rank_key(par: Parallel, step_s: float, memory_bytes: float):
     same inputs always give the same ranking."""
     return (round(step_s, 9), round(memory_bytes), par.tp, par.pp, par.micro_batch,
             SCHEDULES.index(par.schedule), par.virtual_stages,
-            RECOMPUTE_MODES.index(par.recompute), par.zero, par.sequence_parallel)
+            RECOMPUTE_MODES.index(par.recompute), par.zero, par.sequence_parallel, par.ep,
+            par.expert_tp)
 
 
 def _plan_key(plan: Plan):
@@ -100,7 +101,8 @@ class _Costs:
         modes = allowed_modes(par, r.options, r.pins.recompute is not None)
         key = (par, with_memory)
         if key not in self.bounds:
-            times_key = (par.tp, par.sequence_parallel, par.micro_batch, modes)
+            times_key = (par.tp, par.sequence_parallel, par.micro_batch, modes, par.ep,
+                         par.expert_tp)
             if times_key not in self.layer_times:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
             problem = None
@@ -112,7 +114,7 @@ class _Costs:
         return self.bounds[key]
 
     def table(self, par: Parallel, mode: str) -> CostTable:
-        key = (par.tp, par.sequence_parallel, par.micro_batch, mode)
+        key = (par.tp, par.sequence_parallel, par.micro_batch, mode, par.ep, par.expert_tp)
         if key not in self.tables:
             r = self.req
             self.tables[key] = CostTable(model_layer_costs(r.model, par, r.cluster.hardware, r.options,
@@ -126,7 +128,8 @@ class _Costs:
                                                               r.pins.recompute is not None)}
 
     def even_stages(self, par: Parallel) -> ChunkArrays:
-        key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute, par.num_chunks)
+        key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute, par.num_chunks,
+               par.ep, par.expert_tp)
         if key not in self.stages:
             bounds = even_block_bounds(self.req.model, par.num_chunks)
             self.stages[key] = split_stages({par.recompute: self.table(par, par.recompute)},
@@ -349,7 +352,8 @@ def explain(req: Request) -> Explanation:
                    recompute=pins.recompute or "none",
                    zero=1 if pins.zero is None else pins.zero,
                    sequence_parallel=tp > 1 if pins.sequence_parallel is None
-                   else pins.sequence_parallel)
+                   else pins.sequence_parallel,
+                   ep=pins.ep or 1, etp=None if pins.etp in (None, tp) else pins.etp)
     if rule is None:
         rule = stack_rule(req.options, par) or schedule_rule(req.model, par)
     if rule is None and req.launcher:

@@ -69,6 +69,9 @@ class Stack:
     schedules: tuple[str, ...]
     # fixed cost of each pipeline action (one forward or backward of a chunk), seconds
     pipeline_action_overhead_s: float
+    # MoE: routed tokens on the busiest GPU over the mean (1.0 balanced; a capacity factor caps
+    # it); scales expert time and all-to-all bytes, not model FLOPs (planner/cost/moe.py)
+    moe_expert_load: float
     # where each value comes from, by field name
     sources: tuple[tuple[str, str], ...] = ()
     # fields changed from the named stack by flags or a case ("field", "value" as text)
@@ -149,7 +152,7 @@ _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
-           "pipeline_action_overhead_s": (0.0, 0.1)}
+           "pipeline_action_overhead_s": (0.0, 0.1), "moe_expert_load": (1.0, 64.0)}
 
 
 def check_value(key: str, value, origin: str):
