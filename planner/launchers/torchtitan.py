@@ -32,8 +32,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
-from planner.launchers.common import (ExportError, Facts, header, is_standard_gpt, schedule_basics,
-                                      strongest_recompute, structure_problems, tp_divisibility)
+from planner.launchers.common import (ExportError, Facts, header, is_standard_gpt, moe_problems,
+                                      schedule_basics, strongest_recompute, structure_problems,
+                                      tp_divisibility)
 from planner.launchers.quoting import comment, sh_word, toml_str
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
@@ -115,7 +116,8 @@ def parallel_rules(f: Facts, version: str = DEFAULT_VERSION) -> list[str]:
 
 def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     par, m = plan.parallel, plan.model
-    out = structure_problems(plan) + parallel_rules(Facts.of(par, m), version)
+    out = structure_problems(plan) + parallel_rules(Facts.of(par, m), version) + moe_problems(
+        plan, NAME, "export it with --export megatron")
     stack = plan.stack
     if stack is not None and stack.param_dtype != "bf16":
         out.append(f"{NAME}: training.mixed_precision_param is bfloat16 or float32; the plan's "
@@ -123,6 +125,8 @@ def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     if stack is not None and stack.grad_dtype != "fp32":
         out.append(f"{NAME}: training.mixed_precision_reduce is float32 only; the plan's "
                    f"{stack.name} stack reduces gradients in {stack.grad_dtype}")
+    if m.is_moe:  # refused above (moe_problems); its flavor check would only repeat it
+        return out
     if not is_standard_gpt(plan):
         out.append(f"{NAME}: model parts name tok_embeddings / layers.i / norm + the output; "
                    "this model has other layer kinds")
