@@ -1,0 +1,158 @@
+"""Mixture-of-experts and MLA costs (planner/cost/moe.py, cost/mla.py) and expert parallelism in
+the search: FLOPs by hand against the active parameters, expert sharding, the all-to-all's link
+against the layout's own EP groups, expert optimizer sharding, the load knob, and the done-when
+searches of issue #18 (Mixtral-8x7B on 64 H100s, a DeepSeek-V3 config on 2,048 GPUs)."""
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from planner.core.parallel import Parallel
+from planner.cost import moe
+from planner.cost.layer import block_forward_flops, layer_cost, model_flops_per_iteration
+from planner.cost.memory import Shape, sharded_params
+from planner.hardware.profiles import load_hardware, make_cluster
+from planner.layout.ranks import build_layout
+from planner.model.load import model_from_dict
+from planner.predict.memory import state_parts
+from planner.predict.step import evaluate
+from planner.search.engine import search
+from planner.search.space import Pins, Request
+from planner.stack import default_stack, with_overrides
+
+CONFIGS = Path(__file__).parent / "hf_configs" / "moe"
+H100 = load_hardware("h100")
+
+
+def config(name: str, **changes) -> dict:
+    data = json.loads((CONFIGS / f"{name}.json").read_text())
+    data.update(changes)
+    return data
+
+
+MIXTRAL = model_from_dict(config("mixtral-8x7b-v0.1", max_position_embeddings=4096), "mixtral")
+DSV3 = model_from_dict(config("deepseek-v3", num_nextn_predict_layers=0), "deepseek-v3")
+
+
+def test_block_flops_are_twice_the_active_matmul_weights():
+    """Forward FLOPs of a block's weight matmuls are 2 per active weight per token (norms and
+    DeepSeek-V3's router bias are no matmul weights)."""
+    for spec in (MIXTRAL, DSV3):
+        for block in {b for b in spec.blocks}:
+            gemm, _ = block_forward_flops(block, tokens=1000, seq_len=4096)
+            weights = block.active_params - block.norm_params - (
+                block.num_experts if block.router_bias else 0) - (
+                block.q_lora_rank + block.kv_lora_rank)  # MLA's latent norms
+            assert gemm == pytest.approx(2 * 1000 * weights, rel=1e-12)
+
+
+def test_mla_attention_flops_by_hand():
+    """Scores over heads of 128 + 64 and values over heads of 128, full s×s: 2·T·s·H·(192+128)."""
+    block = DSV3.blocks[5]
+    _, attn = block_forward_flops(block, tokens=4096, seq_len=4096)
+    assert attn == 2 * 4096 * 4096 * 128 * (192 + 128)
+
+
+def test_model_flops_count_active_parameters():
+    """A step's model FLOPs: 6 per active matmul weight per token, plus attention; the routed
+    experts a token skips cost nothing (the MFU numerator)."""
+    s = 4096
+    flops = model_flops_per_iteration(MIXTRAL, 1, s)
+    embedding = MIXTRAL.vocab_size * MIXTRAL.hidden_size
+    norms = sum(layer.norm_params for layer in MIXTRAL.blocks) + MIXTRAL.hidden_size
+    matmul = MIXTRAL.active_params - embedding - norms
+    attention = 3 * 4 * s * s * MIXTRAL.hidden_size * MIXTRAL.num_layers
+    assert flops == pytest.approx(6 * s * matmul + attention, rel=1e-9)
+
+
+@given(ep=st.sampled_from([1, 2, 4, 8]), etp=st.sampled_from([1, 2]), tp=st.sampled_from([1, 2]))
+def test_expert_weights_split_over_ep_times_etp(ep, etp, tp):
+    block = MIXTRAL.blocks[0]
+    dense = block.params - block.expert_params
+    on_gpu = sharded_params(block, tp, ep, etp)
+    assert on_gpu == pytest.approx((dense - block.norm_params) / tp + block.norm_params
+                                   + block.expert_params / (ep * etp))
+    shape = Shape(tp=tp, sp=tp > 1, micro_batch=1, seq_len=4096, ep=ep, etp=etp)
+    assert moe.local_expert_params(block, shape) * ep * etp == block.expert_params
+
+
+@pytest.mark.parametrize("tp, dp, ep, etp, per_node", [
+    (1, 16, 8, 1, 8), (2, 8, 8, 1, 8), (2, 8, 4, 2, 4), (1, 32, 16, 1, 8), (4, 8, 8, 4, 2),
+    (8, 4, 4, 8, 1),
+])
+def test_ep_members_per_domain_match_the_layout(tp, dp, ep, etp, per_node):
+    """The all-to-all's NVLink share comes from ep_in_domain; Megatron's rank layout
+    (layout/ranks.py, checked against a slow reference) puts that many EP members on a node."""
+    layout = build_layout(tp, 1, dp, 8, ep=ep, etp=etp)
+    for group in layout.ep_groups:
+        nodes = [r // 8 for r in group]
+        assert max(nodes.count(n) for n in nodes) == moe.ep_in_domain(etp, ep, 8) == per_node
+
+
+def test_all_to_all_prices_the_link_it_crosses():
+    block = MIXTRAL.blocks[0]
+    inside = Shape(tp=1, sp=False, micro_batch=1, seq_len=4096, ep=8, etp=1, ep_in_domain=8)
+    across = replace(inside, ep_in_domain=1)
+    t_in, t_out = moe.dispatch_s(block, inside, H100), moe.dispatch_s(block, across, H100)
+    nbytes = 2 * 4096 * 2 * 4096  # 16-bit, T tokens x top-2 x h
+    intra = H100.intra_node_gbps * 1e9 * 0.8
+    inter = H100.inter_node_gbps * 1e9 * 0.8
+    assert t_in == pytest.approx(nbytes * 7 / 8 / intra + 5e-6)
+    assert t_out == pytest.approx(nbytes * 7 / 8 / inter + 10e-6)
+    assert moe.dispatch_s(MIXTRAL.blocks[0], replace(inside, ep=1), H100) == 0.0
+    cost = layer_cost(block, inside, "none", H100)
+    assert cost.a2a_s == pytest.approx(4 * t_in)  # dispatch + combine, forward and backward
+
+
+def test_expert_optimizer_states_are_sharded_over_expert_dp():
+    """Megatron's distributed optimizer shards expert parameters over the expert-DP group
+    (tp·cp·dp / (etp·ep) ranks), dense ones over dp."""
+    par = Parallel(tp=1, pp=1, dp=16, micro_batch=1, num_microbatches=1, zero=1, ep=8, etp=1)
+    opts = default_stack()
+    weights, grads, optim = state_parts(100.0, par, opts, expert_params=60.0)
+    assert optim == pytest.approx(12 * 40 / 16 + 12 * 60 / 2)
+    assert weights == pytest.approx(2 * 100)
+
+
+def test_expert_load_slows_the_experts_but_not_model_flops():
+    cluster = make_cluster(H100, 16, 2)
+    par = Parallel(tp=1, pp=2, dp=8, micro_batch=1, num_microbatches=8, ep=8, etp=1)
+    balanced = evaluate(MIXTRAL, cluster, par)
+    skewed = evaluate(MIXTRAL, cluster, par, with_overrides(default_stack(), moe_expert_load=1.5))
+    assert skewed.metrics.step_time_s > balanced.metrics.step_time_s
+    assert skewed.metrics.mfu * skewed.metrics.step_time_s == pytest.approx(
+        balanced.metrics.mfu * balanced.metrics.step_time_s)
+    assert any("expert load 1.50x" in note for note in skewed.notes)
+
+
+def test_a_plan_states_active_parameters_and_the_all_to_all():
+    cluster = make_cluster(H100, 16, 2)
+    par = Parallel(tp=1, pp=2, dp=8, micro_batch=1, num_microbatches=8, ep=8, etp=1)
+    plan = evaluate(MIXTRAL, cluster, par)
+    assert all(s.a2a_s > 0 for s in plan.stages)
+    doc = plan.to_dict()
+    assert doc["parallel"]["ep"] == 8 and doc["model"]["active_params"] == MIXTRAL.active_params
+    assert any("12.9B of 46.7B parameters active" in note for note in plan.notes)
+
+
+def test_mixtral_on_64_h100s_chooses_expert_parallelism():
+    """Issue #18, done when: Mixtral-8x7B on 64 H100s in 8 nodes plans with ep > 1."""
+    req = Request(model=MIXTRAL, cluster=make_cluster(H100, 64, 8), top=3, refine=8)
+    result = search(req)
+    assert result.plans and result.plans[0].parallel.ep > 1
+    assert result.accounted
+    assert result.rejected["ep does not divide the experts"] > 0
+    assert all(p.model.num_experts % p.parallel.ep == 0 for p in result.plans)
+
+
+def test_deepseek_v3_on_2048_gpus_chooses_expert_parallelism():
+    """Issue #18, done when: a DeepSeek-V3 config on 2,048 GPUs plans with ep > 1 (on H100: the
+    H800 profile belongs to another helper's branch), PP pinned to 16 as the report ran it."""
+    req = Request(model=DSV3.with_seq_length(4096), cluster=make_cluster(H100, 2048, 256),
+                  global_batch=15360, pins=Pins(pp=16, tp=1), top=2, refine=6)
+    result = search(req)
+    assert result.plans and result.plans[0].parallel.ep > 1
+    assert result.accounted
