@@ -17,6 +17,7 @@ from planner.core.parallel import Parallel
 from planner.core.units import DATA_DIR
 from planner.fidelity.runs_schema import check_runs_document
 from planner.hardware.profiles import Cluster, Hardware, load_hardware
+from planner.model.load import load_model
 from planner.model.spec import ModelSpec
 from planner.model.presets import _gpt
 from planner.stack import Stack, load_stack, with_overrides
@@ -26,7 +27,10 @@ VALIDATION_DIR = DATA_DIR / "validation"
 # (flash attention, FSDP / ZeRO-3, Megatron-Core, torchtitan); ``validate_file`` reads both.
 DEFAULT_FILE = VALIDATION_DIR / "published_runs.json"
 MODERN_FILE = VALIDATION_DIR / "modern_runs.json"
-DEFAULT_FILES = (DEFAULT_FILE, MODERN_FILE)
+# Mixture-of-experts runs (Megatron-Core and PyTorch-native MoE); their models are HuggingFace
+# configs under VALIDATION_DIR / "configs".
+MOE_FILE = VALIDATION_DIR / "moe_runs.json"
+DEFAULT_FILES = (DEFAULT_FILE, MODERN_FILE, MOE_FILE)
 # Zero-bubble cases publish no vocabulary: GPT-2 BPE padded to 51,200 as in Megatron-LM's GPT
 # runs (Narayanan et al. 2021, Table 1). It is 2-4% of the parameters of the 1.5B/14.6B models.
 GPT2_PADDED_VOCAB = 51200
@@ -65,7 +69,7 @@ def base_profile(gpu: str) -> str:
     """The bundled profile of the case's GPU kind: its HBM bandwidth and measured efficiencies
     are the part's, whatever the source publishes about the cluster."""
     text = gpu.lower()
-    if "h100" in text:
+    if "h100" in text or "h800" in text:  # H800: the H100 die, its own NVLink figure per case
         return "h100-sxm-80gb"
     if "a100" in text and "40" in text:
         return "a100-40gb"
@@ -214,6 +218,8 @@ def case_setup(case: dict, hardware: Hardware | None = None,
         bounds = _uniform_bounds(model, pp * v)
     elif _is_modern(group):
         return _modern_setup(case, cluster, notes, opts)
+    elif group.startswith("moe"):
+        return _moe_setup(case, cluster, notes, opts)
     else:
         return CaseSetup(name, group, sweep, None, None, None, None, None, tuple(notes),
                          unsupported=f"unknown group {group!r}: no documented stack")
@@ -248,6 +254,31 @@ def _modern_model(case: dict) -> ModelSpec:
                      seq_length=m["seq_len"], mlp=m.get("mlp", "swiglu"),
                      norm="rmsnorm" if m.get("mlp", "swiglu") == "swiglu" else "layernorm",
                      bias=False, tie_embeddings=False, dropout=False)
+
+
+def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
+    """An MoE run: the model from its HuggingFace config (profiles/validation/configs/), the
+    published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split."""
+    name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
+    precision = str(cf.get("precision") or "").lower()
+    if "fp8" in precision:
+        return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
+                         unsupported="FP8 not modelled")
+    model = load_model(VALIDATION_DIR / "configs" / m["hf_config"]).with_seq_length(
+        int(m["seq_len"]))
+    tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
+    gb, mb = int(cf["global_batch"]), int(cf.get("micro_batch") or 1)
+    v = int(cf.get("virtual_stages") or 1)
+    recompute = "full" if str(cf.get("recompute") or "").lower().startswith("full") else "none"
+    if str(cf.get("recompute") or "none").lower() not in ("none", "full"):
+        notes.append(f"recompute '{cf['recompute']}' (selected modules) priced as none")
+    etp = cf.get("etp")
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
+                   schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
+                   recompute=recompute, zero=int(cf.get("zero") or 0),
+                   sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
+                   etp=None if etp in (None, tp) else int(etp))
+    return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes))
 
 
 def _recompute_mode(text) -> tuple[str, bool]:
