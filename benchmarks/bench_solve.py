@@ -16,6 +16,7 @@ import os
 import platform
 import statistics
 import time
+from pathlib import Path
 
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.load import load_model
@@ -29,7 +30,26 @@ CASES = [  # (model, gpus, nodes, global batch, target seconds on a 2-core machi
     ("mt-nlg-530b", 5120, 640, 1920, 2.0),
     ("llama3-405b", 16384, 2048, 2048, 2.0),
     ("llama3-8b", 16, 2, 1_000_003, 2.0),
+    # mixture of experts: ep is searched over the divisors of a stage's ranks (issue #18)
+    ("mixtral-8x7b", 64, 8, 512, 2.0),
+    ("deepseek-v3", 2048, 256, 15360, 2.0),
 ]
+
+# MoE models are HuggingFace configs (tests/hf_configs/moe/), planned at 4,096 tokens; the
+# DeepSeek-V3 one without its multi-token-prediction module (not modelled).
+MOE = Path(__file__).resolve().parent.parent / "tests" / "hf_configs" / "moe"
+
+
+def _model(name: str):
+    if name == "mixtral-8x7b":
+        return load_model(MOE / "mixtral-8x7b-v0.1.json").with_seq_length(4096)
+    if name == "deepseek-v3":
+        from planner.model.load import model_from_dict
+        import json
+        data = dict(json.loads((MOE / "deepseek-v3.json").read_text()),
+                    num_nextn_predict_layers=0)
+        return model_from_dict(data, "deepseek-v3").with_seq_length(4096)
+    return load_model(name)
 
 
 def long_batch_check(plan) -> str:
@@ -61,7 +81,7 @@ def main() -> None:
     print(f"{'case':<42}{'screened':>10}{'refined':>9}{'median s':>10}{'target s':>10}  ok")
     long_plan = None
     for name, gpus, nodes, batch, target in CASES:
-        req = Request(model=load_model(name), cluster=make_cluster(hw, gpus, nodes),
+        req = Request(model=_model(name), cluster=make_cluster(hw, gpus, nodes),
                       global_batch=batch)
         times, result = [], None
         for _ in range(args.repeats):

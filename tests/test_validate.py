@@ -132,7 +132,7 @@ def both():
 
 def test_default_validation_reads_both_files_and_summarises_each(both):
     rows, s = both
-    assert {r.dataset for r in rows} == {"old", "modern"}
+    assert {r.dataset for r in rows} == {"old", "modern", "moe"}
     groups = dict(s.groups)
     assert (groups["old"].cases, groups["old"].evaluated) == (41, 35)
     # modern: 10 skipped, each with its reason: 7 FP8, 1 CP=16, 2 torch.compile
@@ -140,9 +140,12 @@ def test_default_validation_reads_both_files_and_summarises_each(both):
     assert sorted(set(groups["modern"].skip_reasons)) == [
         "FP8 not modelled", "context parallelism (cp=16) not modelled",
         "torch.compile (fused element-wise kernels) not modelled"]
-    assert (s.cases, s.evaluated) == (75, 59)
+    # moe: 7 published MoE runs, the DeepSeek-V3 report's FP8 run skipped
+    assert (groups["moe"].cases, groups["moe"].evaluated) == (7, 6)
+    assert groups["moe"].skip_reasons == ("FP8 not modelled",)
+    assert (s.cases, s.evaluated) == (82, 65)
     text = "\n".join(summary_lines(s))
-    assert "old:" in text and "modern:" in text and "all cases:" in text
+    assert "old:" in text and "modern:" in text and "moe:" in text and "all cases:" in text
 
 
 def test_modern_step_time_error(both):
@@ -155,7 +158,19 @@ def test_modern_step_time_error(both):
     modern = dict(s.groups)["modern"]
     assert modern.mean_abs_time_error == pytest.approx(0.207, abs=0.02)
     assert modern.max_abs_time_error == pytest.approx(0.428, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.120, abs=0.015)
+    assert s.mean_abs_time_error == pytest.approx(0.129, abs=0.015)
+
+
+def test_moe_step_time_error(both):
+    # The MoE rows as first priced (cost/moe.py, no constant fitted to them): mean 20.8%, max
+    # 36.7%. Optimistic on the intra-node EP8 Qwen3-235B rows (-25%, -33%: grouped-GEMM
+    # efficiency, router and permutation kernels priced at the dense rates), pessimistic on the
+    # cross-node EP32 row (+37%: DeepEP sends a token once per node, the all-to-all priced here
+    # once per expert). Pinned at today's values so an improvement shows up as a tightening.
+    _, s = both
+    moe = dict(s.groups)["moe"]
+    assert moe.mean_abs_time_error == pytest.approx(0.208, abs=0.02)
+    assert moe.max_abs_time_error == pytest.approx(0.367, abs=0.03)
 
 
 def test_modern_memory(both):
