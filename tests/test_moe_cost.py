@@ -156,3 +156,45 @@ def test_deepseek_v3_on_2048_gpus_chooses_expert_parallelism():
     result = search(req)
     assert result.plans and result.plans[0].parallel.ep > 1
     assert result.accounted
+
+
+def test_pins_refuse_what_cannot_run(tmp_path):
+    """--ep / --etp: one line, exit 2, for a dense model, an ep not dividing the experts and an
+    etp not dividing the expert FFN; MoE with TP and without SP is a rule, as Megatron asserts."""
+    from typer.testing import CliRunner
+    from planner.cli import app
+    from planner.search.engine import explain
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config("mixtral-8x7b-v0.1")))
+    runner = CliRunner()
+    for args, needle in ((["--ep", "2"], "dense model"),
+                         (["--model", str(path), "--ep", "3"], "does not divide the 8 experts"),
+                         (["--model", str(path), "--etp", "5"], "expert FFN width")):
+        result = runner.invoke(app, ["solve", "--gpus", "16", "--nodes", "2", *args])
+        assert result.exit_code == 2, result.output
+        assert needle in result.output and "Traceback" not in result.output
+    req = Request(model=MIXTRAL, cluster=make_cluster(H100, 16, 2),
+                  pins=Pins(tp=2, pp=1, ep=8, etp=1, sequence_parallel=False))
+    assert explain(req).rule == "MoE with TP needs sequence parallel"
+
+
+def test_moe_plan_json_validates_and_carries_the_experts(tmp_path):
+    import jsonschema
+    from planner.launchers import plan_json
+    from typer.testing import CliRunner
+    from planner.cli import app
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(config("mixtral-8x7b-v0.1")))
+    result = CliRunner().invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--gpu", "h100",
+                                      "--model", str(path), "--seq-len", "4096", "--tp", "1",
+                                      "--pp", "2", "--ep", "8", "--top", "1", "--export",
+                                      "json,megatron", "--out", str(tmp_path / "run")])
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "run" / "plan.json").read_text())
+    jsonschema.Draft202012Validator(plan_json.schema()).validate(doc)
+    assert doc["model"]["num_experts"] == 8 and doc["model"]["active_params"] < doc["model"][
+        "params"]
+    assert doc["parallel"]["ep"] == 8
+    args = (tmp_path / "run" / "megatron_args.sh").read_text()
+    assert "--num-experts 8" in args and "--moe-router-topk 2" in args
+    assert "--expert-model-parallel-size 8" in args and "--expert-tensor-parallel-size 1" in args

@@ -64,7 +64,26 @@ def architecture(model: ModelSpec) -> dict:
             "norm": model.norm, "bias": model.bias, "tie_embeddings": model.tie_embeddings,
             "position_embeddings": model.position_embeddings,
             "position_embedding": position_embedding(model), "dropout": model.dropout,
-            "embedding_norm": model.embedding_norm}
+            "embedding_norm": model.embedding_norm, **moe_architecture(model)}
+
+
+MOE_FIELDS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "shared_ffn_hidden_size",
+              "shared_expert_gate", "router_bias", "dense_layers")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim")
+
+
+def moe_architecture(model: ModelSpec) -> dict:
+    """A mixture of experts' fields (with its active parameters) and MLA's, where the model has
+    them; nothing for a dense model with standard attention."""
+    out = {}
+    if model.is_moe:
+        out["active_params"] = model.active_params
+        out.update({k: getattr(model, k) for k in MOE_FIELDS})
+        out["dense_layers"] = list(model.dense_layers)
+    if model.kv_lora_rank:
+        out.update({k: getattr(model, k) for k in MLA_FIELDS})
+    return out
 
 
 def layer_modules(model: ModelSpec) -> list[list[str]]:

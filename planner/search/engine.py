@@ -25,8 +25,8 @@ from planner.partitioning.problem import PartitionError
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
 from planner.search.bound import Bound, layer_times, step_bound
-from planner.search.space import (Pins, Request, enumerate_configs, launcher_rule, microbatches,
-                                  schedule_rule, stack_rule, tp_rule, validate_pins)
+from planner.search.space import (MOE_NEEDS_SP, Pins, Request, enumerate_configs, launcher_rule,
+                                  microbatches, schedule_rule, stack_rule, tp_rule, validate_pins)
 from planner.predict.stages import allowed_modes, best_split, may_fit, partition_problem
 
 __all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_configs",
@@ -354,6 +354,8 @@ def explain(req: Request) -> Explanation:
                    sequence_parallel=tp > 1 if pins.sequence_parallel is None
                    else pins.sequence_parallel,
                    ep=pins.ep or 1, etp=None if pins.etp in (None, tp) else pins.etp)
+    if rule is None and req.model.is_moe and tp > 1 and not par.sequence_parallel:
+        rule = MOE_NEEDS_SP
     if rule is None:
         rule = stack_rule(req.options, par) or schedule_rule(req.model, par)
     if rule is None and req.launcher:
