@@ -158,19 +158,21 @@ def test_modern_step_time_error(both):
     modern = dict(s.groups)["modern"]
     assert modern.mean_abs_time_error == pytest.approx(0.207, abs=0.02)
     assert modern.max_abs_time_error == pytest.approx(0.428, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.129, abs=0.015)
+    assert s.mean_abs_time_error == pytest.approx(0.143, abs=0.015)
 
 
 def test_moe_step_time_error(both):
-    # The MoE rows as first priced (cost/moe.py, no constant fitted to them): mean 20.8%, max
-    # 36.7%. Optimistic on the intra-node EP8 Qwen3-235B rows (-25%, -33%: grouped-GEMM
-    # efficiency, router and permutation kernels priced at the dense rates), pessimistic on the
-    # cross-node EP32 row (+37%: DeepEP sends a token once per node, the all-to-all priced here
-    # once per expert). Pinned at today's values so an improvement shows up as a tightening.
+    # The MoE rows as first priced (cost/moe.py, no constant fitted to them): mean 36%, max 65%.
+    # Optimistic on the intra-node EP8 Qwen3-235B rows (-25%, -33%: grouped-GEMM efficiency,
+    # router and permutation kernels priced at the dense rates), pessimistic on the cross-node
+    # EP32 row (+37%: DeepEP sends a token once per node, the all-to-all priced here once per
+    # expert) and on the NeMo Automodel rows, whose recompute is unpublished: none does not fit,
+    # so full recompute is priced (+19% .. +65%). Pinned at today's values so an improvement
+    # shows up as a tightening.
     _, s = both
     moe = dict(s.groups)["moe"]
-    assert moe.mean_abs_time_error == pytest.approx(0.208, abs=0.02)
-    assert moe.max_abs_time_error == pytest.approx(0.367, abs=0.03)
+    assert moe.mean_abs_time_error == pytest.approx(0.362, abs=0.02)
+    assert moe.max_abs_time_error == pytest.approx(0.647, abs=0.03)
 
 
 def test_modern_memory(both):

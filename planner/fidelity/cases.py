@@ -270,7 +270,9 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
     gb, mb = int(cf["global_batch"]), int(cf.get("micro_batch") or 1)
     v = int(cf.get("virtual_stages") or 1)
     recompute = "full" if str(cf.get("recompute") or "").lower().startswith("full") else "none"
-    if str(cf.get("recompute") or "none").lower() not in ("none", "full"):
+    if cf.get("recompute") is None:
+        notes.append("recompute unpublished: none")
+    elif str(cf["recompute"]).lower() not in ("none", "full"):
         notes.append(f"recompute '{cf['recompute']}' (selected modules) priced as none")
     etp = cf.get("etp")
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
@@ -278,7 +280,8 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
                    recompute=recompute, zero=int(cf.get("zero") or 0),
                    sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
                    etp=None if etp in (None, tp) else int(etp))
-    return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes))
+    return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
+                     recompute_guessed=cf.get("recompute") is None)
 
 
 def _recompute_mode(text) -> tuple[str, bool]:
