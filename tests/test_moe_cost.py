@@ -198,3 +198,31 @@ def test_moe_plan_json_validates_and_carries_the_experts(tmp_path):
     args = (tmp_path / "run" / "megatron_args.sh").read_text()
     assert "--num-experts 8" in args and "--moe-router-topk 2" in args
     assert "--expert-model-parallel-size 8" in args and "--expert-tensor-parallel-size 1" in args
+
+
+TINY = model_from_dict(dict(name="tiny-moe", num_layers=4, hidden_size=512, num_attention_heads=8,
+                            vocab_size=8000, seq_length=1024, mlp="swiglu", ffn_hidden_size=1024,
+                            num_experts=8, moe_top_k=2, moe_ffn_hidden_size=512), "tiny")
+
+
+@settings(max_examples=6, deadline=None)
+@given(nodes=st.sampled_from([1, 2]), batch=st.sampled_from([16, 32]))
+def test_search_accounts_for_every_expert_split(nodes, batch):
+    """Every (ep, etp) the search considers is counted once: rejected, not refined or feasible,
+    and the total is the space the pins allow."""
+    from planner.search.space import space_size
+    req = Request(model=TINY, cluster=make_cluster(H100, 8 * nodes, nodes), global_batch=batch,
+                  top=3, refine=4)
+    result = search(req)
+    assert result.accounted and result.considered == space_size(req)
+
+
+def test_the_search_finds_the_best_expert_split():
+    """Exact on a small case: the unpinned search's best equals the best of the searches pinned
+    to each ep (each exhaustive within its pin: refine covers all its feasible plans)."""
+    cluster = make_cluster(H100, 8, 1)
+    free = search(Request(model=TINY, cluster=cluster, global_batch=16, top=1, refine=10_000))
+    pinned = [search(Request(model=TINY, cluster=cluster, global_batch=16, top=1, refine=10_000,
+                             pins=Pins(ep=ep))).plans[0] for ep in (1, 2, 4, 8)]
+    best = min(p.metrics.step_time_s for p in pinned)
+    assert free.plans[0].metrics.step_time_s == pytest.approx(best, rel=1e-12)

@@ -8,6 +8,7 @@ output head (final norm + projection + loss), or any explicit sequence of such l
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from planner.core.errors import PlanInputError
 from planner.model.huggingface import PLANNING_SEQ_CAP
@@ -117,7 +118,7 @@ class Layer:
         """The vocabulary Megatron-LM trains at this TP (see megatron_padded_vocab)."""
         return megatron_padded_vocab(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def norm_params(self) -> int:
         """Weights of a block's norms (replicated across TP): its block_norms and any Q/K norm."""
         per_norm = 2 if self.norm == "layernorm" else 1
@@ -125,7 +126,7 @@ class Layer:
               "full": self.q_size + self.num_kv_heads * self.head_dim}[self.qk_norm]
         return per_norm * (self.block_norms * self.hidden_size + qk)
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def params(self) -> int:
         """Parameters this layer stores (a tied head counts its weight: the stage holding it stores it)."""
         h = self.hidden_size
@@ -139,7 +140,7 @@ class Layer:
             return h * self.out_features + (self.out_features if self.bias else 0)
         return self.attention_params + self.mlp_params(self.num_experts) + self.norm_params
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def attention_params(self) -> int:
         """Weights (and biases) of a block's attention, norms excluded."""
         h = self.hidden_size
@@ -151,7 +152,7 @@ class Layer:
             return attn + q + 2 * kv + h
         return attn + (q + 2 * kv if self.qkv_bias else 0)
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def mla_matrix_params(self) -> int:
         """MLA's projection matrices, as DeepSeek-V2's modelling code declares them: q_a (h x
         q_lora) and q_b (q_lora x heads(nope + rope)), or one q_proj without q_lora; kv_a
@@ -177,24 +178,24 @@ class Layer:
         gate = self.hidden_size if self.shared_expert_gate else 0
         return experts * one + shared + gate + self.router_params
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def router_params(self) -> int:
         return (self.hidden_size * self.num_experts
                 + (self.num_experts if self.router_bias else 0)) if self.is_moe else 0
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def expert_params(self) -> int:
         """Routed-expert weights: what expert parallelism shards (0 for a dense layer)."""
         return self.mlp_params(self.num_experts) - self.mlp_params(0) if self.is_moe else 0
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def active_params(self) -> int:
         """Parameters one token passes through: all but the routed experts it is not sent to."""
         if not self.is_moe:
             return self.unique_params
         return self.params - self.mlp_params(self.num_experts) + self.mlp_params(self.moe_top_k)
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def unique_params(self) -> int:
         """Parameters counted once for the whole model (a tied head adds only its norm)."""
         if self.kind == "head" and self.tied:
