@@ -168,6 +168,8 @@ def test_pins_refuse_what_cannot_run(tmp_path):
     path.write_text(json.dumps(config("mixtral-8x7b-v0.1")))
     runner = CliRunner()
     for args, needle in ((["--ep", "2"], "dense model"),
+                         (["--model", str(path), "--expert-load", "0.5"],
+                          "'moe_expert_load' must be in [1.0, 64.0]"),
                          (["--model", str(path), "--ep", "3"], "does not divide the 8 experts"),
                          (["--model", str(path), "--etp", "5"], "expert FFN width")):
         result = runner.invoke(app, ["solve", "--gpus", "16", "--nodes", "2", *args])

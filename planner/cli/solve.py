@@ -19,7 +19,7 @@ from planner.report.plans import explanation_dict, print_explanation, print_sear
 from planner.search.advice import batch_hint
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
 from planner.search.space import Pins, Request
-from planner.stack import resolve_stack
+from planner.stack import resolve_stack, with_overrides
 from planner.cli.common import (LIMITS, OUTPUT, PINS, PLAN, _flag, app, err, out, parse_range,
                                 planned_model, print_json, progress_bar, stack_options, user_errors)
 
@@ -87,6 +87,11 @@ def solve(
     etp: Optional[int] = typer.Option(None, "--etp", show_default="tp",
                                       help="Expert tensor-parallel size (MoE models).",
                                       rich_help_panel=PINS),
+    expert_load: Optional[float] = typer.Option(None, "--expert-load",
+                                                show_default="the stack's (1.0)",
+                                                help="MoE: busiest GPU's routed tokens over "
+                                                     "the mean (a capacity factor caps it).",
+                                                rich_help_panel=PLAN),
     max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
                                                help="Reject plans idling more than this "
                                                     "fraction of the step.",
@@ -151,8 +156,10 @@ def solve(
                       batch_range=parse_range(batch_range), max_bubble=max_bubble,
                       profile=measured, pins=pins, top=top, refine=refine,
                       launcher=launcher, partition_method=partition_solver,
-                      options=resolve_stack(stack, launcher, flash, overlap, tp_overlap,
-                                            grad_dtype))
+                      options=with_overrides(
+                          resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype),
+                          "--expert-load", **({} if expert_load is None
+                                              else {"moe_expert_load": expert_load})))
         if explain_it:
             explanation = explain(req)
             if as_json:
