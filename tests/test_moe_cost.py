@@ -228,3 +228,20 @@ def test_the_search_finds_the_best_expert_split():
                              pins=Pins(ep=ep))).plans[0] for ep in (1, 2, 4, 8)]
     best = min(p.metrics.step_time_s for p in pinned)
     assert free.plans[0].metrics.step_time_s == pytest.approx(best, rel=1e-12)
+
+
+def test_an_nvl72_domain_keeps_a_64_way_all_to_all_on_nvlink():
+    """GB200 NVL72-like: 72 GPUs in one NVLink domain over 18 nodes of 4. EP 64 stays inside
+    the domain (NVLink); the same EP on 8-GPU HGX nodes crosses the network."""
+    nvl = replace(H100, nvlink_domain=72, gpus_per_node=4)
+    hgx = replace(H100, nvlink_domain=8, gpus_per_node=8)
+    par = Parallel(tp=1, pp=1, dp=72, micro_batch=1, num_microbatches=1, ep=8, etp=1)
+    assert moe.shape_fields(replace(par, dp=64, ep=64), nvl, default_stack())["ep_in_domain"] \
+        == 64
+    assert moe.shape_fields(replace(par, dp=64, ep=64), hgx, default_stack())["ep_in_domain"] \
+        == 8
+    block = DSV3.blocks[5]  # 256 experts: ep 64 divides them
+    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=4096, ep=64, etp=1)
+    inside = moe.dispatch_s(block, replace(shape, ep_in_domain=64), nvl)
+    across = moe.dispatch_s(block, replace(shape, ep_in_domain=8), hgx)
+    assert inside < across

@@ -154,8 +154,11 @@ def ep_in_domain(etp: int, ep: int, domain: int) -> int:
 
 def shape_fields(par, hw: Hardware, opts) -> dict:
     """The Shape fields of a configuration's experts: ep, etp, EP members per NVLink domain (the
-    hardware's domain, else its node) and the stack's expert load."""
-    domain = hw.nvlink_domain or hw.gpus_per_node
+    hardware's domain, else its node; make_cluster sets the hardware's node size) and the
+    stack's expert load."""
+    domain = hw.nvlink_domain or hw.gpus_per_node  # as Cluster.nvlink_domain rules it:
+    if domain % hw.gpus_per_node:  # a domain that does not hold whole nodes is one node
+        domain = hw.gpus_per_node
     return dict(ep=par.ep, etp=par.expert_tp,
                 ep_in_domain=ep_in_domain(par.expert_tp, par.ep, domain),
                 expert_load=opts.moe_expert_load)
