@@ -245,3 +245,46 @@ def test_an_nvl72_domain_keeps_a_64_way_all_to_all_on_nvlink():
     inside = moe.dispatch_s(block, replace(shape, ep_in_domain=64), nvl)
     across = moe.dispatch_s(block, replace(shape, ep_in_domain=8), hgx)
     assert inside < across
+
+
+@settings(max_examples=6, deadline=None)
+@given(nodes=st.sampled_from([1, 2]), batch=st.sampled_from([16, 64]), seed=st.integers(0, 10**6))
+def test_bound_is_below_every_refined_moe_step(nodes, batch, seed):
+    """search/bound.py stays a lower bound with experts (their DP sync over the expert-DP group,
+    possibly none): for screened MoE configurations the bound never exceeds the refined step."""
+    import random
+    from collections import Counter
+    from planner.search.engine import _Costs, enumerate_configs, screen
+    req = Request(model=TINY, cluster=make_cluster(H100, 8 * nodes, nodes), global_batch=batch)
+    costs = _Costs(req)
+    kept = screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
+    random.Random(seed).shuffle(kept)
+    for par in kept[:20]:
+        plan = costs.refined(par)
+        if isinstance(plan, str):
+            continue
+        for with_memory in (False, True):
+            bound = costs.bound(par, with_memory=with_memory)
+            assert bound.value() <= plan.metrics.step_time_s * (1 + 1e-9), par
+
+
+def test_experts_sync_over_the_expert_dp_group_only():
+    """With ep x etp covering a stage's ranks (expert DP of one) the experts' gradients are not
+    reduced at all: a ZeRO-0 step without overlap pays the dense all-reduce only."""
+    from planner.cost import comm
+    from planner.predict.step import _dp_exposed_s
+    from planner.predict.chunks import ChunkArrays
+    import numpy as np
+    cluster = make_cluster(H100, 8, 1)
+    opts = with_overrides(default_stack(), overlap_grad_reduce=False, overlap_param_gather=False)
+    z = np.zeros(1)
+    stages = ChunkArrays(first=z, last=z, recompute=("none",), fwd_s=z, bwd_input_s=z,
+                         bwd_weight_s=z, params=np.array([100e6]), act_bytes=z, work_bytes=z,
+                         model_flops=z, hardware_flops=z, expert_params=np.array([90e6]), a2a_s=z)
+    full = Parallel(tp=1, pp=1, dp=8, micro_batch=1, num_microbatches=1, zero=0, ep=8, etp=1)
+    link = comm.group_link(cluster.hardware, 8, False)
+    dense_only = comm.all_reduce_s(10e6 * 4, 8, link)
+    assert _dp_exposed_s(full, cluster, opts, stages)[0] == pytest.approx(dense_only)
+    half = replace(full, ep=4)  # expert DP of 2: the experts' all-reduce over pairs too
+    assert _dp_exposed_s(half, cluster, opts, stages)[0] == pytest.approx(
+        dense_only + comm.all_reduce_s(90e6 * 4, 2, link))

@@ -273,30 +273,32 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     free: while a collective runs beside compute it holds SMs the compute cannot use, so the step
     pays that share of the hidden time (comm.overlap_interference) on top of the exposed part."""
     p = par.pp
-    if par.dp == 1:
-        return np.zeros(p)
-    # tp-dp-pp rank order: a DP group has gpus_per_node / tp members on each node it spans.
-    per_node = max(1, min(par.dp, cluster.gpus_per_node // par.tp))
-    spans = cluster.nodes > 1 and dp_group_crosses_nodes(par.tp, par.dp, par.pp,
-                                                         cluster.gpus_per_node)
-    link = comm.group_link(cluster.hardware, per_node, spans)
-    params = stages.by_rank(stages.params, p)
-    grads = params * opts.reduced_grad_bytes(par.zero)
-    if par.zero == 0:
-        reduce_s, gather_s = comm.all_reduce_s(grads, par.dp, link), np.zeros(p)
-    else:
-        reduce_s = comm.reduce_scatter_s(grads, par.dp, link)
-        gather_s = comm.all_gather_s(params * ACT_BYTES, par.dp, link)
     m = par.num_microbatches
     per_microbatch = par.zero >= 3 or (par.zero == 2 and opts.zero2_shards_grads())
-    if per_microbatch:  # only a gradient shard is kept: reduce-scatter after every microbatch
-        reduce_s = reduce_s * m
-    bwd_gather_s = np.zeros(p)
-    if par.zero >= 3:
-        # Weights gathered for every microbatch's forward and again for its backward (FSDP
-        # FULL_SHARD reshards after the forward); nothing is gathered after the optimizer step.
-        gather_s = m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
-        bwd_gather_s = gather_s
+    reduce_s, gather_s, bwd_gather_s = np.zeros(p), np.zeros(p), np.zeros(p)
+    # Dense parameters sync over the DP group; routed-expert parameters over the expert-DP group
+    # (tp·cp·dp / (etp·ep) ranks, etp·ep apart: Megatron-Core's expert rank generator), which
+    # has one member, so nothing to sync, when ep·etp covers a stage's ranks.
+    experts = stages.by_rank(stages.expert_params, p)
+    for params, n, inner in ((stages.by_rank(stages.params, p) - experts, par.dp, par.tp),
+                             (experts, par.expert_dp, par.expert_tp * par.ep)):
+        if n == 1 or not params.any():
+            continue
+        link = _dp_link(cluster, inner, n, p)
+        grads = params * opts.reduced_grad_bytes(par.zero)
+        if par.zero == 0:
+            reduce_s = reduce_s + comm.all_reduce_s(grads, n, link)
+        else:
+            reduce_s = reduce_s + comm.reduce_scatter_s(grads, n, link) * (
+                m if per_microbatch else 1)  # only a shard kept: after every microbatch
+            gathered = comm.all_gather_s(params * ACT_BYTES, n, link)
+            if par.zero >= 3:
+                # Weights gathered for every microbatch's forward and again for its backward
+                # (FSDP FULL_SHARD reshards after the forward); nothing after the step.
+                gather_s = gather_s + m * gathered
+                bwd_gather_s = bwd_gather_s + m * gathered
+            else:
+                gather_s = gather_s + gathered
     # Each per-microbatch collective hides behind its own pass: forward gathers behind the
     # forwards, backward gathers and gradient reduce-scatters (one link) behind the backwards;
     # what the stack does not overlap is exposed whole.
@@ -313,6 +315,14 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     fwd_comm = gather_s if gather_hidden else np.zeros(p)
     return exposed + _overlapped_cost_s(bwd_comm, windows * bwd, interference) + \
         _overlapped_cost_s(fwd_comm, (m if par.zero >= 3 else 1) * fwd, interference)
+
+
+def _dp_link(cluster: Cluster, inner: int, n: int, pp: int) -> comm.Link:
+    """The link of a data-parallel group of ``n`` members ``inner`` ranks apart (tp for dense
+    layers, etp·ep for experts): it has G / inner members on each node it spans."""
+    per_node = max(1, min(n, cluster.gpus_per_node // inner))
+    spans = cluster.nodes > 1 and dp_group_crosses_nodes(inner, n, pp, cluster.gpus_per_node)
+    return comm.group_link(cluster.hardware, per_node, spans)
 
 
 def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,

@@ -105,7 +105,8 @@ def relaxed_bound(a: float, p: int, m: int, total_s: float) -> float:
 @dataclass(frozen=True)
 class LayerTimes:
     """Per layer, the fastest allowed mode's time for one microbatch; the smallest forward share
-    f/t of any layer and mode; the model's parameters (for the optimizer term)."""
+    f/t of any layer and mode; the model's dense (non-expert) parameters, per GPU (for the DP
+    and optimizer terms)."""
 
     time_s: np.ndarray
     fwd_s: np.ndarray
@@ -122,7 +123,10 @@ def layer_times(tables: dict[str, CostTable]) -> LayerTimes:
     inputs = np.array([[c.bwd_input_s + c.recompute_s for c in table.costs]
                        for table in tables.values()])
     share = float((forwards / np.where(times > 0, times, np.inf)).min())
-    params = float(sum(c.params for c in next(iter(tables.values())).costs))
+    # Dense (non-expert) parameters only: they sync over the DP group and step over dp shards;
+    # routed experts sync over the expert-DP group, possibly of one member (no sync at all), so
+    # leaving them out keeps the DP and optimizer terms lower bounds for MoE models.
+    params = float(sum(c.params - c.expert_params for c in next(iter(tables.values())).costs))
     return LayerTimes(times.min(axis=0), forwards.min(axis=0), (forwards + inputs).min(axis=0),
                       np.maximum(times - forwards - inputs, 0.0).min(axis=0), share, params)
 
