@@ -162,12 +162,12 @@ def test_modern_step_time_error(both):
 
 
 def test_moe_step_time_error(both):
-    # The MoE rows as first priced (cost/moe.py, no constant fitted to them): mean 36%, max 65%.
+    # The MoE rows as first priced (cost/moe.py, no constant fitted to them): mean 36%, max 64%.
     # Optimistic on the intra-node EP8 Qwen3-235B rows (-25%, -33%: grouped-GEMM efficiency,
     # router and permutation kernels priced at the dense rates), pessimistic on the cross-node
     # EP32 row (+37%: DeepEP sends a token once per node, the all-to-all priced here once per
     # expert) and on the NeMo Automodel rows, whose recompute is unpublished: none does not fit,
-    # so full recompute is priced (+19% .. +65%). Pinned at today's values so an improvement
+    # so full recompute is priced (+19% .. +64%). Pinned at today's values so an improvement
     # shows up as a tightening.
     _, s = both
     moe = dict(s.groups)["moe"]
