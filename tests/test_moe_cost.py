@@ -288,3 +288,11 @@ def test_experts_sync_over_the_expert_dp_group_only():
     half = replace(full, ep=4)  # expert DP of 2: the experts' all-reduce over pairs too
     assert _dp_exposed_s(half, cluster, opts, stages)[0] == pytest.approx(
         dense_only + comm.all_reduce_s(90e6 * 4, 2, link))
+
+
+def test_profiling_refuses_moe_blocks():
+    """The profiler builds dense blocks: an MoE model is refused, never measured as dense."""
+    from planner.core.errors import PlanInputError
+    from planner.profiling.profiler import profile_model
+    with pytest.raises(PlanInputError, match="mixture-of-experts blocks are not measured"):
+        profile_model(TINY)
