@@ -133,6 +133,16 @@ def fp8_layer(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     if not uses_fp8(layer, opts):
         return None
     gemms = block_gemms(layer, shape)
+    fwd, bwd, cache = fp8_cast_bytes(gemms, opts)
+    return Fp8Layer(gemm_rate=fp8_gemm_rate(hw), gemm_bytes=gemm_bytes(gemms, FP8_BYTES),
+                    cast_fwd_bytes=fwd, cast_bwd_bytes=bwd,
+                    saved_bytes=saved_activation_bytes(layer, shape, recompute, opts),
+                    cache_bytes=cache)
+
+
+def fp8_cast_bytes(gemms, opts: Stack) -> tuple[float, float, float]:
+    """(forward cast bytes, backward cast bytes, FP8 weight-cache bytes) of one microbatch
+    through ``gemms`` under the stack's recipe, weight caching and activation saving."""
     x = sum(g.m * g.k for g in gemms)  # GEMM inputs (activations)
     w = sum(g.k * g.n for g in gemms)  # weights
     dy = sum(g.m * g.n for g in gemms)  # output gradients
@@ -151,10 +161,7 @@ def fp8_layer(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     if not opts.fp8_weight_cache:
         fwd += w * one
         bwd += w * one
-    return Fp8Layer(gemm_rate=fp8_gemm_rate(hw), gemm_bytes=gemm_bytes(gemms, FP8_BYTES),
-                    cast_fwd_bytes=fwd, cast_bwd_bytes=bwd,
-                    saved_bytes=saved_activation_bytes(layer, shape, recompute, opts),
-                    cache_bytes=2 * FP8_BYTES * w if opts.fp8_weight_cache else 0.0)
+    return fwd, bwd, 2 * FP8_BYTES * w if opts.fp8_weight_cache else 0.0
 
 
 def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Stack) -> float:

@@ -133,21 +133,10 @@ def case_stack(case: dict, stack: Stack | None = None) -> Stack:
 
 def run_options(case: dict) -> dict:
     """Stack fields the run's own configuration sets, whatever stack it is priced on: FP8
-    linears (``precision`` naming fp8 or Float8: Transformer Engine under NeMo, torchao Float8
-    under torchtitan, each with its stack's recipe), torch.compile (the torchtitan stack's
-    reading of ``[compile] enable``: fused element-wise kernels) and torchtitan's AsyncTP
-    (TP collectives hidden in the GEMMs, ``tp_comm_overlap``)."""
-    cf = case.get("config") or {}
-    precision = str(cf.get("precision") or "").lower()
-    techniques = str(cf.get("techniques") or "").lower()
-    out = {}
-    if "fp8" in precision or "float8" in precision:
-        out["precision"] = "fp8"
-    if "compile" in techniques:
-        out["fused_elementwise"] = True
-    if "asynctp" in techniques:
-        out["tp_comm_overlap"] = True
-    return out
+    linears where its ``precision`` names fp8 or Float8 (Transformer Engine under NeMo, torchao
+    Float8 under torchtitan), each priced with its stack's recipe (cost/precision.py)."""
+    precision = str((case.get("config") or {}).get("precision") or "").lower()
+    return {"precision": "fp8"} if "fp8" in precision or "float8" in precision else {}
 
 
 def case_setup(case: dict, hardware: Hardware | None = None,
@@ -285,13 +274,16 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
     """Flash attention, FSDP/ZeRO and overlapped DP traffic, as each source documents them."""
     name, group = case["name"], case["group"]
     cf = case["config"]
+    techniques = str(cf.get("techniques") or "").lower()
     skip = ""
     if int(cf.get("cp") or 1) > 1:
         skip = f"context parallelism (cp={cf['cp']}) not modelled"
+    elif "compile" in techniques:
+        skip = "torch.compile (fused element-wise kernels) not modelled"
     if skip:
         return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
                          unsupported=skip)
-    if opts.precision == "fp8":  # set by run_options, as torch.compile and AsyncTP are
+    if opts.precision == "fp8":  # set by run_options
         notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
     model = _modern_model(case)
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
