@@ -169,3 +169,37 @@ def test_fp8_plan_is_faster_and_records_its_precision():
     assert doc["stack"]["overrides"] == {"precision": "fp8"}
     with pytest.raises(PlanInputError, match="no FP8 tensor cores"):
         explain(8, 1, **{**kw, "gpu": "a100"}, precision="fp8")
+
+
+def _plan(precision_: str, stack: str, **kw):
+    from planner.api import explain
+    args = dict(model="llama3-8b", gpu="h100", global_batch=64, tp=2, pp=2, micro_batch=1,
+                zero=1, recompute="none", stack=stack, schedule="1f1b")
+    args.update(kw)
+    return explain(8, 1, precision=precision_, **args).plan
+
+
+def test_exports_carry_or_refuse_fp8():
+    from planner.launchers import deepspeed, megatron, torchtitan
+    plan = _plan("fp8", "megatron-core")
+    flags = dict(megatron.args(plan))
+    assert (flags["--fp8-format"], flags["--fp8-recipe"]) == ("hybrid", "delayed")
+    parsed = megatron.parse_megatron_args(megatron.render(plan)[megatron.FILENAME])
+    assert (parsed["fp8_format"], parsed["fp8_recipe"]) == ("hybrid", "delayed")
+    block = replace(plan, stack=with_overrides(plan.stack, fp8_recipe="blockwise"))
+    assert dict(megatron.args(block))["--fp8-format"] == "e4m3"
+    assert "--fp8-recipe" not in dict(megatron.args(_plan("bf16", "megatron-core")))
+    rowwise = replace(plan, stack=with_overrides(plan.stack, fp8_recipe="rowwise"))
+    assert any("no rowwise" in p for p in megatron.check(rowwise))
+    assert any("no FP8 training setting" in p for p in deepspeed.check(plan))
+    assert not any("FP8" in p for p in deepspeed.check(_plan("bf16", "megatron-core")))
+    # torchtitan 0.3.0: Float8 only in its llama3_405b config; the 8B config has none
+    titan = _plan("fp8", "torchtitan", zero=3)
+    assert any("no Float8 converter" in p for p in torchtitan.check(titan))
+    assert not any("Float8" in p for p in torchtitan.check(_plan("bf16", "torchtitan", zero=3)))
+
+
+def test_plan_json_states_the_fp8_gemms():
+    from planner.launchers.plan_json import precision as precision_block
+    assert precision_block(_plan("fp8", "megatron-core"))["block_gemms"] == "float8"
+    assert "block_gemms" not in precision_block(_plan("bf16", "megatron-core"))

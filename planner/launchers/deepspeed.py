@@ -58,7 +58,11 @@ def parallel_rules(f: Facts) -> list[str]:
 
 def check(plan: Plan) -> list[str]:
     par, m = plan.parallel, plan.model
-    return structure_problems(plan) + parallel_rules(Facts.of(par, m))
+    out = structure_problems(plan) + parallel_rules(Facts.of(par, m))
+    if plan.stack is not None and plan.stack.precision == "fp8":
+        out.append(f"{NAME}: the DeepSpeed config has no FP8 training setting (bf16 and fp16 "
+                   "sections only); plan with --precision bf16, or export FP8 for megatron")
+    return out
 
 
 def config(plan: Plan) -> dict:
