@@ -336,6 +336,7 @@ def _notes(opts: Stack) -> tuple[str, ...]:
         grads += f" (+fp32 accumulation at ZeRO {stages})"
     dp = " + ".join(k for k, on in (("grad reduce", opts.overlap_grad_reduce),
                                     ("param gather", opts.overlap_param_gather)) if on) or "off"
+    fp8 = f", FP8 block GEMMs ({opts.fp8_recipe} scaling)" if opts.precision == "fp8" else ""
     return (f"stack: {opts.label()} (`plan stacks`; --stack NAME|FILE to change)",
             f"assumes {attention}, DP overlap {dp}, TP overlap "
-            f"{'on' if opts.tp_comm_overlap else 'off'}, {grads} gradients")
+            f"{'on' if opts.tp_comm_overlap else 'off'}, {grads} gradients{fp8}")
