@@ -203,3 +203,22 @@ def test_plan_json_states_the_fp8_gemms():
     from planner.launchers.plan_json import precision as precision_block
     assert precision_block(_plan("fp8", "megatron-core"))["block_gemms"] == "float8"
     assert "block_gemms" not in precision_block(_plan("bf16", "megatron-core"))
+
+
+def test_torchtitan_float8_configs_match_the_release():
+    # FLOAT8_CONFIGS against the installed torchtitan 0.3.0: which config_registry functions
+    # convert their linears to Float8 (read from the source: building the 405B config needs
+    # torchao), and the converter's default recipe.
+    import inspect
+    from conftest import engine_module
+    from planner.launchers import torchtitan as export
+    engine_module("torchtitan", reason="torchtitan is not installed")
+    from importlib.metadata import version
+    if not version("torchtitan").startswith("0.3"):
+        pytest.skip("FLOAT8_CONFIGS describes torchtitan 0.3.0")
+    from torchtitan.models.llama3 import config_registry
+    from torchtitan.components.quantization.float8 import Float8LinearConverter
+    for flavor in export.FLAVORS:
+        source = inspect.getsource(getattr(config_registry, flavor.config))
+        assert ("Float8LinearConverter" in source) == (flavor.config in export.FLOAT8_CONFIGS)
+    assert Float8LinearConverter.Config().recipe_name == export.FLOAT8_CONFIGS["llama3_405b"]
