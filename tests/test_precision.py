@@ -222,3 +222,12 @@ def test_torchtitan_float8_configs_match_the_release():
         source = inspect.getsource(getattr(config_registry, flavor.config))
         assert ("Float8LinearConverter" in source) == (flavor.config in export.FLOAT8_CONFIGS)
     assert Float8LinearConverter.Config().recipe_name == export.FLOAT8_CONFIGS["llama3_405b"]
+
+
+def test_validate_on_a_profile_without_fp8_skips_the_fp8_runs():
+    # plan validate --hardware A100.json: the FP8 runs are skipped with the reason, the rest run
+    from planner.fidelity.cases import MODERN_FILE, load_cases
+    from planner.fidelity.published import validate_cases
+    cases = [c for c in load_cases(MODERN_FILE) if c["name"].startswith("nemo2407-llama2-7b")]
+    rows = validate_cases(cases, hardware=load_hardware("a100"))
+    assert not rows[0].supported and "without an FP8 peak" in rows[0].note

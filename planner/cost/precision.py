@@ -79,16 +79,20 @@ def uses_fp8(layer: Layer, opts: Stack) -> bool:
 def check_fp8(hw: Hardware, opts: Stack) -> None:
     """One line when the stack runs FP8 on a GPU without FP8 tensor cores (no FP8 peak)."""
     if opts.precision == "fp8" and not hw.peak_fp8_tflops:
-        raise PlanInputError(f"--precision fp8: {hw.name} has no FP8 tensor cores (its profile "
-                             "gives no peak_fp8_tflops); use --precision bf16 or an FP8 GPU "
-                             "(H100, H200)")
+        raise _no_fp8(hw)
+
+
+def _no_fp8(hw: Hardware) -> PlanInputError:
+    return PlanInputError(f"--precision fp8: {hw.name} has no FP8 tensor cores (its profile "
+                          "gives no peak_fp8_tflops); use --precision bf16 or an FP8 GPU "
+                          "(H100, H200)")
 
 
 def fp8_gemm_rate(hw: Hardware) -> float:
     """Achieved FP8 GEMM FLOP/s: the dense FP8 peak times the profile's FP8 efficiency (or the
     16-bit default efficiency when the profile has an FP8 peak but no measured efficiency)."""
     if not hw.peak_fp8_tflops:
-        raise PlanInputError(f"{hw.name} has no FP8 tensor cores (no peak_fp8_tflops)")
+        raise _no_fp8(hw)
     eff = hw.fp8_matmul_efficiency or hw.matmul_efficiency or constants.MATMUL_EFFICIENCY
     return hw.peak_fp8_tflops * 1e12 * eff
 

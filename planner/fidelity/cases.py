@@ -280,6 +280,8 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
         skip = f"context parallelism (cp={cf['cp']}) not modelled"
     elif "compile" in techniques:
         skip = "torch.compile (fused element-wise kernels) not modelled"
+    elif opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
+        skip = f"FP8 run on {cluster.hardware.name}, a profile without an FP8 peak"
     if skip:
         return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
                          unsupported=skip)
