@@ -44,6 +44,7 @@ from planner.search.engine import check_profile_matches, search
 from planner.search.engine import explain as explain_request
 from planner.search.space import Pins, Request, tp_rule, validate_pins
 from planner.cost.precision import check_fp8
+from planner.launchers import precision_allows
 from planner.stack import Stack, resolve_stack
 
 __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
@@ -215,6 +216,9 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
     batch_range = tuple(global_batch_range) if global_batch_range is not None else None
     cluster = _cluster(gpus, nodes, gpu, hardware)
     check_fp8(cluster.hardware, stack)  # FP8 on a GPU without FP8: one line
+    rule = precision_allows(launcher, spec, stack)  # e.g. DeepSpeed has no FP8
+    if rule:
+        raise PlanInputError(rule)
     return Request(model=spec, cluster=cluster,
                    global_batch=global_batch, batch_range=batch_range, max_bubble=max_bubble,
                    profile=measured, pins=Pins(**pins), top=top, refine=refine,

@@ -231,3 +231,15 @@ def test_validate_on_a_profile_without_fp8_skips_the_fp8_runs():
     cases = [c for c in load_cases(MODERN_FILE) if c["name"].startswith("nemo2407-llama2-7b")]
     rows = validate_cases(cases, hardware=load_hardware("a100"))
     assert not rows[0].supported and "without an FP8 peak" in rows[0].note
+
+
+def test_a_launcher_without_fp8_is_refused_before_the_search():
+    run = CliRunner().invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--gpu", "h100",
+                                   "--precision", "fp8", "--launcher", "deepspeed"])
+    assert run.exit_code == 2 and "no FP8 training setting" in run.output
+    run = CliRunner().invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--gpu", "h100",
+                                   "--precision", "fp8", "--launcher", "torchtitan"])
+    assert run.exit_code == 2 and "no Float8 converter" in run.output
+    from planner.api import solve
+    with pytest.raises(PlanInputError, match="no FP8 training setting"):
+        solve(8, 1, gpu="h100", precision="fp8", launcher="deepspeed")

@@ -13,7 +13,7 @@ from planner.core.files import write_text
 from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import export_plan, implied_launcher, parse_targets
+from planner.launchers import export_plan, implied_launcher, parse_targets, precision_allows
 from planner.profiling.record import load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
@@ -151,6 +151,9 @@ def solve(
                       options=resolve_stack(stack, launcher, flash, overlap, tp_overlap,
                                             grad_dtype, precision))
         check_fp8(cluster.hardware, req.options)
+        rule = precision_allows(launcher, spec, req.options, torchtitan_version)
+        if rule:  # no configuration changes the precision: refused before the search
+            raise PlanInputError(rule)
         if explain_it:
             explanation = explain(req)
             if as_json:

@@ -63,12 +63,16 @@ def check(plan: Plan) -> list[str]:
                    "other layer kinds")
     out += parallel_rules(Facts.of(par, m))
     out += architecture_problems(m)
-    stack = plan.stack
-    if stack is not None and stack.precision == "fp8" and stack.fp8_recipe not in FP8_RECIPES:
-        out.append(f"{NAME}: --fp8-recipe has no {stack.fp8_recipe} scaling (tensorwise, "
-                   "delayed, mxfp8, blockwise); price the plan with fp8_recipe delayed, "
-                   "current or blockwise")
+    out += precision_rules(m, plan.stack)
     return out
+
+
+def precision_rules(model, stack) -> list[str]:
+    """The stack's FP8 recipe must be one Megatron-LM has (FP8_RECIPES)."""
+    if stack is not None and stack.precision == "fp8" and stack.fp8_recipe not in FP8_RECIPES:
+        return [f"{NAME}: --fp8-recipe has no {stack.fp8_recipe} scaling (tensorwise, delayed, "
+                "mxfp8, blockwise); price the plan with fp8_recipe delayed, current or blockwise"]
+    return []
 
 
 def architecture_problems(m) -> list[str]:

@@ -123,7 +123,7 @@ def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     if stack is not None and stack.grad_dtype != "fp32":
         out.append(f"{NAME}: training.mixed_precision_reduce is float32 only; the plan's "
                    f"{stack.name} stack reduces gradients in {stack.grad_dtype}")
-    out += fp8_problems(plan, version)
+    out += precision_rules(plan.model, plan.stack, version)
     if not is_standard_gpt(plan):
         out.append(f"{NAME}: model parts name tok_embeddings / layers.i / norm + the output; "
                    "this model has other layer kinds")
@@ -142,11 +142,11 @@ def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
 FLOAT8_CONFIGS = {"llama3_405b": "rowwise"}
 
 
-def fp8_problems(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
+def precision_rules(model: ModelSpec, stack, version: str = DEFAULT_VERSION) -> list[str]:
     """Where the run's precision would differ from the plan's: torchtitan 0.3.0 trains Float8
     exactly in the configs that convert (FLOAT8_CONFIGS), with their recipe; the 0.2.x TOML's
     Float8 names are not checked by this exporter, so an FP8 plan is refused there."""
-    stack, f = plan.stack, flavor(plan.model)
+    f = flavor(model)
     fp8 = stack is not None and stack.precision == "fp8"
     if version_key(version) != "0.3.0":
         return [f"{NAME} 0.2.x: FP8 export is not supported here (its Float8 settings are not "
