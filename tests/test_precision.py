@@ -165,6 +165,7 @@ def test_fp8_plan_is_faster_and_records_its_precision():
     bf16, fp8 = explain(8, 1, **kw).plan, explain(8, 1, precision="fp8", **kw).plan
     assert fp8.metrics.step_time_s < 0.85 * bf16.metrics.step_time_s
     doc = fp8.to_dict()
+    assert fp8.precision == "fp8" and bf16.precision == "bf16"
     assert doc["stack"]["values"]["precision"] == "fp8"
     assert doc["stack"]["overrides"] == {"precision": "fp8"}
     with pytest.raises(PlanInputError, match="no FP8 tensor cores"):
