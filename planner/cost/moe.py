@@ -81,14 +81,19 @@ def routed_copies(layer: Layer, shape) -> float:
     return shape.tokens * layer.moe_top_k * expert_tp(shape) / shape.tp * shape.expert_load
 
 
-def routed_gemm_bytes(layer: Layer, shape) -> float:
-    """HBM traffic of the grouped expert GEMMs on one GPU: the local experts' weights once, and
-    per routed copy its input (h), the FC1 output (f/etp per matrix) read back by FC2 and the
-    output (h)."""
-    copies, f = routed_copies(layer, shape), layer.ffn_hidden_size / expert_tp(shape)
+def mlp_gemm_shapes(layer: Layer, shape) -> tuple[tuple[float, float, float], ...]:
+    """(m, k, n) of an MoE block's MLP GEMMs on one GPU: each local expert (num_experts / ep)
+    an up (with the gate for SwiGLU) and a down GEMM over its share of the routed copies, split
+    etp ways; the shared experts as a dense MLP split by tp. A grouped GEMM reads each local
+    expert's weights once, as these per-expert GEMMs do."""
+    local = layer.num_experts / shape.ep
+    m, f = routed_copies(layer, shape) / local, layer.ffn_hidden_size / expert_tp(shape)
     up = (_mats(layer) - 1) * f
-    acts = copies * (layer.hidden_size + up + up + f + f + layer.hidden_size)
-    return ACT_BYTES * (acts + local_expert_params(layer, shape))
+    experts = ((m, layer.hidden_size, up), (m, f, layer.hidden_size)) * round(local)
+    t, sf = shape.tp, layer.shared_ffn_hidden_size
+    shared = ((shape.tokens, layer.hidden_size, (_mats(layer) - 1) * sf / t),
+              (shape.tokens, sf / t, layer.hidden_size)) if sf else ()
+    return experts + shared
 
 
 def permute_bytes(layer: Layer, shape) -> float:

@@ -12,7 +12,7 @@ from planner.cost.layer import LayerCost
 
 # the per-layer quantities a chunk sums over its layers
 _SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
-           "hardware_flops", "expert_params", "a2a_s")
+           "hardware_flops", "expert_params", "a2a_s", "cache_bytes")
 
 
 @dataclass(frozen=True, eq=False)
@@ -34,6 +34,12 @@ class ChunkArrays:
     # of params: routed-expert weights (sharded by ep x etp, their optimizer over expert DP)
     expert_params: np.ndarray
     a2a_s: np.ndarray  # of the times: MoE all-to-all (cost/moe.py), forward + backward
+    # FP8 weight copies kept across the step (cost/precision.py); None: none
+    cache_bytes: np.ndarray | None = None
+
+    @property
+    def cached_bytes(self) -> np.ndarray:
+        return np.zeros(len(self.first)) if self.cache_bytes is None else self.cache_bytes
 
     @property
     def bwd_s(self) -> np.ndarray:
@@ -68,6 +74,7 @@ class CostTable:
             "hardware_flops": [c.hardware_flops for c in costs],
             "expert_params": [c.expert_params for c in costs],
             "a2a_s": [c.a2a_s for c in costs],
+            "cache_bytes": [c.cache_bytes for c in costs],
         }
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 
