@@ -186,15 +186,29 @@ def test_eager_elementwise_kernels_cost_time_only_where_megatron_fuses():
     from planner.hardware.profiles import load_hardware
     from planner.model.presets import PRESETS
     hw = load_hardware("a100-80gb")
-    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=2048)
+    T = 2048
+    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=T)
     fused, eager = default_stack(), with_overrides(default_stack(), fused_elementwise=False)
-    llama = PRESETS["llama3-8b"].layers[1]  # SwiGLU, no bias, no dropout: 2 more FFN passes
+    llama = PRESETS["llama3-8b"].layers[1]  # RMSNorm, RoPE, SwiGLU, GQA; no bias, no dropout
+    assert llama.rope and llama.norm == "rmsnorm"
     gap = layer_cost(llama, shape, "none", hw, eager).fwd_s - \
         layer_cost(llama, shape, "none", hw, fused).fwd_s
     from planner.cost import constants
-    extra = 2 * 2 * 2048 * llama.ffn_hidden_size  # two more 16-bit passes over the FFN width
+    h, q, kv, f = 4096, 4096, 1024, 14336
+    extra = (2 * 32 * T * h  # two fp32 eager RMSNorms: 36 bytes per element where fused moves 4
+             + 16 * T * (q + kv)  # eager RoPE on Q and K: 20 bytes where fused moves 4
+             + 2 * 2 * T * f  # SwiGLU in two kernels: silu's output written and read back
+             + 2 * T * 2 * (kv + q))  # repeat_kv copies K and V to every query head
     rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY)
     assert gap == pytest.approx(extra / rate, rel=1e-6)
+    # GPT-3 (learned positions, LayerNorm: one native kernel in eager too, GeLU with bias, dropout)
+    gpt = PRESETS["gpt3-175b"].layers[1]
+    assert not gpt.rope and gpt.norm == "layernorm"
+    gpt_gap = layer_cost(gpt, shape, "none", hw, eager).fwd_s - \
+        layer_cost(gpt, shape, "none", hw, fused).fwd_s
+    h, f = gpt.hidden_size, gpt.ffn_hidden_size
+    gpt_extra = 2 * 2 * T * f + 2 * 4 * 2 * T * h  # bias before GeLU; two unfused bias-dropout-adds
+    assert gpt_gap == pytest.approx(gpt_extra / rate, rel=1e-6)
 
 
 def test_split_overlap_flags_expose_what_is_not_overlapped():

@@ -242,12 +242,15 @@ def _modern_model(case: dict) -> ModelSpec:
                          seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=False,
                          tie_embeddings=True, position_embeddings=m["seq_len"], dropout=False,
                          make_vocab_size_divisible_by=1)  # llm-foundry trains the vocab unpadded
+    # Llama rotary positions: theta 500,000 for Llama 3, 10,000 for Llama 2 (config.json
+    # "rope_theta"); the value is for exporters, that the blocks are rotary prices their RoPE.
     return ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
                      num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
                      ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"] or GPT2_PADDED_VOCAB,
                      seq_length=m["seq_len"], mlp=m.get("mlp", "swiglu"),
                      norm="rmsnorm" if m.get("mlp", "swiglu") == "swiglu" else "layernorm",
-                     bias=False, tie_embeddings=False, dropout=False)
+                     bias=False, tie_embeddings=False, dropout=False,
+                     rope_theta=500000.0 if "llama3" in name else 10000.0)
 
 
 def _recompute_mode(text) -> tuple[str, bool]:
@@ -267,14 +270,11 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
     name, group = case["name"], case["group"]
     cf = case["config"]
     precision = str(cf.get("precision") or "").lower()
-    techniques = str(cf.get("techniques") or "").lower()
     skip = ""
     if "fp8" in precision or "float8" in precision:
         skip = "FP8 not modelled"
     elif int(cf.get("cp") or 1) > 1:
         skip = f"context parallelism (cp={cf['cp']}) not modelled"
-    elif "compile" in techniques:
-        skip = "torch.compile (fused element-wise kernels) not modelled"
     if skip:
         return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
                          unsupported=skip)
