@@ -64,6 +64,21 @@ def test_fused_stacks_pay_one_rope_kernel_and_eager_stacks_pay_the_rest():
     # the backward of a memory-bound op moves twice its forward's bytes
     gap = layer_cost(LLAMA, shape, "none", HW, eager)
     base = layer_cost(LLAMA, shape, "none", HW, fused)
-    extra = elementwise.eager_extra_bytes(LLAMA, T, 2, True) / RATE
+    floor = constants.EAGER_KERNEL_MIN_S * RATE
+    extra = elementwise.eager_extra_bytes(LLAMA, T, 2, True, floor) / RATE
     assert gap.fwd_s - base.fwd_s == pytest.approx(extra)
     assert gap.bwd_input_s - base.bwd_input_s == pytest.approx(2 * extra)
+
+
+def test_an_eager_kernel_shorter_than_its_launch_costs_the_launch():
+    """At 16 tokens every eager kernel of a block moves far less than 7 us of HBM traffic: the
+    chain costs its kernel count times the launch (constants.EAGER_KERNEL_MIN_S)."""
+    T, floor = 16, constants.EAGER_KERNEL_MIN_S * RATE
+    got = elementwise.eager_extra_bytes(LLAMA, T, 1, False, floor)
+    kernels = 2 * 6 + 2 * 3 + 2 + 2  # two RMSNorms, RoPE on Q and K, SwiGLU, two repeat_kv copies
+    h, q, kv, f = 4096, 4096, 1024, 14336
+    fused = 2 * 4 * T * h + 4 * T * (q + kv) + 6 * T * f
+    assert got == pytest.approx(kernels * floor - fused)
+    # at 8,192 tokens no kernel is that short: the floor changes nothing
+    assert elementwise.eager_extra_bytes(LLAMA, 8192, 1, False, floor) == \
+        elementwise.eager_extra_bytes(LLAMA, 8192, 1, False)

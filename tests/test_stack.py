@@ -195,11 +195,16 @@ def test_eager_elementwise_kernels_cost_time_only_where_megatron_fuses():
         layer_cost(llama, shape, "none", hw, fused).fwd_s
     from planner.cost import constants
     h, q, kv, f = 4096, 4096, 1024, 14336
-    extra = (2 * 32 * T * h  # two fp32 eager RMSNorms: 36 bytes per element where fused moves 4
-             + 16 * T * (q + kv)  # eager RoPE on Q and K: 20 bytes where fused moves 4
-             + 2 * 2 * T * f  # SwiGLU in two kernels: silu's output written and read back
-             + 2 * T * 2 * (kv + q))  # repeat_kv copies K and V to every query head
     rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY)
+    floor = constants.EAGER_KERNEL_MIN_S * rate  # a kernel costs at least its launch
+
+    def kernels(*nbytes):
+        return sum(max(b, floor) for b in nbytes)
+    extra = (2 * (kernels(*(b * T * h for b in (6, 8, 4, 8, 6, 4))) - 4 * T * h)  # fp32 RMSNorm
+             + sum(kernels(*(b * T * w for b in (6, 8, 6))) - 4 * T * w for w in (q, kv))  # RoPE
+             + kernels(4 * T * f, 6 * T * f) - 6 * T * f  # SwiGLU in two kernels
+             + 2 * kernels(2 * T * (kv + q)))  # repeat_kv copies K and V to every query head
+    assert 6 * T * kv < floor  # the RoPE cast of K at 2,048 tokens is shorter than a launch
     assert gap == pytest.approx(extra / rate, rel=1e-6)
     # GPT-3 (learned positions, LayerNorm: one native kernel in eager too, GeLU with bias, dropout)
     gpt = PRESETS["gpt3-175b"].layers[1]

@@ -83,7 +83,10 @@ def _gemm_bytes(*mkn: tuple[float, float, float]) -> float:
     return sum(ACT_BYTES * (m * k + k * n + m * n) for m, k, n in mkn)
 
 
-def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
+def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
+          floor: float = 0.0) -> _Work:
+    """Forward work of ``layer``; ``floor``: the least bytes an eager kernel counts (its launch
+    at the HBM rate, cost/elementwise.py)."""
     t, s, T, h = shape.tp, shape.seq_len, shape.tokens, layer.hidden_size
     rep = 1 / t if shape.sp else 1.0
     if layer.kind == "embedding":
@@ -97,7 +100,7 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
                      mem_bytes=ACT_BYTES * T * (h + layer.out_features) / t)
     if layer.kind == "head":
         v = layer.padded_vocab(t)
-        eager = 0.0 if fused else elementwise.eager_head_extra_bytes(layer, T, t, shape.sp)
+        eager = 0.0 if fused else elementwise.eager_head_extra_bytes(layer, T, t, shape.sp, floor)
         # final norm (read + write) and the fp32 softmax cross-entropy: read 16-bit logits, write
         # fp32 probabilities, read them back for the loss and its gradient: ~12 bytes per logit.
         return _Work(gemm_flops=2.0 * T * h * v / t, gemm_bytes=_gemm_bytes((T, h, v / t)),
@@ -116,7 +119,7 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
     mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn \
         + elementwise.fused_rope_bytes(layer, T, t)
     if not fused:  # eager kernels: fp32 RMSNorm, RoPE, SwiGLU in two (cost/elementwise.py)
-        mem += elementwise.eager_extra_bytes(layer, T, t, shape.sp)
+        mem += elementwise.eager_extra_bytes(layer, T, t, shape.sp, floor)
     if flash:
         return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / 2 / t,
                      attn_model_flops=attn_full / t, mem_bytes=mem, collectives=2,
@@ -141,11 +144,12 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     """
     opts = opts or default_stack()
     flash = opts.flash_attention
-    w = _work(layer, shape, flash, opts.fused_elementwise)
     peak = hw.peak_flops
     gemm_rate = peak * (hw.matmul_efficiency or constants.MATMUL_EFFICIENCY)
     mem_rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency
                                                   or constants.MEMORY_EFFICIENCY)
+    w = _work(layer, shape, flash, opts.fused_elementwise,
+              floor=constants.EAGER_KERNEL_MIN_S * mem_rate)
     attn_rate = peak * (hw.attention_efficiency or constants.ATTENTION_EFFICIENCY) if flash \
         else gemm_rate
     bwd_attn_ratio = FLASH_BACKWARD_RATIO if flash else 2.0
