@@ -4,6 +4,7 @@ check is the torchtitan eager/compile pair (tests/test_validate.py); these pin t
 from dataclasses import replace
 
 import pytest
+from hypothesis import given, strategies as st
 
 from planner.cost import constants, elementwise
 from planner.cost.layer import layer_cost
@@ -82,3 +83,15 @@ def test_an_eager_kernel_shorter_than_its_launch_costs_the_launch():
     # at 8,192 tokens no kernel is that short: the floor changes nothing
     assert elementwise.eager_extra_bytes(LLAMA, 8192, 1, False, floor) == \
         elementwise.eager_extra_bytes(LLAMA, 8192, 1, False)
+
+
+
+@given(st.integers(1, 65536), st.sampled_from([1, 2, 4, 8]), st.booleans(),
+       st.floats(0, 1e8))
+def test_eager_kernels_never_cost_less_than_fused_ones(tokens, tp, sp, floor):
+    """Eager chains move at least what the fused kernel does: the extra is never negative, and a
+    launch floor only adds to it."""
+    for layer in (LLAMA, PRESETS["gpt3-175b"].layers[1], replace(LLAMA, rope=False)):
+        plain = elementwise.eager_extra_bytes(layer, tokens, tp, sp)
+        assert plain >= 0
+        assert elementwise.eager_extra_bytes(layer, tokens, tp, sp, floor) >= plain

@@ -4,6 +4,7 @@ quantization not, against NVIDIA's guide and Bekman's measured best shapes."""
 import math
 
 import pytest
+from hypothesis import given, strategies as st
 
 from planner.cost import gemm
 
@@ -92,3 +93,16 @@ def test_layer_cost_prices_each_matmul_at_its_shape(monkeypatch):
     assert charged.fwd_s - aligned.fwd_s == pytest.approx(lost, rel=1e-6)
     assert charged.bwd_weight_s - aligned.bwd_weight_s == pytest.approx(lost, rel=1e-6)
     assert charged.bwd_input_s == pytest.approx(aligned.bwd_input_s, rel=1e-9)
+
+
+
+@given(st.integers(1, 40000), st.integers(1, 40000), st.integers(1, 40000))
+def test_a_gemm_never_runs_above_the_well_shaped_rate(m, k, n):
+    """Quantization only wastes work: the time is at least the FLOPs at the profile's rate, equal
+    to it when both output dimensions are multiples of 128, and the efficiency is in (0, 1]."""
+    rate = 1e14
+    t = gemm.gemm_seconds(m, k, n, rate)
+    assert t >= 2 * m * k * n / rate * (1 - 1e-12)
+    assert 0 < gemm.quantization_efficiency(m, n) <= 1
+    aligned = gemm.gemm_seconds(128 * m, k, 128 * n, rate)
+    assert aligned == pytest.approx(2 * 128 * m * k * 128 * n / rate)
