@@ -29,9 +29,9 @@ and that choice was made with measurements in view: Bekman's MAMF sweeps (ml-eng
 compute/accelerator, MAMF table) found the best A100-PCIe shape, 2304x5120x1536, at 3.33 waves
 of 256x128 tiles, which the guide's rule puts 17% below a whole number of waves; charging the
 tail wave moved this repository's zero-bubble 14.6B runs (4.44 waves per QKV GEMM) 8-10 points
-too slow and its Megatron 2021 table 1.7B-18B runs 5-10 points, and charging only GEMMs of less
+too slow and its Megatron 2021 table 1.7B-18B runs 6-11 points, and charging only GEMMs of less
 than one wave (the row-parallel input gradient at TP 8, 2048x768 with K = 6144) moved those
-1-1.5 points further from the measurements (plan validate). Current libraries split the K loop
+0.2-1.2 points further from the measurements (plan validate). Current libraries split the K loop
 over idle SMs (cuBLAS split-K; CUTLASS stream-K, Osama et al. 2023, "Stream-K: Work-centric
 Parallel Decomposition for Dense Matrix-Matrix Multiplication on the GPU", PPoPP) and so hide
 both the tail wave and a short first wave for the K depths of training (hundreds and more). The

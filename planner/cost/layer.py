@@ -166,7 +166,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     fwd_s = gemm_s + attn_fwd_s + mem_fwd_s
     bwd_weight_s = gemm_bw + traffic_s
     bwd_input_s = gemm_bin + traffic_s + (bwd_attn_ratio * w.attn_flops / attn_rate
-                            + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s
+                                          + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s
 
     # Every microbatch's weight gradients are accumulated into the step's gradient buffer: read
     # and write the stack's accumulation bytes per parameter (Megatron's fp32 main_grad, filled
