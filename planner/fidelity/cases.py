@@ -250,15 +250,17 @@ def _modern_model(case: dict) -> ModelSpec:
                          seq_length=m["seq_len"], mlp="gelu", norm="layernorm", bias=False,
                          tie_embeddings=True, position_embeddings=m["seq_len"], dropout=False,
                          make_vocab_size_divisible_by=1)  # llm-foundry trains the vocab unpadded
-    # Llama rotary positions: theta 500,000 for Llama 3, 10,000 for Llama 2 (config.json
+    # Llama's rotary positions: theta 500,000 for Llama 3, 10,000 for Llama 2 (config.json
     # "rope_theta"); the value is for exporters, that the blocks are rotary prices their RoPE.
+    # GPT-3 under NeMo keeps learned absolute positions (no rope_theta).
+    theta = 500000.0 if "llama3" in name else 10000.0 if "llama" in name else None
     return ModelSpec(name=name, num_layers=m["layers"], hidden_size=m["hidden"],
                      num_attention_heads=m["heads"], num_kv_heads=m.get("kv_heads") or m["heads"],
                      ffn_hidden_size=m["ffn_hidden"], vocab_size=m["vocab"] or GPT2_PADDED_VOCAB,
                      seq_length=m["seq_len"], mlp=m.get("mlp", "swiglu"),
                      norm="rmsnorm" if m.get("mlp", "swiglu") == "swiglu" else "layernorm",
                      bias=False, tie_embeddings=False, dropout=False,
-                     rope_theta=500000.0 if "llama3" in name else 10000.0)
+                     rope_theta=theta)
 
 
 def _recompute_mode(text) -> tuple[str, bool]:
