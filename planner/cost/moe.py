@@ -16,6 +16,9 @@ pipeline stage is spread over all of them, so on average a GPU does 1/tp of its 
 dense layers. The busiest GPU does ``expert_load`` times the mean: the load-imbalance knob (1.0:
 balanced routing, what auxiliary-loss and auxiliary-loss-free balancing aim for; a capacity
 factor c drops tokens beyond c times the mean, so it caps the load at c). The plan states it.
+Time: a GPU's routed GEMMs are one up/down pair per local expert over its share of the copies,
+at the busiest GPU's load (mlp_gemm_shapes, through precision.block_gemms), each timed at the rate
+its shape allows (cost/gemm.py); the model FLOPs stay the balanced ones.
 
 All-to-all. Each GPU sends every routed copy of its T/tp tokens (sequence parallel: Megatron
 requires it for MoE with TP) to the expert's owner, 16-bit, times the load: B = 2·T·k·h/tp bytes;
