@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from rich import box
@@ -201,6 +201,20 @@ def hardware_table(gpus: dict[str, Hardware]) -> Table:
                       f"{hw.memory_bandwidth_gbps:g}", f"{hw.intra_node_gbps:g}",
                       f"{hw.inter_node_gbps:g}", str(hw.gpus_per_node))
     return table
+
+
+def hardware_sources_lines(sources: dict[str, dict]) -> list[str]:
+    """Under the GPU table: the document each profile's figures are read from."""
+    lines = ["sources (every field's: plan hardware --json):"]
+    for name, src in sources.items():
+        lines.append(f"  {for_rich(name)}: {for_rich(src.get('datasheet', 'not given'))}")
+    return lines
+
+
+def hardware_dict(gpus: dict[str, Hardware], sources: dict[str, dict]) -> dict:
+    """``plan hardware --json``: each profile's values and the source of each."""
+    return {name: {"values": {f.name: getattr(hw, f.name) for f in fields(hw)},
+                   "sources": sources.get(name, {})} for name, hw in gpus.items()}
 
 
 def search_title(result, model: ModelSpec, cluster) -> str:
