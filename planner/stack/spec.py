@@ -69,6 +69,9 @@ class Stack:
     schedules: tuple[str, ...]
     # fixed cost of each pipeline action (one forward or backward of a chunk), seconds
     pipeline_action_overhead_s: float
+    # context parallelism's K/V exchange (cost/context.py): "p2p" ring, "a2a" all-to-all
+    # (Ulysses), "allgather"; None: the stack runs no context parallelism (cp > 1 refused)
+    cp_comm: str | None
     # where each value comes from, by field name
     sources: tuple[tuple[str, str], ...] = ()
     # fields changed from the named stack by flags or a case ("field", "value" as text)
@@ -144,6 +147,7 @@ _CHOICES = {
     "grad_dtype": tuple(DTYPE_BYTES),
     "zero2_reduce_scatter": ("microbatch", "step"),
     "zero3_gather": ("layer", "stage"),
+    "cp_comm": (None, "p2p", "a2a", "allgather"),
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise")

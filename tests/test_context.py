@@ -1,0 +1,112 @@
+"""Context parallelism (cost/context.py): the causal load balancing counted pair by pair, the
+sequence rule, and what a CP rank's layer costs against the same layer without CP."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+from hypothesis import given, settings, strategies as st
+
+from planner.cost import comm, context
+from planner.cost.layer import layer_cost
+from planner.cost.memory import Shape, activation_bytes
+from planner.hardware.profiles import load_hardware
+from planner.model.presets import PRESETS
+from planner.stack import default_stack, with_overrides
+
+
+def _brute_pairs(seq_len: int, cp: int, rank: int, balanced: bool) -> int:
+    """Query-key pairs of the rank's tokens, counted one by one (key <= query)."""
+    c = seq_len // (2 * cp)
+    chunks = (rank, 2 * cp - 1 - rank) if balanced else (2 * rank, 2 * rank + 1)
+    mine = [i for k in chunks for i in range(k * c, (k + 1) * c)]
+    return sum(1 for i in mine for j in range(seq_len) if j <= i)
+
+
+@settings(max_examples=40, deadline=None)
+@given(cp=st.integers(1, 6), c=st.integers(1, 6))
+def test_balanced_split_gives_every_rank_the_same_causal_work(cp, c):
+    s = 2 * cp * c
+    counts = [context.causal_pairs(s, cp, r) for r in range(cp)]
+    assert counts == [_brute_pairs(s, cp, r, True) for r in range(cp)]
+    assert len(set(counts)) == 1  # Megatron's 2-chunk split balances exactly
+    assert sum(counts) == s * (s + 1) // 2
+
+
+def test_contiguous_split_leaves_the_last_rank_most():
+    s, cp = 64, 4
+    counts = [context.causal_pairs(s, cp, r, balanced=False) for r in range(cp)]
+    assert counts == [_brute_pairs(s, cp, r, False) for r in range(cp)]
+    assert counts[-1] > 1.7 * (s * (s + 1) / 2 / cp)  # about (2cp - 1)/cp of the mean
+
+
+def test_sequence_rule_is_megatrons_2cp():
+    assert context.sequence_problem(131072, 16) is None
+    assert "divisible by 2*cp = 32" in context.sequence_problem(8192 + 16, 16)
+    assert context.sequence_problem(7, 1) is None
+
+
+def test_heads_rule_only_for_all_to_all():
+    assert context.heads_problem(128, 8, 8, 16, "p2p") is None
+    assert "heads per TP rank (16)" in context.heads_problem(128, 8, 8, 32, "a2a")
+    assert context.heads_problem(128, 8, 8, 16, "a2a") is None
+
+
+def test_all_to_all_moves_n_minus_1_over_n():
+    link = comm.Link(100e9, 0.0)
+    assert comm.all_to_all_s(8e9, 8, link) == pytest.approx(7 / 8 * 8e9 / 100e9)
+    assert comm.all_to_all_s(8e9, 1, link) == 0.0
+
+
+@pytest.fixture
+def block():
+    model = PRESETS["llama3-405b"]
+    return next(layer for layer in model.layers if layer.kind == "block")
+
+
+def test_cp_rank_does_1_over_cp_of_the_work(block):
+    """Matmuls, attention and activations of a CP rank: 1/cp of the unsplit layer's."""
+    hw = load_hardware("h100")
+    whole = Shape(tp=8, sp=True, micro_batch=1, seq_len=131072)
+    part = Shape(tp=8, sp=True, micro_batch=1, seq_len=131072 // 16, cp=16)
+    full, mine = layer_cost(block, whole, "none", hw), layer_cost(block, part, "none", hw)
+    assert mine.model_flops == pytest.approx(full.model_flops / 16)
+    assert mine.act_bytes == pytest.approx(full.act_bytes / 16)
+    assert activation_bytes(block, part, "full", True) == pytest.approx(
+        activation_bytes(block, whole, "full", True) / 16)
+    # the ring's transfers hide behind 8K-token attention blocks on NVLink: only the SMs they
+    # hold (overlap interference) shows, a few percent of the layer
+    assert full.fwd_s / 16 < mine.fwd_s < 1.05 * full.fwd_s / 16
+
+
+def test_ring_hides_what_fits_and_exposes_the_rest():
+    """p2p: cp - 1 transfers, each beside one of the cp equal attention steps; what does not fit
+    is exposed, what fits costs the interference share."""
+    link = comm.Link(1e9, 0.0)
+    kv = context.kv_bytes(1, 1000, 128)  # 512,000 bytes = 0.512 ms on this link
+    fwd, bwd = context.attention_comm_s(4, "p2p", 1, 1000, 1024, 128, link, attn_fwd_s=4e-3,
+                                        attn_bwd_s=4e-4, interference=0.1)
+    assert fwd == pytest.approx(3 * 0.1 * kv / 1e9)  # 1 ms steps hide 0.512 ms sends
+    step = 1e-4  # backward steps of 0.1 ms cannot hide 1.024 ms sends of K/V and dK/dV
+    assert bwd == pytest.approx(3 * ((2 * kv / 1e9 - step) + 0.1 * step))
+
+
+def test_ring_across_a_slow_network_costs_more(block):
+    hw = replace(load_hardware("h100"), inter_node_gbps=0.5)
+    shape = Shape(tp=8, sp=True, micro_batch=1, seq_len=2048, cp=4)
+    near = layer_cost(block, shape, "none", hw)
+    far = layer_cost(block, replace(shape, cp_cross=True), "none", hw)
+    assert far.fwd_s > near.fwd_s and far.bwd_input_s > near.bwd_input_s
+
+
+@pytest.mark.parametrize("kind", ["p2p", "a2a", "allgather"])
+def test_every_comm_type_costs_more_than_none_and_stays_finite(block, kind):
+    hw = load_hardware("h100")
+    stack = with_overrides(default_stack(), cp_comm=kind)
+    shape = Shape(tp=8, sp=True, micro_batch=1, seq_len=8192, cp=4)
+    base = layer_cost(block, replace(shape, cp=1), "none", hw, stack)
+    cost = layer_cost(block, shape, "none", hw, stack)
+    assert cost.bwd_input_s > 0 and cost.fwd_s > 0
+    # same matmuls as an unsplit layer of 8192 tokens; more attention (keys of 32K tokens)
+    assert cost.fwd_s > base.fwd_s
