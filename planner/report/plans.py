@@ -194,12 +194,13 @@ def hardware_table(gpus: dict[str, Hardware]) -> Table:
     table = Table(title="Bundled GPUs (plan solve --gpu NAME, or --hardware FILE)",
                   title_justify="left")
     for col in ("name", "bf16 TFLOP/s", "memory GiB", "HBM GB/s", "NVLink GB/s", "network GB/s",
-                "GPUs/node"):
+                "GPUs/node", "NVLink domain"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for name, hw in gpus.items():
         table.add_row(name, f"{hw.peak_tflops:g}", f"{hw.memory_gib:g}",
                       f"{hw.memory_bandwidth_gbps:g}", f"{hw.intra_node_gbps:g}",
-                      f"{hw.inter_node_gbps:g}", str(hw.gpus_per_node))
+                      f"{hw.inter_node_gbps:g}", str(hw.gpus_per_node),
+                      str(hw.nvlink_domain or hw.gpus_per_node))
     return table
 
 
