@@ -47,6 +47,9 @@ class Column:
 COLUMNS = (
     Column("#", lambda p: ""),  # filled with the rank
     Column("tp·pp·dp", lambda p: f"{p.parallel.tp}·{p.parallel.pp}·{p.parallel.dp}"),
+    # shown instead of tp·pp·dp when a plan splits the sequence (context parallelism)
+    Column("tp·cp·pp·dp", lambda p: f"{p.parallel.tp}·{p.parallel.cp}·{p.parallel.pp}·"
+                                    f"{p.parallel.dp}"),
     Column("mb×M", lambda p: f"{p.parallel.micro_batch}×{p.parallel.num_microbatches}"),
     Column("batch", lambda p: str(p.parallel.global_batch)),
     Column("schedule", lambda p: p.parallel.schedule + (f" v{p.parallel.virtual_stages}"
@@ -63,7 +66,7 @@ COLUMNS = (
     Column("blocks", lambda p: blocks_per_stage(p), left=True),
 )
 # The order the columns appear in, whichever are shown.
-ORDER = ("#", "tp·pp·dp", "mb×M", "batch", "schedule", "blocks", "recomp", "ZeRO", "SP", "step s",
+ORDER = ("#", "tp·pp·dp", "tp·cp·pp·dp", "mb×M", "batch", "schedule", "blocks", "recomp", "ZeRO", "SP", "step s",
          "tokens/s", "MFU", "mem GiB", "bubble")
 
 
@@ -113,7 +116,9 @@ def plans_view(plans, width: int | None) -> PlansView:
     wide, the remaining columns go too, a row then showing the same configuration as one above is
     folded into it, and the caption says so."""
     batches = {p.parallel.global_batch for p in plans}
-    candidates = [c for c in COLUMNS if c.header != "batch" or len(batches) > 1]
+    degrees = "tp·cp·pp·dp" if any(p.parallel.cp > 1 for p in plans) else "tp·pp·dp"
+    candidates = [c for c in COLUMNS if (c.header != "batch" or len(batches) > 1)
+                  and c.header not in {"tp·pp·dp", "tp·cp·pp·dp"} - {degrees}]
     shown = list(candidates)
 
     def layout(cols):
