@@ -35,6 +35,7 @@ Hidden transfers are not free: while one runs beside compute it holds SMs the co
 
 from __future__ import annotations
 
+from planner.core.errors import PlanInputError
 from planner.cost import comm
 from planner.cost.comm import Link
 
@@ -124,8 +125,11 @@ def attention_comm_s(cp: int, cp_comm: str, micro_batch: int, local_seq: int, q_
         bwd = overlapped_s(gather, step_bwd, interference) + (cp - 1) * overlapped_s(
             dkv, step_bwd, interference)
         return fwd, bwd
-    raise ValueError(f"unknown context-parallel communication {cp_comm!r}; "
-                     f"one of {', '.join(CP_COMM_TYPES)}")
+    if cp_comm is None:
+        raise PlanInputError(f"cp={cp}: the stack runs no context parallelism (its cp_comm is "
+                             "null); choose a stack that does (`plan stacks`)")
+    raise PlanInputError(f"unknown context-parallel communication {cp_comm!r}; "
+                         f"one of {', '.join(CP_COMM_TYPES)}")
 
 
 def transient_bytes(cp: int, cp_comm: str, micro_batch: int, local_seq: int, q_width: float,
