@@ -59,3 +59,20 @@ def test_deepspeed_refuses_cp():
     plan = _plan("deepspeed", cp_comm="p2p")  # priced as if it could: the exporter's own rule
     with pytest.raises(ExportError, match="no context parallelism in this export"):
         render_all(plan, ["deepspeed"])
+
+
+def test_torchtitan_parses_context_parallel_degree():
+    """Where torchtitan 0.3.0 is installed, its own ConfigManager reads the exported degree."""
+    from conftest import engine_module
+
+    engine_module("torchtitan", reason="torchtitan is not installed; the field name is checked "
+                  "against torchtitan/config/configs.py 0.3.0 by hand")
+    import shlex
+
+    from torchtitan.config.manager import ConfigManager
+
+    text = render_all(_plan("torchtitan", zero=2), ["torchtitan"])["torchtitan_args.sh"]
+    body = text.split("TORCHTITAN_ARGS=(", 1)[1].split(")\n", 1)[0]
+    tail = text.split("TORCHTITAN_TAIL=(", 1)[1].split(")", 1)[0]
+    cfg = ConfigManager().parse_args(shlex.split(body) + shlex.split(tail))
+    assert cfg.parallelism.context_parallel_degree == 2
