@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from planner.cost import comm, context
 from planner.cost.layer import layer_cost
 from planner.cost.memory import Shape, activation_bytes
-from planner.hardware.profiles import load_hardware
+from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.stack import default_stack, with_overrides
 
@@ -144,3 +144,61 @@ def test_llama3_405b_128k_search_chooses_context_parallelism():
     assert result.plans[0].metrics.step_time_s < flat.plans[0].metrics.step_time_s / 5
     assert all(p.metrics.peak_memory_bytes <= 80 * 1024**3 for p in result.plans)
     assert "sequence not divisible by 2*cp" not in result.rejected
+
+
+# --- the search's CP dimension: counted, and cp does not change the work ------------------------
+
+
+@pytest.mark.parametrize("stack, seq, reason", [
+    ("megatron-core", 16386, "sequence not divisible by 2*cp"),  # 16386 = 2 x 8193
+    ("deepspeed", 32768, "deepspeed runs no context parallelism"),
+])
+def test_cp_rejections_are_counted_in_whole_configurations(stack, seq, reason):
+    from planner.search.engine import Request, search
+    from planner.search.space import _context_size, context_degrees, space_size
+    from planner.stack import load_stack
+
+    req = Request(model=replace(PRESETS["llama3-8b"], seq_length=seq),
+                  cluster=make_cluster(load_hardware("h100"), 16, 2), global_batch=64,
+                  options=load_stack(stack), top=2, refine=2)
+    assert context_degrees(req) == (1, 2, 4, 8, 16)
+    result = search(req)
+    assert result.considered == space_size(req) and result.accounted
+    assert result.rejected[reason] == sum(_context_size(req, cp) for cp in (2, 4, 8, 16))
+    assert all(p.parallel.cp == 1 for p in result.plans)
+
+
+def test_short_sequences_search_no_cp_unless_pinned():
+    from planner.search.engine import Request
+    from planner.search.space import Pins, context_degrees
+
+    cluster = make_cluster(load_hardware("h100"), 16, 2)
+    req = Request(model=PRESETS["llama3-8b"], cluster=cluster)
+    assert context_degrees(req) == (1,)
+    assert context_degrees(replace(req, pins=Pins(cp=2))) == (2,)
+
+
+@settings(max_examples=15, deadline=None)
+@given(cp=st.sampled_from([1, 2, 4, 8]), tp=st.sampled_from([1, 2, 4]),
+       zero=st.sampled_from([0, 1, 2]))
+def test_cp_keeps_the_step_flops_and_shards_states_over_dp_x_cp(cp, tp, zero):
+    """Splitting the sequence moves work between GPUs, it does not add any: the model FLOPs per
+    sequence are the same for every cp; model states shard over dp x cp like over dp."""
+    from planner.core.parallel import Parallel
+    from planner.predict.memory import state_bytes
+    from planner.predict.step import evaluate
+
+    model = replace(PRESETS["llama3-8b"], seq_length=16384)
+    cluster = make_cluster(load_hardware("h100"), 64, 8)
+    dp = 64 // (tp * cp * 2)
+    par = Parallel(tp=tp, pp=2, dp=dp, micro_batch=1, num_microbatches=4, cp=cp, zero=zero,
+                   sequence_parallel=tp > 1)
+    flat = replace(par, cp=1, dp=dp * cp)
+    plan, ref = evaluate(model, cluster, par), evaluate(model, cluster, flat)
+    # per sequence: cp ranks share a sequence where the flat plan gives each rank its own
+    def flops_per_sequence(p):
+        return p.metrics.mfu * p.metrics.step_time_s / p.parallel.global_batch
+
+    assert flops_per_sequence(plan) == pytest.approx(flops_per_sequence(ref), rel=1e-9)
+    stack = default_stack()
+    assert state_bytes(1e9, par, stack) == pytest.approx(state_bytes(1e9, flat, stack))
