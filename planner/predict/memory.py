@@ -18,12 +18,14 @@ from planner.stack import Stack
 def state_parts(params, par: Parallel, opts: Stack, expert_params=0.0) -> tuple:
     """(weights, gradients, optimizer) bytes of ``params`` parameters (scalar or array) under
     this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies. The
-    ``expert_params`` among them are sharded over the expert-data-parallel group instead of dp
-    (Megatron-Core's distributed optimizer keeps expert parameters in their own buffers over
-    the expert data-parallel group: tp·cp·dp / (etp·ep) ranks)."""
+    ``expert_params`` among them are sharded over the expert-data-parallel group instead of the
+    DP x CP ranks (Megatron-Core's distributed optimizer keeps expert parameters in their own
+    buffers over the expert data-parallel group: tp·cp·dp / (etp·ep) ranks)."""
+    # ZeRO / the distributed optimizer shards over the DP x CP ranks (Megatron's
+    # data-parallel group with context parallelism: parallel_state, with_context_parallel=True)
     args = (opts.held_grad_bytes(par.zero), opts.held_weight_bytes(par.zero),
             opts.optimizer_state_bytes, opts.zero2_shards_grads())
-    dense = model_state_parts(params - expert_params, par.dp, par.zero, *args)
+    dense = model_state_parts(params - expert_params, par.dp * par.cp, par.zero, *args)
     experts = model_state_parts(expert_params, par.expert_dp, par.zero, *args)
     return tuple(d + e for d, e in zip(dense, experts))
 
@@ -35,7 +37,7 @@ def state_bytes(params, par: Parallel, opts: Stack, expert_params=0.0):
 
 def stage_output_bytes(model: ModelSpec, par: Parallel) -> float:
     """One microbatch's output of a chunk (16-bit hidden states; sharded with SP)."""
-    return ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
+    return ACT_BYTES * par.micro_batch * model.seq_length / par.cp * model.hidden_size / (
         par.tp if par.sequence_parallel else 1)
 
 
@@ -68,7 +70,7 @@ def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays) -> np.ndar
     head = model.layers[-1]
     if head.kind == "head":
         out[stages.last == len(model.layers)] = (LOGIT_BYTES * par.micro_batch * model.seq_length
-                                                 * head.padded_vocab(par.tp) / par.tp)
+                                                 / par.cp * head.padded_vocab(par.tp) / par.tp)
     return out
 
 

@@ -20,7 +20,7 @@ from planner.cost import comm, moe
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
-from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
+from planner.layout.ranks import blocks_cross, dp_group_crosses_nodes, stage_hop_crosses_nodes
 from planner.cost.memory import ACT_BYTES, Shape
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
@@ -39,7 +39,8 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
                 profile=None) -> list[LayerCost]:
     """The cost of every layer of the model under one parallel shape and recompute mode."""
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
-                  seq_len=model.seq_length, **moe.shape_fields(par, hw, opts))
+                  seq_len=model.seq_length // par.cp, cp=par.cp, cp_cross=cp_crosses(par, hw),
+                  **moe.shape_fields(par, hw, opts))
     cache: dict = {}
     out = []
     for i, layer in enumerate(model.layers):
@@ -49,6 +50,19 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
             cache[key] = layer_cost(layer, shape, recompute, hw, opts, measured)
         out.append(cache[key])
     return out
+
+
+def nvlink_domain(hw) -> int:
+    """GPUs on one NVLink fabric for this hardware (Cluster.nvlink_domain, from the profile the
+    cluster's node size was set on)."""
+    domain = hw.nvlink_domain or hw.gpus_per_node
+    return domain if domain % hw.gpus_per_node == 0 else hw.gpus_per_node
+
+
+def cp_crosses(par: Parallel, hw) -> bool:
+    """Whether a CP group leaves its NVLink domain (tp-cp order: each is tp·cp consecutive
+    ranks), so its K/V exchange runs on the network."""
+    return par.cp > 1 and blocks_cross(par.tp * par.cp, par.dp * par.pp, nvlink_domain(hw))
 
 
 def even_block_bounds(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
@@ -147,9 +161,10 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     parts = memory_parts(model, par, stages, inflight, opts, held)
     rank_mem = sum(parts.values())
     dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
-    # Each rank steps its shard: dense parameters over dp, experts over expert DP (state_parts).
+    # Each rank steps its shard: dense parameters over the DP x CP ranks, experts over expert DP
+    # (state_parts).
     owned = (stages.by_rank(stages.params - stages.expert_params, p)
-             / (par.dp if par.zero >= 1 else 1)
+             / (par.dp * par.cp if par.zero >= 1 else 1)
              + stages.by_rank(stages.expert_params, p)
              / (par.expert_dp if par.zero >= 1 else 1)).max()
     # with cached FP8 weights, the step also recasts them once (cost/precision.py)
@@ -157,7 +172,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
         float(stages.by_rank(stages.cached_bytes, p).max()), opts)
     optimizer_s = step_bytes / (
         hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY))
-    replicas = par.tp * par.dp * par.num_microbatches  # per-GPU microbatch FLOPs -> whole step
+    replicas = par.tp * par.cp * par.dp * par.num_microbatches  # per-GPU FLOPs -> whole step
     return Prediction(step_s=float(pipeline_s + dp_exposed + optimizer_s), bubble=float(bubble),
                       rank_memory_bytes=rank_mem, chunk_memory_bytes=chunk_mem,
                       model_flops=float(stages.model_flops.sum()) * replicas,
@@ -242,14 +257,17 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "t
 def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
                      opts: Stack) -> list[float]:
     """One microbatch's activations across each chunk boundary (chunk k to k + 1), on NVLink or
-    the network depending on where the two stages' ranks live (tp-dp-pp order). With Megatron's
+    the network depending on where the two stages' ranks live (tp-cp-dp-pp order: a stage is
+    tp·cp·dp consecutive ranks; NVLink reaches across its domain). With Megatron's
     scatter/gather each GPU sends 1/tp of the tensor and the receiver re-gathers it over NVLink
-    (Narayanan et al. 2021 §4.1); with sequence parallelism the tensor is already sharded."""
+    (Narayanan et al. 2021 §4.1); with sequence parallelism the tensor is already sharded; a CP
+    rank sends its own seq/cp tokens."""
     chunks = par.num_chunks
     if chunks == 1:
         return []
     intra, inter = comm.links(cluster.hardware)
-    full = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size
+    domain = cluster.nvlink_domain
+    full = ACT_BYTES * par.micro_batch * model.seq_length // par.cp * model.hidden_size
     sharded = par.sequence_parallel or opts.p2p_scatter_gather
     nbytes = full / par.tp if sharded else full
     regather = (comm.all_gather_s(full, par.tp, intra)
@@ -257,8 +275,8 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
     out = []
     for k in range(chunks - 1):
         a, b = k % par.pp, (k + 1) % par.pp
-        crosses = cluster.nodes > 1 and stage_hop_crosses_nodes(a, b, par.tp, par.dp,
-                                                                 cluster.gpus_per_node)
+        crosses = cluster.gpus > domain and stage_hop_crosses_nodes(a, b, par.tp * par.cp,
+                                                                     par.dp, domain)
         out.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
     return out
 
@@ -280,11 +298,13 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     m = par.num_microbatches
     per_microbatch = par.zero >= 3 or (par.zero == 2 and opts.zero2_shards_grads())
     reduce_s, gather_s, bwd_gather_s = np.zeros(p), np.zeros(p), np.zeros(p)
-    # Dense parameters sync over the DP group; routed-expert parameters over the expert-DP group
-    # (tp·cp·dp / (etp·ep) ranks, etp·ep apart: Megatron-Core's expert rank generator), which
-    # has one member, so nothing to sync, when ep·etp covers a stage's ranks.
+    # Dense parameters sync over the DP x CP ranks (Megatron reduces gradients over them, tp
+    # apart in tp-cp-dp-pp order); routed-expert parameters over the expert-DP group (tp·cp·dp /
+    # (etp·ep) ranks, etp·ep apart: Megatron-Core's expert rank generator), which has one member,
+    # so nothing to sync, when ep·etp covers a stage's ranks.
     experts = stages.by_rank(stages.expert_params, p)
-    for params, n, inner in ((stages.by_rank(stages.params, p) - experts, par.dp, par.tp),
+    dense = stages.by_rank(stages.params, p) - experts
+    for params, n, inner in ((dense, par.dp * par.cp, par.tp),
                              (experts, par.expert_dp, par.expert_tp * par.ep)):
         if n == 1 or not params.any():
             continue
@@ -322,10 +342,12 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
 
 
 def _dp_link(cluster: Cluster, inner: int, n: int, pp: int) -> comm.Link:
-    """The link of a data-parallel group of ``n`` members ``inner`` ranks apart (tp for dense
-    layers, etp·ep for experts): it has G / inner members on each node it spans."""
-    per_node = max(1, min(n, cluster.gpus_per_node // inner))
-    spans = cluster.nodes > 1 and dp_group_crosses_nodes(inner, n, pp, cluster.gpus_per_node)
+    """The link of a data-parallel group of ``n`` members ``inner`` ranks apart (tp for the
+    dense DP x CP group, etp·ep for experts): it has domain / inner members in each NVLink
+    domain it spans."""
+    domain = cluster.nvlink_domain
+    per_node = max(1, min(n, domain // inner))
+    spans = cluster.gpus > domain and dp_group_crosses_nodes(inner, n, pp, domain)
     return comm.group_link(cluster.hardware, per_node, spans)
 
 
