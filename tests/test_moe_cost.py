@@ -148,14 +148,18 @@ def test_mixtral_on_64_h100s_chooses_expert_parallelism():
     assert all(p.model.num_experts % p.parallel.ep == 0 for p in result.plans)
 
 
-def test_deepseek_v3_on_2048_gpus_chooses_expert_parallelism():
-    """Issue #18, done when: a DeepSeek-V3 config on 2,048 GPUs plans with ep > 1 (on H100: the
-    H800 profile belongs to another helper's branch), PP pinned to 16 as the report ran it."""
-    req = Request(model=DSV3.with_seq_length(4096), cluster=make_cluster(H100, 2048, 256),
-                  global_batch=15360, pins=Pins(pp=16, tp=1), top=2, refine=6)
+def test_deepseek_v3_on_2048_h800s_chooses_expert_parallelism():
+    """Issue #18, done when: a DeepSeek-V3 config (its main model: the multi-token-prediction
+    layer is refused by name) on 2,048 H800s plans with ep > 1, the all-to-all in every stage
+    holding MoE blocks."""
+    req = Request(model=DSV3.with_seq_length(4096),
+                  cluster=make_cluster(load_hardware("h800"), 2048, 256), global_batch=15360,
+                  top=2, refine=6)
     result = search(req)
-    assert result.plans and result.plans[0].parallel.ep > 1
-    assert result.accounted
+    best = result.plans[0]
+    assert best.parallel.ep > 1 and result.accounted
+    assert all(s.a2a_s > 0 for s in best.stages if any(
+        layer.is_moe for layer in DSV3.layers[s.first:s.last]))
 
 
 def test_pins_refuse_what_cannot_run(tmp_path):
