@@ -149,12 +149,14 @@ def test_modern_step_time_error(both):
     # Issue targets (mean <= 10%, max <= 25%) are NOT met on the modern set: the model is still
     # optimistic on every FSDP run (A100 -5..-21%, H100 -17..-40%) even though overlapped
     # collectives now cost the SMs they hold (1-5 points), and the Llama 3 405B rows
-    # (micro-batch, recompute and interleaving unpublished) are pessimistic (+36%, +43%).
+    # (micro-batch, recompute and interleaving unpublished) are pessimistic (+24%, +38%: their
+    # megatron-core stack reduce-scatters ZeRO-2 gradients once per step since issue #15, which
+    # keeps whole fp32 gradients, so the 16K row's unpublished recompute is guessed full).
     # Pinned at today's values so an improvement shows up as an easy tightening.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.207, abs=0.02)
-    assert modern.max_abs_time_error == pytest.approx(0.428, abs=0.03)
+    assert modern.mean_abs_time_error == pytest.approx(0.195, abs=0.02)
+    assert modern.max_abs_time_error == pytest.approx(0.382, abs=0.03)
     assert s.mean_abs_time_error == pytest.approx(0.120, abs=0.015)
 
 
