@@ -31,6 +31,14 @@ def test_small_all_reduce_is_latency_bound_at_the_published_latency():
     assert (pick.algorithm, pick.protocol) == ("tree", "LL")
 
 
+def test_mid_size_all_reduce_matches_the_published_curve():
+    """Same curve, 16 MiB: 274.05 us (bus bandwidth 114.79 GB/s), where latency and bandwidth
+    weigh alike and NCCL runs LL128."""
+    g = two_dgx(A100)
+    assert nccl.collective_s("all_reduce", 16 * 2**20, g) == pytest.approx(274.05e-6, rel=0.1)
+    assert nccl.best("all_reduce", 16 * 2**20, g).protocol == "LL128"
+
+
 def test_protocol_follows_message_size_as_nccl_tunes_it():
     """LL for tiny buffers, LL128 in between, Simple for large ones (Hu et al. 2025, §3: LL
     lowest latency, LL128 ~95% of Simple's bandwidth, Simple the peak)."""
