@@ -28,6 +28,7 @@ HARDWARE_JSON = {
     "nics_per_node": Int(1, MAX_GPUS_PER_NODE, nullable=True),
     "nic_gbps": Num(0, MAX_GBPS, low_open=True, nullable=True),
     "rail_optimized": Bool(nullable=True),
+    "nvlink_domain": Int(1, MAX_GPUS_PER_NODE, nullable=True),
     "sources": Free(),
 }
 
