@@ -28,6 +28,8 @@ HARDWARE_JSON = {
     "nics_per_node": Int(1, MAX_GPUS_PER_NODE, nullable=True),
     "nic_gbps": Num(0, MAX_GBPS, low_open=True, nullable=True),
     "rail_optimized": Bool(nullable=True),
+    "peak_fp8_tflops": Num(0, MAX_TFLOPS, low_open=True, nullable=True),
+    "fp8_matmul_efficiency": Num(0, 1, low_open=True, nullable=True),
     "nvlink_domain": Int(1, MAX_GPUS_PER_NODE, nullable=True),
     "sources": Free(),
 }
