@@ -34,9 +34,14 @@ MEMORY_EFFICIENCY = 0.9
 NETWORK_EFFICIENCY = 0.8
 
 # Achieved fraction of the NICs' line rate by NCCL collectives at large message sizes, all NICs of
-# a node busy: for now the NVLink figure (the value every link had before the two were told apart).
-# A profile's network_efficiency scales it by the same factor (comm.efficiencies).
-NIC_EFFICIENCY = NETWORK_EFFICIENCY
+# a node busy. "on DGX with 8 NICs and a top speed of 190 GB/s" (S. Jeaugey, NVIDIA/nccl issue
+# #689: eight 200 Gb/s HDR NICs = 200 GB/s, 0.95); nccl-tests all_reduce_perf on 2 x 8 A100-80GB
+# with 8 HDR HCAs per node reads 194.06 GB/s bus bandwidth at 2 GiB (dstackai/dstack
+# examples/clusters/crusoe/README.md @33be4e79: 0.97) and on 2 x 8 H100 with 8 x 400 Gb/s 392.29
+# GB/s at 4 GiB (wutz/k8s-in-action ai/nccl-tests/README.md @aed28ba: 0.98). NCCL's own model
+# takes a NIC at its line rate. 0.95, the lowest of the three. A profile's network_efficiency
+# scales it by the same factor (comm.efficiencies).
+NIC_EFFICIENCY = 0.95
 
 # Latency of one NCCL ring step (per hop): ~5 us within a node, ~10 us across InfiniBand
 # (nccl-tests small-message latency on DGX A100). Used for tensor-parallel collectives and
