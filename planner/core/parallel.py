@@ -13,6 +13,12 @@ from dataclasses import dataclass
 from planner.core.errors import PlanInputError
 
 RECOMPUTE_MODES = ("none", "selective", "full")
+# Megatron's --recompute-modules the planner prices under "selective" (planner/cost/recompute.py);
+# Megatron-Core TransformerConfig.recompute_modules: '"core_attn": recompute the core attention
+# part of the transformer layer. "moe_act": recompute the MoE MLP activation function.
+# "layernorm": recompute the input_layernorm and pre_mlp_layernorm.' Its "mla_up_proj", "mlp",
+# "moe" and "shared_experts" are not priced (a stack naming them is refused).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
 
 

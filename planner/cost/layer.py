@@ -21,6 +21,7 @@ from planner.cost import comm, context, mla, moe
 from planner.cost import elementwise
 from planner.cost import gemm
 from planner.cost import precision
+from planner.cost import recompute as recompute_modules
 from planner.hardware.profiles import Hardware
 from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
@@ -218,8 +219,11 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
 
     if recompute == "full" and layer.kind == "block":
         recompute_s, recompute_flops = fwd_s, fwd_flops  # before TP comm is added below
-    elif recompute == "selective" and layer.kind == "block" and not flash:
-        recompute_s, recompute_flops = attn_fwd_s, w.attn_model_flops
+    elif recompute == "selective" and layer.kind == "block":
+        # the stack's --recompute-modules (cost/recompute.py); FLOPs only for core_attn's
+        recompute_s = recompute_modules.rebuild_s(layer, shape, flash, attn_fwd_s, mem_rate)
+        recompute_flops = w.attn_model_flops if (
+            recompute_modules.drops_scores(shape) and not flash) else 0.0
     else:
         recompute_s, recompute_flops = 0.0, 0.0
 

@@ -6,7 +6,8 @@ counted the same way the paper counts GPT (for a GPT block they reduce exactly t
   no parallelism        s·b·h·(34 + 5as/h)
   tensor parallel t     s·b·h·(10 + 24/t + 5as/(ht))
   t + sequence parallel s·b·h·(34 + 5as/h)/t
-  selective recompute   drops the 5as/h term (scores, softmax, dropout mask)
+  selective recompute   drops the 5as/h term (scores, softmax, dropout mask); Megatron's other
+                        --recompute-modules drop what cost/recompute.py lists
   full recompute        2·s·b·h per layer (the layer input), /t with sequence parallel
 Flash attention never stores the s×s scores, so it drops the 5as/h term as selective recompute does.
 A model trained without dropout (Llama, MPT: ``Layer.dropout`` False) keeps no masks: 2·sbh less
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import constants, mla, moe
+from planner.cost import constants, mla, moe, recompute as modules
 from planner.model.spec import Layer
 
 ACT_BYTES = 2  # 16-bit activations
@@ -46,6 +47,10 @@ class Shape:
     etp: int = 0
     ep_in_domain: int = 0
     expert_load: float = 1.0
+    # the stack's routing weights multiply the experts' activation (their outputs not kept)
+    moe_probs_in_activation: bool = False
+    # the stack's modules a "selective" recompute recomputes (cost/recompute.py)
+    recompute_modules: tuple[str, ...] = ("core_attn",)
 
     @property
     def tokens(self) -> int:
@@ -76,8 +81,10 @@ def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) ->
         return 2 * ACT_BYTES * sbh * rep + LOGIT_BYTES * s * b * layer.padded_vocab(t) / t
     if recompute == "full":
         return ACT_BYTES * sbh * rep
-    return _block_kept(layer, shape) + (0 if recompute == "selective" or flash
-                                        else _scores_bytes(layer, shape))
+    if recompute == "selective":
+        scores = 0.0 if flash or modules.drops_scores(shape) else _scores_bytes(layer, shape)
+        return _block_kept(layer, shape) + scores - modules.discarded_bytes(layer, shape)
+    return _block_kept(layer, shape) + (0 if flash else _scores_bytes(layer, shape))
 
 
 def _block_kept(layer: Layer, shape: Shape) -> float:
@@ -127,7 +134,14 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
         return ACT_BYTES * s * b * layer.padded_vocab(t) / t + 2 * ACT_BYTES * s * b * h * rep
     if layer.kind != "block":
         return 2 * ACT_BYTES * s * b * h * rep
-    rebuilt = activation_bytes(layer, shape, "none", flash) if recompute != "none" else 0.0
+    # what the backward rebuilds: the whole block under full recompute and (conservatively, as
+    # before the modules were priced) under Korthikanti's core_attn selective; under Megatron's
+    # output-discarding modules only what they discarded (cost/recompute.py)
+    rebuilt = 0.0
+    if recompute == "full" or (recompute == "selective" and modules.drops_scores(shape)):
+        rebuilt = activation_bytes(layer, shape, "none", flash)
+    elif recompute == "selective":
+        rebuilt = modules.discarded_bytes(layer, shape)
     width = (2 if layer.mlp == "swiglu" else 1) * layer.ffn_hidden_size
     mlp_moment = ACT_BYTES * s * b * (2 * h * rep + 2 * width / t)
     if layer.is_moe:  # the gradients of the routed copies' inputs and FC1 outputs

@@ -140,15 +140,19 @@ def dispatch_s(layer: Layer, shape, hw: Hardware) -> float:
 def kept_bytes(layer: Layer, shape) -> float:
     """Activations an MoE MLP keeps for the backward, beyond its input (counted as a dense MLP's
     is): the router's fp32 probabilities (T·E, replicated across TP unless SP), per routed copy
-    the expert's input (2h), its FC1 outputs and activation (SwiGLU 6f/etp, GeLU 4f/etp) and its
-    output (2h, which the combine's gradient with respect to the routing weights needs), and the
-    shared experts as a dense MLP (sharded by tp)."""
+    the expert's input (2h), its FC1 outputs and activation (SwiGLU 6f/etp, GeLU 4f/etp), and
+    the shared experts as a dense MLP (sharded by tp). Where the routing weights multiply the
+    experts' outputs (torchtitan, DeepSpeed-MoE) the weights' gradient needs each copy's output
+    (2h more); where they multiply the activation inside the expert (Megatron-Core's
+    ``activation_func_with_probs(fc1_output, permuted_probs)``; the stack's
+    ``moe_probs_in_activation``) the FC1 output already kept serves, and the activation keeps
+    the copy's fp32 weight instead (4 bytes)."""
     sb, t = shape.tokens, shape.tp
     rep = 1 / t if shape.sp else 1.0
     router = ROUTER_PROB_BYTES * sb * layer.num_experts * rep
     f = layer.ffn_hidden_size / expert_tp(shape)
-    per_copy = 2 * layer.hidden_size + (6 if layer.mlp == "swiglu" else 4) * f + \
-        2 * layer.hidden_size
+    weight = ROUTER_PROB_BYTES if shape.moe_probs_in_activation else 2 * layer.hidden_size
+    per_copy = 2 * layer.hidden_size + (6 if layer.mlp == "swiglu" else 4) * f + weight
     shared = sb * (6 if layer.mlp == "swiglu" else 4) * layer.shared_ffn_hidden_size / t
     return router + routed_copies(layer, shape) * per_copy + shared
 
@@ -162,14 +166,15 @@ def ep_in_domain(etp: int, ep: int, domain: int) -> int:
 
 def shape_fields(par, hw: Hardware, opts) -> dict:
     """The Shape fields of a configuration's experts: ep, etp, EP members per NVLink domain (the
-    hardware's domain, else its node; make_cluster sets the hardware's node size) and the
-    stack's expert load."""
+    hardware's domain, else its node; make_cluster sets the hardware's node size), the stack's
+    expert load and where it applies the routing weights."""
     domain = hw.nvlink_domain or hw.gpus_per_node  # as Cluster.nvlink_domain rules it:
     if domain % hw.gpus_per_node:  # a domain that does not hold whole nodes is one node
         domain = hw.gpus_per_node
     return dict(ep=par.ep, etp=par.expert_tp,
                 ep_in_domain=ep_in_domain(par.expert_tp, par.ep, domain),
-                expert_load=opts.moe_expert_load)
+                expert_load=opts.moe_expert_load,
+                moe_probs_in_activation=opts.moe_probs_in_activation)
 
 
 def notes(model, par, opts) -> tuple[str, ...]:

@@ -191,6 +191,14 @@ def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Sta
         mlp += (sb * h * rep + sb * sf / t) if sf else 0.0
     # MLA: the latent up-projections' inputs are not counted (left 16-bit: conservative)
     values = sb * h * rep + sb * layer.v_size / t + mlp
+    if recompute == "selective":  # what Megatron's modules discard is not kept at all
+        mods = shape.recompute_modules
+        if "layernorm" in mods:  # the QKV and MLP inputs are the norm outputs
+            values -= sb * h * rep + (sb * h * rep if not layer.is_moe or
+                                      layer.shared_ffn_hidden_size else 0.0)
+        if "moe_act" in mods and layer.is_moe:
+            values -= moe.routed_copies(layer, shape) * layer.ffn_hidden_size / \
+                moe.expert_tp(shape)
     return (ACT_BYTES - FP8_BYTES) * values
 
 

@@ -293,11 +293,15 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
     gb, mb = int(cf["global_batch"]), int(cf.get("micro_batch") or 1)
     v = int(cf.get("virtual_stages") or 1)
-    recompute = "full" if str(cf.get("recompute") or "").lower().startswith("full") else "none"
+    text = str(cf.get("recompute") or "none").lower()
+    # Megatron's selective recompute of named modules: the case's stack_overrides name them
+    # (recompute_modules, cost/recompute.py) as its source's --recompute-modules does
+    recompute = "full" if text.startswith("full") else "none" if text == "none" else "selective"
     if cf.get("recompute") is None:
         notes.append("recompute unpublished: none")
-    elif str(cf["recompute"]).lower() not in ("none", "full"):
-        notes.append(f"recompute '{cf['recompute']}' (selected modules) priced as none")
+    elif recompute == "selective":
+        notes.append(f"recompute '{cf['recompute']}': selective, modules "
+                     f"{', '.join(opts.recompute_modules)}")
     etp = cf.get("etp")
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
                    schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,

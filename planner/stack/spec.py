@@ -15,7 +15,7 @@ from dataclasses import dataclass, fields
 
 from planner.core import schema
 from planner.core.errors import PlanInputError
-from planner.core.parallel import SCHEDULES
+from planner.core.parallel import RECOMPUTE_MODULES, SCHEDULES
 
 # bytes per element of each dtype a stack names
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
@@ -72,6 +72,15 @@ class Stack:
     # MoE: routed tokens on the busiest GPU over the mean (1.0 balanced; a capacity factor caps
     # it); scales expert time and all-to-all bytes, not model FLOPs (planner/cost/moe.py)
     moe_expert_load: float
+    # MoE: the routing weights multiply the routed experts' activation output (Megatron-Core),
+    # so the experts' outputs are not kept for the weights' gradient; False: the weights multiply
+    # the experts' outputs, which are kept (planner/cost/moe.py kept_bytes)
+    moe_probs_in_activation: bool
+    # Megatron's --recompute-modules: what a block recomputes when its recompute mode is
+    # "selective" (planner/cost/recompute.py): "core_attn" (the s x s scores; nothing more with
+    # flash attention), "layernorm" (the two norm outputs), "moe_act" (the routed experts'
+    # activation output)
+    recompute_modules: tuple[str, ...]
     # context parallelism's K/V exchange (cost/context.py): "p2p" ring, "a2a" all-to-all
     # (Ulysses), "allgather"; None: the stack runs no context parallelism (cp > 1 refused)
     cp_comm: str | None
@@ -169,7 +178,7 @@ _CHOICES = {
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
-          "fp8_weight_cache", "fp8_saved_activations")
+          "fp8_weight_cache", "fp8_saved_activations", "moe_probs_in_activation")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1), "moe_expert_load": (1.0, 64.0)}
@@ -209,6 +218,13 @@ def check_value(key: str, value, origin: str):
                 s not in SCHEDULES for s in value) or len(set(value)) != len(value):
             raise PlanInputError(f"{where} must be a non-empty list of distinct schedules from "
                                  f"{', '.join(SCHEDULES)}, got {value!r}")
+        return tuple(value)
+    if key == "recompute_modules":
+        if not isinstance(value, (list, tuple)) or not value or any(
+                m not in RECOMPUTE_MODULES for m in value) or len(set(value)) != len(value):
+            raise PlanInputError(f"{where} must be a non-empty list of distinct modules from "
+                                 f"{', '.join(RECOMPUTE_MODULES)} (Megatron's other "
+                                 f"--recompute-modules are not priced), got {value!r}")
         return tuple(value)
     if key == "fp32_grad_accumulation_zero":
         if not isinstance(value, (list, tuple)) or any(
