@@ -175,13 +175,20 @@ def test_moe_step_time_error(both):
     # Optimistic on the intra-node EP8 Qwen3-235B rows (-25%, -33%: grouped-GEMM efficiency,
     # router and permutation kernels priced at the dense rates), pessimistic on the cross-node
     # EP32 row (+24%: DeepEP sends a token once per node, the all-to-all priced here once per
-    # expert) and on the NeMo Automodel rows, whose recompute is unpublished: none does not fit,
-    # so full recompute is priced (+17% .. +51%). Pinned at today's values so an improvement
-    # shows up as a tightening.
+    # expert) and on the NeMo Automodel rows, priced with full recompute (+17% .. +51%; the
+    # 30B row's config sets activation_checkpointing, the DeepSeek rows' is unpublished and
+    # none does not fit). Pinned at today's values so an improvement shows up as a tightening.
+    # The 'norm, act' rows run Megatron's selective recompute of the norms and the experts'
+    # activation (cost/recompute.py, +0.1 point on the mean: the rebuilt passes).
     _, s = both
     moe = dict(s.groups)["moe"]
-    assert moe.mean_abs_time_error == pytest.approx(0.302, abs=0.02)
+    assert moe.mean_abs_time_error == pytest.approx(0.303, abs=0.02)
     assert moe.max_abs_time_error == pytest.approx(0.506, abs=0.03)
+    # Out of memory where it ran: only the Automodel Qwen3-30B row (16 experts a GPU held at
+    # the torchtitan stack's fp32 master, fp32 gradients and Adam, 57 GiB, beside unfused fp32
+    # cross-entropy buffers, 23 GiB, where its config runs the loss in bf16). Pinned so that a
+    # fix shows up here.
+    assert moe.oom_mismatches == ("moe-automodel-qwen3-30b-h100-8gpu-ep8",)
 
 
 def test_modern_memory(both):
