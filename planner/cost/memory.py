@@ -49,6 +49,8 @@ class Shape:
     expert_load: float = 1.0
     # the stack's routing weights multiply the experts' activation (their outputs not kept)
     moe_probs_in_activation: bool = False
+    # the stack's token dispatcher: "alltoall", or "deepep" (cost/moe.py deepep_s)
+    moe_dispatcher: str = "alltoall"
     # the stack's modules a "selective" recompute recomputes (cost/recompute.py)
     recompute_modules: tuple[str, ...] = ("core_attn",)
 

@@ -4,7 +4,8 @@ dispatch/combine all-to-all, expert weights sharded by expert parallelism, kept 
 How a block runs (Megatron-Core's MoE layer with the all-to-all token dispatcher, which DeepSeek-V3
 §3.2.2 describes likewise): the router (one h x E matmul, a softmax or sigmoid and a top-k) picks
 moe_top_k experts per token; each token is sent to the GPUs holding its experts (dispatch
-all-to-all over the EP group), the experts run as grouped GEMMs, and the outputs come back
+all-to-all over the EP group; DeepEP's kernels where the stack says so, deepep_s), the experts
+run as grouped GEMMs, and the outputs come back
 (combine all-to-all) to be weighted and summed; shared experts run as a dense MLP beside them.
 Expert weights are split over ep x etp GPUs: each holds num_experts / ep experts, each expert's
 matrices split etp ways (--expert-tensor-parallel-size); dense weights stay split by tp.
@@ -125,6 +126,44 @@ def all_to_all_s(nbytes: float, ep: int, in_domain: int, hw: Hardware) -> float:
     return max(nvlink, network) + latency
 
 
+def remote_domains_per_token(layer: Layer, ep: int, in_domain: int) -> float:
+    """Expected number of other NVLink domains of the EP group that hold at least one of a
+    token's top-k experts, routing uniform over the experts (the balanced routing the load
+    knob's 1.0 states): the group spans D = ceil(ep / in_domain) domains of E / D experts each;
+    a domain receives none of the k distinct experts with probability
+    C(E - E/D, k) / C(E, k) = prod_{i<k} (E - E/D - i) / (E - i)."""
+    domains = -(-ep // max(1, in_domain))
+    if domains <= 1:
+        return 0.0
+    e, k = layer.num_experts, layer.moe_top_k
+    per = e / domains
+    miss = 1.0
+    for i in range(k):
+        miss *= max(0.0, (e - per - i) / (e - i))
+    return (domains - 1) * (1 - miss)
+
+
+def deepep_s(layer: Layer, shape, hw: Hardware) -> float:
+    """One DeepEP dispatch (or combine) across NVLink domains (DeepEP's normal kernels): a token
+    crosses the network once per destination domain, not once per expert, and is forwarded
+    there over NVLink to each GPU holding one of its experts. DeepEP csrc/kernels/internode.cu:
+    the token's network copy carries ``SourceMeta(int rdma_rank, const bool*
+    is_token_in_nvl_ranks)``, one bit per NVLink peer of the destination node that needs it.
+    Network: the token (2h, times the load) times the expected remote domains; NVLink: every
+    copy for another GPU of a domain, sent directly or forwarded, crosses NVLink once:
+    k·(d - 1)/d copies with d EP members per domain. Both at once, plus a network latency.
+    Within one domain it is the all-to-all (all_to_all_s)."""
+    ep = shape.ep
+    in_domain = max(1, min(shape.ep_in_domain or ep, ep))
+    if in_domain >= ep:
+        return all_to_all_s(dispatch_bytes(layer, shape), ep, in_domain, hw)
+    intra, inter = comm.links(hw)
+    token = ACT_BYTES * shape.tokens / shape.tp * layer.hidden_size * shape.expert_load
+    network = token * remote_domains_per_token(layer, ep, in_domain) / inter.bytes_per_s
+    nvlink = token * layer.moe_top_k * (in_domain - 1) / in_domain / intra.bytes_per_s
+    return max(network, nvlink) + inter.latency_s
+
+
 def dispatch_s(layer: Layer, shape, hw: Hardware) -> float:
     """One dispatch (or combine): the EP all-to-all, plus the etp all-gather (or
     reduce-scatter) of the routed copies over NVLink."""
@@ -132,7 +171,10 @@ def dispatch_s(layer: Layer, shape, hw: Hardware) -> float:
         return 0.0
     ep, etp = shape.ep, expert_tp(shape)
     in_domain = shape.ep_in_domain or ep
-    a2a = all_to_all_s(dispatch_bytes(layer, shape), ep, in_domain, hw)
+    if shape.moe_dispatcher == "deepep":
+        a2a = deepep_s(layer, shape, hw)
+    else:
+        a2a = all_to_all_s(dispatch_bytes(layer, shape), ep, in_domain, hw)
     gather = comm.all_gather_s(dispatch_bytes(layer, shape) * etp, etp, comm.links(hw)[0])
     return a2a + gather
 
@@ -174,7 +216,8 @@ def shape_fields(par, hw: Hardware, opts) -> dict:
     return dict(ep=par.ep, etp=par.expert_tp,
                 ep_in_domain=ep_in_domain(par.expert_tp, par.ep, domain),
                 expert_load=opts.moe_expert_load,
-                moe_probs_in_activation=opts.moe_probs_in_activation)
+                moe_probs_in_activation=opts.moe_probs_in_activation,
+                moe_dispatcher=opts.moe_dispatcher)
 
 
 def notes(model, par, opts) -> tuple[str, ...]:

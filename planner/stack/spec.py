@@ -76,6 +76,9 @@ class Stack:
     # so the experts' outputs are not kept for the weights' gradient; False: the weights multiply
     # the experts' outputs, which are kept (planner/cost/moe.py kept_bytes)
     moe_probs_in_activation: bool
+    # MoE token dispatcher: "alltoall" (every routed copy sent to its expert's GPU), "deepep"
+    # (DeepEP: a token crosses the network once per destination node; cost/moe.py deepep_s)
+    moe_dispatcher: str
     # Megatron's --recompute-modules: what a block recomputes when its recompute mode is
     # "selective" (planner/cost/recompute.py): "core_attn" (the s x s scores; nothing more with
     # flash attention), "layernorm" (the two norm outputs), "moe_act" (the routed experts'
@@ -175,6 +178,7 @@ _CHOICES = {
     "cp_comm": (None, "p2p", "a2a", "allgather"),
     "precision": ("bf16", "fp8"),
     "fp8_recipe": ("delayed", "current", "rowwise", "blockwise"),
+    "moe_dispatcher": ("alltoall", "deepep"),
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
