@@ -1,15 +1,19 @@
 """Megatron's selective recompute of named modules (planner/cost/recompute.py) and the MoE
 tensors kept per routed copy (cost/moe.py kept_bytes), by hand against the tensors Megatron-Core's
 code saves; the stack field's validation; the Qwen3-235B 'norm, act' rows of the validation set
-no longer predicted out of memory."""
+no longer predicted out of memory; DeepEP's dispatch (cost/moe.py deepep_s) by enumeration and
+by hand."""
 
 import json
+from dataclasses import replace as dc_replace
+from itertools import combinations
+from math import comb
 from pathlib import Path
 
 import pytest
 
 from planner.core.errors import PlanInputError
-from planner.cost import constants, moe, recompute
+from planner.cost import comm, constants, moe, recompute
 from planner.cost.layer import layer_cost
 from planner.cost.memory import Shape, activation_bytes, working_bytes
 from planner.fidelity.cases import MOE_FILE, load_cases
@@ -112,3 +116,43 @@ def test_the_norm_act_rows_fit(name):
     row = validate_case(case)
     assert " selective " in row.configuration and not row.predicted_oom
     assert "layernorm, moe_act" in row.note
+
+
+# --- DeepEP's dispatch (cost/moe.py deepep_s) ----------------------------------------------------
+
+def test_remote_domains_per_token_by_enumeration():
+    # 8 experts in 4 domains of 2, top-2: every pair of distinct experts equally likely; the
+    # expected number of domains other than the sender's that a token reaches
+    layer = dc_replace(BLOCK, num_experts=8, moe_top_k=2)
+    pairs = list(combinations(range(8), 2))
+    by_hand = sum(len({e // 2 for e in pair} - {0}) for pair in pairs) / len(pairs)
+    assert moe.remote_domains_per_token(layer, ep=8, in_domain=2) == pytest.approx(by_hand)
+    assert moe.remote_domains_per_token(layer, ep=8, in_domain=8) == 0.0
+
+
+def test_qwen3_ep32_sends_each_token_to_fewer_nodes_than_experts():
+    # 128 experts over 4 nodes of 32, top-8: a node misses a token with probability
+    # C(96, 8) / C(128, 8); 3 other nodes
+    expected = 3 * (1 - comb(96, 8) / comb(128, 8))
+    assert moe.remote_domains_per_token(BLOCK, ep=32, in_domain=8) == pytest.approx(expected)
+    assert 2.6 < expected < 2.8  # where the all-to-all sends 8 x 24/32 = 6 copies off the node
+
+
+def test_deepep_prices_the_network_once_per_node():
+    s = shape(ep_in_domain=8, moe_dispatcher="deepep")
+    intra, inter = comm.links(H100)
+    token = 2 * 4096 / 2 * H  # the GPU's T/tp tokens, 16-bit
+    network = token * moe.remote_domains_per_token(BLOCK, 32, 8) / inter.bytes_per_s
+    nvlink = token * K * 7 / 8 / intra.bytes_per_s
+    assert moe.deepep_s(BLOCK, s, H100) == pytest.approx(max(network, nvlink) + inter.latency_s)
+    a2a = moe.dispatch_s(BLOCK, shape(ep_in_domain=8), H100)
+    assert moe.dispatch_s(BLOCK, s, H100) < 0.6 * a2a
+    # inside one NVLink domain DeepEP is the all-to-all
+    one = shape(ep=8, ep_in_domain=8)
+    assert moe.dispatch_s(BLOCK, dc_replace(one, moe_dispatcher="deepep"), H100) == \
+        pytest.approx(moe.dispatch_s(BLOCK, one, H100))
+
+
+def test_a_stack_naming_an_unknown_dispatcher_is_refused():
+    with pytest.raises(PlanInputError, match="moe_dispatcher"):
+        with_overrides(default_stack(), "test", moe_dispatcher="hybridep")
