@@ -134,3 +134,28 @@ def test_dependencies_hold_for_random_times(data, name, p, mult, v):
     eff_comm = [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
     _check_dependencies(r, fwd, bwd, wgrad, eff_comm)
 
+
+
+@pytest.mark.parametrize("name,v,actions", [("gpipe", 1, 2), ("1f1b", 1, 2), ("interleaved", 2, 2),
+                                            ("zb-h1", 1, 3)])
+def test_engine_costs_are_charged_once_per_action(name, v, actions):
+    """One rank has no bubble: its step is its compute plus one charge per action it runs (F, B
+    and, split, W), and a split backward costs split_backward x the backward more."""
+    m, a, x = 6, 0.25, 0.5
+    plain = simulate(name, 1, m, v, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0).makespan_s
+    charged = simulate(name, 1, m, v, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0, action_s=a,
+                       split_backward=x).makespan_s
+    extra_backward = x * 2.0 * m if name == "zb-h1" else 0.0
+    assert charged == pytest.approx(plain + actions * m * v * a + extra_backward)
+
+
+@pytest.mark.parametrize("name,p,v", [("gpipe", 4, 1), ("1f1b", 4, 1), ("interleaved", 4, 2),
+                                      ("zb-h1", 4, 1)])
+def test_engine_costs_agree_between_full_and_periodic_runs(name, p, v):
+    """The steady-period extrapolation (periodic.py) charges the same costs as op-by-op."""
+    times = dict(fwd_s=[1.0 + 0.1 * k for k in range(p * v)], bwd_s=2.0, wgrad_s=0.8,
+                 comm_s=0.05, action_s=0.03, split_backward=0.2)
+    full = simulate(name, p, 200, v, method="full", **times)
+    fast = simulate(name, p, 200, v, **times)
+    assert fast.makespan_s == pytest.approx(full.makespan_s, rel=1e-9)
+    assert fast.busy_s == pytest.approx(full.busy_s, rel=1e-9)

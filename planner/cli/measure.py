@@ -105,7 +105,7 @@ def simulate(
     force: bool = _flag(False, "--force", "Overwrite the SVG file."),
     stack: Optional[str] = typer.Option(None, "--stack",
                                         help="Check the schedule runs on this stack NAME or FILE "
-                                             "and add its per-action overhead."),
+                                             "and charge its per-action costs."),
 ):
     """Run a pipeline schedule op by op and draw it.
 
@@ -118,7 +118,7 @@ def simulate(
         job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                              plan_file)
         if stack is not None:
-            job = on_stack(job, resolve_stack(stack), from_plan=plan_file is not None)
+            job = on_stack(job, resolve_stack(stack))
         result = run_simulation(job)
         if svg is not None:
             write_text(svg, to_svg(result), force=force)

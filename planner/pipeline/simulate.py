@@ -12,6 +12,11 @@ that op's input finishes), so it is linear in the number of ops: `simulate_ops` 
 run instead and repeats its steady period exactly (planner/pipeline/periodic.py explains why that
 is exact), so its cost stops growing with the microbatch count once the pipeline is in steady
 state; the timeline it returns is then the short run's, a compressed picture of the step.
+
+What an engine adds to the compute (`charge_actions`): every action (F, B, W) costs the stack's
+``action_s`` more (dispatch, p2p setup: measured on torch.distributed.pipelining by
+benchmarks/bench_engine.py), and a backward split into B and W costs ``split_backward`` (a
+fraction) more than the fused one, spread over B and W in proportion.
 """
 
 from __future__ import annotations
@@ -93,6 +98,8 @@ def simulate(
     act_bytes: PerChunk | None = None,
     timeline: bool = True,
     method: str = "auto",
+    action_s: float = 0.0,
+    split_backward: float = 0.0,
 ) -> SimResult:
     """Simulate schedule `name` for p ranks, m microbatches, v chunks per rank.
 
@@ -105,10 +112,13 @@ def simulate(
     and, for long ones, times a short run and repeats its steady period (or, for GPipe, uses its
     exact closed form): the same step, busy, idle and peaks, at a cost that stops growing with m.
     The timeline is then the short run's (``timeline_m`` says how many microbatches it draws).
+    ``action_s`` and ``split_backward``: the engine's per-action costs (see `charge_actions`).
     """
     if method not in ("auto", "full"):
         raise ScheduleError(f"unknown simulation method {method!r}; choose auto or full")
     check_args(name, p, m, v)
+    fwd_s, bwd_s, wgrad_s = charge_actions(name in SPLIT_BACKWARD, p * v, fwd_s, bwd_s, wgrad_s,
+                                           action_s, split_backward)
     args = dict(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s, comm_s=comm_s, act_bytes=act_bytes)
     if method == "auto" and m > FULL_UP_TO:
         if name == "gpipe" and m > _gpipe_drawn(p):
@@ -138,6 +148,32 @@ def _effective_comm(comm_s: PerChunk, p: int, v: int) -> list[float]:
     chunks = p * v
     comm = _per_chunk(comm_s, chunks - 1, "comm_s") if chunks > 1 else []
     return [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
+
+
+SPLIT_BACKWARD = ("zb-h1",)  # schedules whose backward runs as B (input grad) and W (weight grad)
+
+
+def charge_actions(split: bool, chunks: int, fwd_s: PerChunk, bwd_s: PerChunk,
+                   wgrad_s: PerChunk | None, action_s: float = 0.0,
+                   split_backward: float = 0.0) -> tuple[PerChunk, PerChunk, PerChunk | None]:
+    """Per-chunk (fwd_s, bwd_s, wgrad_s) with the engine's per-action costs charged.
+
+    Every action costs ``action_s`` more: F and a fused B once each; a split backward runs two
+    actions (B and W), so bwd_s gains 2 x action_s and wgrad_s one. A split backward also costs
+    ``split_backward`` x its compute more than the fused one (torch.distributed.pipelining's
+    stage_backward_input + stage_backward_weight against stage_backward, measured by
+    benchmarks/bench_engine.py --split), charged in proportion to B and W. Without either cost
+    the times come back as given."""
+    if not action_s and not (split and split_backward):
+        return fwd_s, bwd_s, wgrad_s
+    fwd = [f + action_s for f in _per_chunk(fwd_s, chunks, "fwd_s")]
+    bwd = _per_chunk(bwd_s, chunks, "bwd_s")
+    if not split:
+        return fwd, [b + action_s for b in bwd], wgrad_s
+    wgrad = _per_chunk(wgrad_s, chunks, "wgrad_s") or [b / 2 for b in bwd]
+    scale = 1.0 + split_backward
+    return (fwd, [b * scale + 2 * action_s for b in bwd],
+            [w * scale + action_s for w in wgrad])
 
 
 def _op_times(split: bool, chunks: int, fwd_s, bwd_s, wgrad_s) -> tuple[list[float], ...]:
@@ -255,8 +291,13 @@ def simulate_ops(
     comm_s: PerChunk = 0.0,
     act_bytes: PerChunk | None = None,
     timeline: bool = True,
+    action_s: float = 0.0,
+    split_backward: float = 0.0,
 ) -> SimResult:
     """Time given per-rank compute op lists (SEND/RECV are skipped); see `simulate`."""
+    split = any(op.kind == "W" for rank in ops for op in rank)
+    fwd_s, bwd_s, wgrad_s = charge_actions(split, p * v, fwd_s, bwd_s, wgrad_s, action_s,
+                                           split_backward)
     return _simulate_ops(ops, name, p, m, v, fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s,
                          comm_s=comm_s, act_bytes=act_bytes, timeline=timeline)[0]
 

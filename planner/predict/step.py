@@ -24,7 +24,7 @@ from planner.cost.memory import ACT_BYTES, Shape
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
-from planner.pipeline.simulate import simulate
+from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import state_bytes, memory_parts
 from planner.predict.chunks import ChunkArrays, CostTable, split_stages
@@ -120,18 +120,22 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
     inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
                                              par.virtual_stages), dtype=float)
-    rank_time = stages.by_rank(stages.time_s + 2 * p2p, p)
+    engine = (opts.pipeline_action_overhead_s, opts.split_backward_overhead)
+    charged = charge_actions(par.schedule in SPLIT_BACKWARD, par.num_chunks, stages.fwd_s,
+                             stages.bwd_s, stages.bwd_weight_s, *engine)  # the engine's costs
+    rank_time = stages.by_rank(np.add(charged[0], charged[1]) + 2 * p2p, p)
     held = None
     if simulated:
         args = (par.schedule, p, par.num_microbatches, par.virtual_stages,
                 tuple(stages.fwd_s.tolist()), tuple(stages.bwd_s.tolist()),
                 tuple(stages.bwd_weight_s.tolist()), tuple(p2p[:-1].tolist()),
-                tuple(stages.act_bytes.tolist()))
+                tuple(stages.act_bytes.tolist()), engine)
         sim = (sim_cache or {}).get(args)
         if sim is None:
-            name, pp, m, v, fwd, bwd, wgrad, comm_s, act = args
+            name, pp, m, v, fwd, bwd, wgrad, comm_s, act, (action_s, split) = args
             sim = simulate(name, pp, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm_s,
-                           act_bytes=act, timeline=False)
+                           act_bytes=act, timeline=False, action_s=action_s,
+                           split_backward=split)
             if sim_cache is not None:  # configurations differing only in ZeRO share a schedule
                 sim_cache[args] = sim
         pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
@@ -196,7 +200,7 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
     for mode in set(modes) - set(by_mode):
         by_mode[mode] = CostTable(model_layer_costs(model, par, cluster.hardware, opts, mode,
                                                     profile))
-    stages = split_stages(by_mode, bounds, modes, opts.pipeline_action_overhead_s)
+    stages = split_stages(by_mode, bounds, modes)
     pred = predict(model, cluster, par, opts, stages, simulated, sim_cache)
     plan_stages = tuple(
         Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),

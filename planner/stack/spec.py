@@ -67,8 +67,12 @@ class Stack:
     fused_elementwise: bool
     # pipeline schedules the stack runs
     schedules: tuple[str, ...]
-    # fixed cost of each pipeline action (one forward or backward of a chunk), seconds
+    # fixed cost of each pipeline action (a chunk's forward, backward, or in zero-bubble
+    # schedules its input- or weight-gradient half), seconds; the simulator charges it per action
     pipeline_action_overhead_s: float
+    # how much more a backward split into input-grad (B) and weight-grad (W) actions costs than
+    # the fused backward, as a fraction of the backward (0.1: B + W = 1.1 x fused)
+    split_backward_overhead: float
     # where each value comes from, by field name
     sources: tuple[tuple[str, str], ...] = ()
     # fields changed from the named stack by flags or a case ("field", "value" as text)
@@ -149,7 +153,7 @@ _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
-           "pipeline_action_overhead_s": (0.0, 0.1)}
+           "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0)}
 
 
 def check_value(key: str, value, origin: str):
