@@ -12,7 +12,7 @@ from planner.core.errors import PlanInputError
 from planner.core.files import write_text
 from planner.core.text import for_rich
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import export_plan, implied_launcher, parse_targets
+from planner.launchers import export_plan, implied_launcher, parse_targets, plan_document
 from planner.profiling.record import load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
@@ -168,7 +168,8 @@ def solve(
                                   torchtitan_version=torchtitan_version)
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
-            doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
+            doc = {"plans": [plan_document(p) for p in result.plans],  # plan.json v2 each
+                   "rejected": result.rejected,
                    "search": {"considered": result.considered, "screened": result.screened,
                               "not_refined": result.not_refined, "feasible": result.feasible,
                               "folded": result.folded, "returned": len(result.plans)}}

@@ -21,6 +21,8 @@ from planner.launchers.common import ExportError, Facts, plan_digest
 from planner.launchers.megatron import parse_megatron_args
 from planner.predict.plan import Plan
 
+plan_document = plan_json.document  # the plan.json v2 document: export and `solve --json` alike
+
 EXPORTERS: dict[str, ModuleType] = {
     "json": plan_json,
     "megatron": megatron,
@@ -31,7 +33,8 @@ EXPORTERS: dict[str, ModuleType] = {
 LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
 __all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "implied_launcher",
-           "launcher_allows", "parse_megatron_args", "parse_targets", "render_all"]
+           "launcher_allows", "parse_megatron_args", "parse_targets", "plan_document",
+           "render_all"]
 
 
 def _exporter(target: str) -> ModuleType:
