@@ -12,7 +12,8 @@ from planner.core.errors import PlanInputError
 from planner.core.files import write_text
 from planner.core.text import for_rich
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import export_plan, implied_launcher, parse_targets, plan_document
+from planner.launchers import (export_plan, implied_launcher, parse_targets, plan_document,
+                               refuse_unbuildable)
 from planner.profiling.record import load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
@@ -137,6 +138,7 @@ def solve(
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel)
         launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
+        refuse_unbuildable(launcher, spec)
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
         measured = load_profile(profile_file) if profile_file is not None else None
