@@ -159,3 +159,31 @@ def test_engine_costs_agree_between_full_and_periodic_runs(name, p, v):
     fast = simulate(name, p, 200, v, **times)
     assert fast.makespan_s == pytest.approx(full.makespan_s, rel=1e-9)
     assert fast.busy_s == pytest.approx(full.busy_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+@pytest.mark.parametrize("m", [9, 24, 64])
+def test_zb_2p_reaches_the_start_offset_bound_when_f_b_w_are_equal(p, m):
+    """With F = B = W and free transfers no schedule beats 3m + p - 1 (the last rank starts
+    after p - 1 forwards and runs 3m actions): zb-2p reaches it, as zb-h1 does."""
+    r = simulate("zb-2p", p, m, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0)
+    assert r.makespan_s == pytest.approx(3 * m + p - 1)
+    assert r.bubble_fraction == pytest.approx(closed_form_bubble("zb-2p", p, m))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 8), st.integers(0, 3), st.floats(0.3, 2.0), st.floats(0.3, 2.0),
+       st.floats(0.0, 0.5))
+def test_zb_2p_never_slower_than_zb_h1_from_2p_microbatches(p, extra, b, w, comm):
+    """The memory zb-2p spends (2p microbatches instead of p) buys time: with m >= 2p it is
+    never slower than zb-h1 whatever B, W and the transfers cost (F = 1)."""
+    m = 2 * p + extra
+    times = dict(fwd_s=1.0, bwd_s=b + w, wgrad_s=w, comm_s=comm)
+    two = simulate("zb-2p", p, m, **times).makespan_s
+    assert two <= simulate("zb-h1", p, m, **times).makespan_s + 1e-9
+
+
+def test_zb_2p_beats_zb_h1_when_transfers_cost_time():
+    times = dict(fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0, comm_s=0.2)
+    assert simulate("zb-2p", 8, 24, **times).makespan_s < \
+        simulate("zb-h1", 8, 24, **times).makespan_s * 0.96

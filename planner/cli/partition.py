@@ -30,7 +30,7 @@ def partition(
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step.",
                                                show_default="4 x pp"),
-    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
+    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
     recompute: str = typer.Option("full", "--recompute",
                                   help="The most recompute a stage may use."),

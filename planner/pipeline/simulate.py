@@ -59,17 +59,24 @@ class SimResult:
     # microbatches the timeline draws when it is a compressed picture of a longer run (the steady
     # period repeats in between); None when it draws all m
     timeline_m: int | None = None
+    # the longest time a rank spends from its first op's start to its last op's end: what a step
+    # costs when consecutive steps overlap (no global sync before the optimizer step, as in the
+    # zero-bubble fork's optimizer post-validation); None: the makespan
+    span_s: float | None = None
+    rank_start_s: tuple[float, ...] = ()  # per rank, when its first op starts
 
 
 def closed_form_bubble(name: str, p: int, m: int, v: int = 1) -> float:
     """Textbook idle share of the step with uniform stages and free communication.
 
     GPipe/1F1B: (p-1)/(m+p-1); interleaved: (p-1)/(v*m+p-1); zb-h1 with F = B = W:
-    (p-1)/(3m+p-1), i.e. a third of 1F1B's idle time (Qi et al. 2023).
+    (p-1)/(3m+p-1), i.e. a third of 1F1B's idle time (Qi et al. 2023). zb-2p reaches the same
+    with F = B = W once m > p (the last rank cannot start before p-1 forwards): its gain over
+    zb-h1 shows when B and W differ or transfers cost time (tests/test_simulate.py).
     """
     if name == "interleaved":
         return (p - 1) / (v * m + p - 1)
-    if name == "zb-h1":
+    if name in SPLIT_BACKWARD:
         return (p - 1) / (3 * m + p - 1)
     return (p - 1) / (m + p - 1)
 
@@ -104,7 +111,7 @@ def simulate(
     """Simulate schedule `name` for p ranks, m microbatches, v chunks per rank.
 
     fwd_s, bwd_s, wgrad_s, act_bytes: a float for every chunk or a sequence of p*v indexed by
-    global chunk.  bwd_s is the full backward; in zb-h1, B takes bwd_s - wgrad_s and W takes
+    global chunk.  bwd_s is the full backward; in zb-h1 and zb-2p, B takes bwd_s - wgrad_s and W takes
     wgrad_s (default half of bwd_s); other schedules ignore wgrad_s.  comm_s: one transfer across
     a chunk boundary, float or p*v-1 values (boundary k sits between chunks k and k+1).
     ``timeline=False`` skips building the per-op timeline (the planner needs only the summary).
@@ -150,7 +157,7 @@ def _effective_comm(comm_s: PerChunk, p: int, v: int) -> list[float]:
     return [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
 
 
-SPLIT_BACKWARD = ("zb-h1",)  # schedules whose backward runs as B (input grad) and W (weight grad)
+SPLIT_BACKWARD = ("zb-h1", "zb-2p")  # schedules whose backward runs as B (input grad) and W (weight grad)
 
 
 def charge_actions(split: bool, chunks: int, fwd_s: PerChunk, bwd_s: PerChunk,
@@ -212,7 +219,7 @@ def _steady_cut(name, p, v, short, group):
     if keys is None:
         return None
     cuts = periodic.steady_cuts(ops, build_schedule(name, p, short + group, v), labels, keys,
-                                group, "W" if name == "zb-h1" else "B")
+                                group, "W" if name in SPLIT_BACKWARD else "B")
     # the last one: the fewest ops left to time symbolically after it
     return (ops, labels, cuts[-1], keys[cuts[-1]]) if cuts else None
 
@@ -221,7 +228,7 @@ def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline
     """Time the short run, read the period map T after ``cut`` and the cool-down's forms, and
     apply T (m - short) / group times (planner/pipeline/periodic.py)."""
     comm = _effective_comm(args["comm_s"], p, v)
-    fwd, bgrad, wgrad = _op_times(name == "zb-h1", p * v, args["fwd_s"], args["bwd_s"],
+    fwd, bgrad, wgrad = _op_times(name in SPLIT_BACKWARD, p * v, args["fwd_s"], args["bwd_s"],
                                   args["wgrad_s"])
     times = {"F": fwd, "B": bgrad, "W": wgrad}
 
@@ -243,16 +250,20 @@ def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline
     k = (m - short) // group
     state = periodic.power_apply(T, periodic.state_values(end, ops, labels, keys, cut + 1, group,
                                                           comm), k)
-    makespan = max(float((form + state).max()) for form in cooldown[1])
+    rank_end = [float((form + state).max()) for form in cooldown[1]]
+    makespan = max(rank_end)
+    span = max(e - s for e, s in zip(rank_end, run.rank_start_s))
     busy = [b + k * sum(duration(op) for op, x in zip(rank, lab) if x == cut)
             for b, rank, lab in zip(run.busy_s, ops, labels)]
     return _result(name, p, m, v, run.timeline, makespan, busy, run.peak_inflight,
-                   run.peak_activation_bytes, timeline_m=short if keep_timeline else None)
+                   run.peak_activation_bytes, timeline_m=short if keep_timeline else None,
+                   span=span, rank_start=run.rank_start_s)
 
 
 def _gpipe(p, m, keep_timeline, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes) -> SimResult:
     """GPipe at any m from its exact closed form (periodic.gpipe_makespan); the timeline is a
-    short run's."""
+    short run's. Rank 0 starts first and ends last (its B of microbatch 0), so no rank's span
+    is longer than the step."""
     fwd = _per_chunk(fwd_s, p, "fwd_s")
     bwd = _per_chunk(bwd_s, p, "bwd_s")
     act = _per_chunk(act_bytes, p, "act_bytes") or [0.0] * p
@@ -266,7 +277,8 @@ def _gpipe(p, m, keep_timeline, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes) -> 
                    timeline_m=_gpipe_drawn(p) if drawn else None)
 
 
-def _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, timeline_m=None) -> SimResult:
+def _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, timeline_m=None,
+            span=None, rank_start=()) -> SimResult:
     idle = [max(0.0, makespan - b) for b in busy]  # float sums can leave -1e-16
     total_busy = sum(busy)
     return SimResult(
@@ -275,6 +287,7 @@ def _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, timeline_m=
         bubble_fraction=sum(idle) / (p * makespan) if makespan > 0 else 0.0,
         bubble_ratio=sum(idle) / total_busy if total_busy > 0 else 0.0,
         peak_inflight=tuple(peak_n), peak_activation_bytes=tuple(peak_b), timeline_m=timeline_m,
+        span_s=makespan if span is None else span, rank_start_s=tuple(rank_start),
     )
 
 
@@ -378,7 +391,7 @@ def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> 
     makespan = max((e[-1] for e in ends if e), default=0.0)
     timeline = []
     busy, peak_n, peak_b = [], [], []
-    release = 2 if split else 1  # activation freed when W (zb-h1) or B ends
+    release = 2 if split else 1  # activation freed when W (zero bubble) or B ends
     for r in range(p):
         if keep_timeline:
             timeline.append(tuple(TimedOp(Op(kinds[kind], idx // chunks, idx % chunks), s, e)
@@ -397,4 +410,7 @@ def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> 
                 held -= act[k]
         peak_n.append(best_n)
         peak_b.append(best_b)
-    return _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b)
+    first = [s[0] if s else 0.0 for s in starts]
+    span = max((e[-1] - f for e, f in zip(ends, first) if e), default=0.0)
+    return _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, span=span,
+                   rank_start=first)

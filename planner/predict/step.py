@@ -24,6 +24,7 @@ from planner.cost.memory import ACT_BYTES, Shape
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
+from planner.pipeline.schedule import ZB_2P_LIMIT
 from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import state_bytes, memory_parts
@@ -82,6 +83,8 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
         return [m] * (p * v)
     if schedule == "zb-h1":
         return [min(p, m)] * p
+    if schedule == "zb-2p":  # every rank fills up to its limit (pipeline/schedule.py _zb_2p)
+        return [min(ZB_2P_LIMIT * p, m)] * p
     if schedule == "interleaved" and v > 1:
         out = []
         for k in range(p * v):
@@ -139,6 +142,8 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
             if sim_cache is not None:  # configurations differing only in ZeRO share a schedule
                 sim_cache[args] = sim
         pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
+        if opts.optimizer_post_validation:  # steps overlap: a step costs the longest rank span
+            pipeline_s = sim.span_s
         held = np.array(sim.peak_activation_bytes)
     else:
         pipeline_s = _pipeline_closed_form(par, rank_time)
@@ -226,7 +231,7 @@ def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
     fill = float(rank_time.sum())
     if par.schedule == "interleaved" and v > 1:
         fill = slowest + (fill - slowest) / v
-    elif par.schedule == "zb-h1":
+    elif par.schedule in SPLIT_BACKWARD:  # zb-2p: no closed form of its own, zb-h1's
         fill = slowest + (fill - slowest) / 3
     return (m - 1) * slowest + fill
 

@@ -73,6 +73,10 @@ class Stack:
     # how much more a backward split into input-grad (B) and weight-grad (W) actions costs than
     # the fused backward, as a fraction of the backward (0.1: B + W = 1.1 x fused)
     split_backward_overhead: float
+    # no global synchronisation before the optimizer step (the zero-bubble fork's optimizer
+    # post-validation): consecutive steps overlap, and a step costs the longest time one rank
+    # spends from its first to its last pipeline action instead of the whole makespan
+    optimizer_post_validation: bool
     # where each value comes from, by field name
     sources: tuple[tuple[str, str], ...] = ()
     # fields changed from the named stack by flags or a case ("field", "value" as text)
@@ -150,7 +154,8 @@ _CHOICES = {
     "zero3_gather": ("layer", "stage"),
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-          "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise")
+          "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
+          "optimizer_post_validation")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0)}
