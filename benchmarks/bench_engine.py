@@ -77,7 +77,9 @@ def _job(plan: Plan, out: Path):
     return json.loads((out / "plan.json").read_text()), job
 
 
-def engine_tables(args) -> None:
+def measure(args) -> dict:
+    """Run every schedule and the 1F1B measurement in one gloo world; median step times, the
+    per-action cost each run implies, and the predictions on the stack."""
     from planner.engine.costs import implied_action_overhead
     from planner.engine.torch_run import run_pipeline
 
@@ -89,14 +91,22 @@ def engine_tables(args) -> None:
         docs, jobs = zip(*(_job(plan, Path(tmp) / str(i)) for i, plan in enumerate(runs)))
         results = run_pipeline(list(docs), Path(tmp) / "run", steps=args.steps + 1, emulate=True)
     measured = [statistics.median(times[1:]) for _, times in results]
-    implied = [implied_action_overhead(job, m) for job, m in zip(jobs, measured)]
+    return {"stack_action_s": stack.pipeline_action_overhead_s,
+            "classes": [d["engines"]["torch_pipelining"]["schedule_class"] for d in docs],
+            "compute_s": [run_simulation(job).makespan_s for job in jobs],
+            "predicted_s": [run_simulation(on_stack(job, stack)).makespan_s for job in jobs],
+            "measured_s": measured,
+            "implied_s": [implied_action_overhead(job, m) for job, m in zip(jobs, measured)]}
 
+
+def engine_tables(args) -> None:
+    r = measure(args)
     table = Table(title=f"1. per-action overhead, measured: 1F1B, pp={args.pp}, "
                         f"M={args.measure_microbatches}, F = B = W = {args.ms:g} ms")
     for col in ("measured s", "compute only s", "implied ms per action", f"{STACK} stack ms"):
         table.add_column(col, justify="right")
-    table.add_row(f"{measured[-1]:.3f}", f"{run_simulation(jobs[-1]).makespan_s:.3f}",
-                  f"{implied[-1] * 1e3:.2f}", f"{stack.pipeline_action_overhead_s * 1e3:.2f}")
+    table.add_row(f"{r['measured_s'][-1]:.3f}", f"{r['compute_s'][-1]:.3f}",
+                  f"{r['implied_s'][-1] * 1e3:.2f}", f"{r['stack_action_s'] * 1e3:.2f}")
     Console(width=120).print(table)
 
     table = Table(title=f"2. engine vs simulator: pp={args.pp} M={args.microbatches}, F = B = W "
@@ -105,12 +115,11 @@ def engine_tables(args) -> None:
                 "measured/predicted", "implied ms per action"):
         table.add_column(col, justify="right")
     worst = 0.0
-    for (schedule, _), doc, job, m, c in zip(SCHEDULES, docs, jobs, measured, implied):
-        p = run_simulation(on_stack(job, stack)).makespan_s
+    for i, (schedule, _) in enumerate(SCHEDULES):
+        p, m = r["predicted_s"][i], r["measured_s"][i]
         worst = max(worst, abs(m / p - 1))
-        table.add_row(schedule, doc["engines"]["torch_pipelining"]["schedule_class"],
-                      f"{run_simulation(job).makespan_s:.3f}", f"{p:.3f}", f"{m:.3f}",
-                      f"{m / p:.3f}", f"{c * 1e3:.2f}")
+        table.add_row(schedule, r["classes"][i], f"{r['compute_s'][i]:.3f}", f"{p:.3f}",
+                      f"{m:.3f}", f"{m / p:.3f}", f"{r['implied_s'][i] * 1e3:.2f}")
     Console(width=120).print(table)
     print(f"worst |measured/predicted - 1| = {worst:.1%} (target: within 5%)")
 

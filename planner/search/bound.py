@@ -238,7 +238,9 @@ def step_bound(par: Parallel, cluster, opts, layers: LayerTimes, problem=None) -
     # the slowest layer; microbatch 0's forwards and input-gradient backwards form one chain
     pipeline = max(m * total / p, m * float(layers.time_s.max()), float(layers.fb_s.sum()))
     families = None
-    if par.virtual_stages == 1:  # a rank is one contiguous block of layers
+    # with optimizer post-validation a step costs the longest rank span, which need not hold
+    # the forwards before a rank starts: only the rank-local terms above stay true
+    if par.virtual_stages == 1 and not opts.optimizer_post_validation:
         a = layers.forward_share if par.schedule in SPLIT_BACKWARD else 1.0
         pipeline = max(pipeline, relaxed_bound(a, p, m, total))
         families = families_of(par.schedule, p, m, layers)
