@@ -35,7 +35,7 @@ LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
 __all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "implied_launcher",
            "launcher_allows", "model_problems", "parse_megatron_args", "parse_targets",
-           "plan_document", "refuse_unbuildable", "render_all"]
+           "plan_document", "precision_allows", "refuse_unbuildable", "render_all"]
 
 
 def _exporter(target: str) -> ModuleType:
@@ -66,6 +66,20 @@ def refuse_unbuildable(launcher: str | None, model: ModelSpec) -> None:
     if problems:
         raise ExportError(f"{problems[0]}; choose a model {launcher} builds or another "
                           "--launcher")
+
+
+def precision_allows(launcher: str | None, model, stack, torchtitan_version: str | None = None
+                     ) -> str | None:
+    """None when ``launcher`` runs the stack's precision (and FP8 recipe) for this model, else
+    the rule it breaks: checked before a search, since no configuration changes it."""
+    if launcher is None:
+        return None
+    if launcher == "torchtitan":
+        problems = torchtitan.precision_rules(model, stack,
+                                              torchtitan_version or torchtitan.DEFAULT_VERSION)
+    else:
+        problems = _exporter(launcher).precision_rules(model, stack)
+    return problems[0] if problems else None
 
 
 def implied_launcher(launcher: str | None, targets: list[str]) -> str | None:

@@ -94,7 +94,8 @@ def families_of(schedule: str, p: int, m: int, layers: "LayerTimes") -> list:
     if schedule not in SPLIT_BACKWARD:
         return [(t, np.tile(m * t, (p, 1)))]
     # zb-2p: rank r's last B still follows all its F and B; count none of its W before it
-    lag = np.maximum(0, m - np.arange(p) - 1)[:, None] if schedule == "zb-h1" else 0
+    lag = np.maximum(0, m - np.arange(p) - 1)[:, None] if schedule == "zb-h1" else \
+        np.zeros((p, 1))
     return [(f, np.tile(m * t, (p, 1))), (fb, m * fb[None, :] + lag * w[None, :])]
 
 
