@@ -72,6 +72,8 @@ def on_stack(job: SimulationJob, stack: Stack) -> SimulationJob:
         raise PlanInputError(f"the {stack.name} stack runs no {job.schedule} schedule (it runs "
                              f"{', '.join(stack.schedules)}); choose one of those or another "
                              "--stack")
+    if job.p == 1:  # one stage: no pipeline engine runs, so none of its costs
+        return replace(job, action_s=0.0, split_backward=0.0)
     return replace(job, action_s=stack.pipeline_action_overhead_s,
                    split_backward=stack.split_backward_overhead)
 

@@ -111,7 +111,7 @@ def simulate(
     """Simulate schedule `name` for p ranks, m microbatches, v chunks per rank.
 
     fwd_s, bwd_s, wgrad_s, act_bytes: a float for every chunk or a sequence of p*v indexed by
-    global chunk.  bwd_s is the full backward; in zb-h1 and zb-2p, B takes bwd_s - wgrad_s and W takes
+    global chunk.  bwd_s is the full backward; in zb-h1 and zb-2p B takes bwd_s - wgrad_s, W takes
     wgrad_s (default half of bwd_s); other schedules ignore wgrad_s.  comm_s: one transfer across
     a chunk boundary, float or p*v-1 values (boundary k sits between chunks k and k+1).
     ``timeline=False`` skips building the per-op timeline (the planner needs only the summary).
@@ -157,7 +157,8 @@ def _effective_comm(comm_s: PerChunk, p: int, v: int) -> list[float]:
     return [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
 
 
-SPLIT_BACKWARD = ("zb-h1", "zb-2p")  # schedules whose backward runs as B (input grad) and W (weight grad)
+# schedules whose backward runs as B (input gradient) and W (weight gradient) actions
+SPLIT_BACKWARD = ("zb-h1", "zb-2p")
 
 
 def charge_actions(split: bool, chunks: int, fwd_s: PerChunk, bwd_s: PerChunk,

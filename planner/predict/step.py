@@ -124,7 +124,9 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
     inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
                                              par.virtual_stages), dtype=float)
-    engine = (opts.pipeline_action_overhead_s, opts.split_backward_overhead)
+    # the pipeline engine's own costs; with one stage no pipeline engine runs (a plain loop)
+    engine = ((opts.pipeline_action_overhead_s, opts.split_backward_overhead) if p > 1
+              else (0.0, 0.0))
     charged = charge_actions(par.schedule in SPLIT_BACKWARD, par.num_chunks, stages.fwd_s,
                              stages.bwd_s, stages.bwd_weight_s, *engine)  # the engine's costs
     rank_time = stages.by_rank(np.add(charged[0], charged[1]) + 2 * p2p, p)
