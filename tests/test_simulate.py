@@ -187,3 +187,21 @@ def test_zb_2p_beats_zb_h1_when_transfers_cost_time():
     times = dict(fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0, comm_s=0.2)
     assert simulate("zb-2p", 8, 24, **times).makespan_s < \
         simulate("zb-h1", 8, 24, **times).makespan_s * 0.96
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1),
+                                    ("zb-2p", 1)])
+def test_rank_span_is_the_step_except_where_ranks_finish_in_turn(name, v):
+    """A step that overlaps the next one costs the longest rank span. Where rank 0 starts first
+    and ends last (GPipe, 1F1B, interleaved, ZB-H1) that is the makespan; zb-2p's parallelogram
+    ends rank by rank, so its spans are shorter. The steady-period run gives the same span."""
+    times = dict(fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0, comm_s=0.05)
+    full = simulate(name, 4, 200, v, method="full", **times)
+    fast = simulate(name, 4, 200, v, **times)
+    assert fast.span_s == pytest.approx(full.span_s, rel=1e-9)
+    spans = [rank[-1].end_s - rank[0].start_s for rank in full.timeline]
+    assert full.span_s == pytest.approx(max(spans))
+    if name == "zb-2p":
+        assert full.span_s < full.makespan_s - 1.0
+    else:
+        assert full.span_s == pytest.approx(full.makespan_s)

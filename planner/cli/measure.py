@@ -93,7 +93,8 @@ def simulate(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline ranks."),
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step (M)."),
-    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p."),
+    schedule: str = typer.Option("1f1b", "--schedule",
+                                 help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
     stage_times: Optional[str] = typer.Option(None, "--stage-times",
                                               help="Forward time per chunk, comma list "
