@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import constants
-from planner.cost import comm
+from planner.cost import comm, context
 from planner.cost import elementwise
 from planner.cost import gemm
 from planner.cost import precision
@@ -110,7 +110,7 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
                      gemm_shapes=((T, h, v / t),),
                      mem_bytes=2 * ACT_BYTES * T * h * rep + 12.0 * T * v / t + eager,
                      collectives=1 if shape.sp else 0, collectives_bwd=1)
-    gemm, attn_full = block_forward_flops(layer, T, s)
+    gemm, attn_full = block_forward_flops(layer, T, shape.context)  # cp: all keys, own queries
     gemms = precision.block_gemms(layer, shape)
     gemm_bytes = precision.gemm_bytes(gemms)
     shapes = tuple((g.m, g.k, g.n) for g in gemms)
@@ -128,7 +128,7 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
                      collectives_bwd=2, gemm_shapes=shapes)
     # Unfused attention: the scores are written by one bmm, scaled/masked/softmaxed (read, write),
     # dropout (read, write, mask) and read by the next bmm: ~13 bytes per score; 8 without dropout.
-    scores = layer.num_attention_heads * s * s * shape.micro_batch / t
+    scores = layer.num_attention_heads * s * shape.context * shape.micro_batch / t
     per_score = 13.0 if layer.dropout else 8.0
     return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / t,
                  attn_model_flops=attn_full / t,
@@ -202,6 +202,14 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     else:
         recompute_s, recompute_flops = 0.0, 0.0
 
+    if shape.cp > 1 and layer.kind == "block":
+        cp_fwd, cp_bwd = _context_comm_s(layer, shape, hw, opts, attn_fwd_s,
+                                         bwd_attn_ratio * w.attn_flops / attn_rate)
+        fwd_s += cp_fwd
+        bwd_input_s += cp_bwd
+        if recompute == "full":
+            recompute_s += cp_fwd
+
     one = 0.0
     if shape.tp > 1 and not opts.tp_comm_overlap:
         intra, _ = comm.links(hw)
@@ -220,9 +228,24 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
             fp8.saved_bytes if fp8 else 0.0),
         work_bytes=working_bytes(layer, shape, recompute, flash) + (
             0.0 if opts.fused_cross_entropy or layer.kind != "head"
-            else 2 * LOGIT_BYTES * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp),
+            else 2 * LOGIT_BYTES * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp) + (
+            context.transient_bytes(shape.cp, opts.cp_comm, shape.micro_batch, shape.seq_len,
+                                    layer.q_size / shape.tp,
+                                    layer.num_kv_heads * layer.head_dim / shape.tp)
+            if layer.kind == "block" else 0.0),
         cache_bytes=fp8.cache_bytes if fp8 else 0.0,
     )
+
+
+def _context_comm_s(layer: Layer, shape: Shape, hw: Hardware, opts: Stack, attn_fwd_s: float,
+                    attn_bwd_s: float) -> tuple[float, float]:
+    """(forward, backward) seconds of a block's context-parallel K/V exchange (cost/context.py)
+    on NVLink, or on the network when the CP group leaves the NVLink domain."""
+    intra, inter = comm.links(hw)
+    return context.attention_comm_s(
+        shape.cp, opts.cp_comm, shape.micro_batch, shape.seq_len, layer.q_size / shape.tp,
+        layer.num_kv_heads * layer.head_dim / shape.tp, inter if shape.cp_cross else intra,
+        attn_fwd_s, attn_bwd_s, comm.overlap_interference(hw))
 
 
 def _scaled_by_profile(measured, w: _Work, fwd_flops: float) -> tuple[float, float, float]:

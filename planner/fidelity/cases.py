@@ -285,9 +285,7 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
     name, group = case["name"], case["group"]
     cf = case["config"]
     skip = ""
-    if int(cf.get("cp") or 1) > 1:
-        skip = f"context parallelism (cp={cf['cp']}) not modelled"
-    elif opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
+    if opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
         skip = f"FP8 run on {cluster.hardware.name}, a profile without an FP8 peak"
     elif opts.precision == "fp8" and opts.launcher == "torchtitan":
         # Until FP8 on FSDP2 is checked against them: priced, these three runs' memory comes out
@@ -321,8 +319,9 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
             notes.append(f"virtual stages unpublished: v={v} (smallest interleaving)")
         schedule = "interleaved" if v > 1 else "1f1b"
     zero = int(cf.get("zero") or 0)
+    cp = int(cf.get("cp") or 1)  # context parallel (cost/context.py): the stack's cp_comm
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
                    schedule=schedule, virtual_stages=v, recompute=recompute, zero=zero,
-                   sequence_parallel=bool(cf.get("sequence_parallel")) and tp > 1)
+                   sequence_parallel=bool(cf.get("sequence_parallel")) and tp > 1, cp=cp)
     return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
                      half_recompute=half, recompute_guessed=cf.get("recompute") is None)

@@ -77,6 +77,9 @@ class Stack:
     # post-validation): consecutive steps overlap, and a step costs the longest time one rank
     # spends from its first to its last pipeline action instead of the whole makespan
     optimizer_post_validation: bool
+    # context parallelism's K/V exchange (cost/context.py): "p2p" ring, "a2a" all-to-all
+    # (Ulysses), "allgather"; None: the stack runs no context parallelism (cp > 1 refused)
+    cp_comm: str | None
     # --- FP8 (planner/cost/precision.py; read only when precision is "fp8") ---
     # the transformer blocks' linear layers (QKV, output projection, MLP) run "bf16" or "fp8"
     # GEMMs; attention, embedding and output head stay 16-bit
@@ -165,6 +168,7 @@ _CHOICES = {
     "grad_dtype": tuple(DTYPE_BYTES),
     "zero2_reduce_scatter": ("microbatch", "step"),
     "zero3_gather": ("layer", "stage"),
+    "cp_comm": (None, "p2p", "a2a", "allgather"),
     "precision": ("bf16", "fp8"),
     "fp8_recipe": ("delayed", "current", "rowwise", "blockwise"),
 }
