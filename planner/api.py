@@ -29,6 +29,7 @@ from planner.core.parallel import Parallel
 from planner.fidelity.cases import DEFAULT_FILES
 from planner.fidelity.published import validate_file
 from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
+from planner.launchers import refuse_unbuildable
 from planner.model.spec import ModelSpec
 from planner.model.load import load_model
 from planner.partitioning.problem import PartitionError
@@ -207,6 +208,7 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
              pins: dict):
 
     spec = _model(model, seq_len)
+    refuse_unbuildable(launcher, spec)  # e.g. torchtitan builds only its own flavors
     measured = profile
     if isinstance(profile, (str, Path)):
 

@@ -13,7 +13,8 @@ from planner.core.files import write_text
 from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import export_plan, implied_launcher, parse_targets, precision_allows
+from planner.launchers import (export_plan, implied_launcher, parse_targets, plan_document,
+                               precision_allows, refuse_unbuildable)
 from planner.profiling.record import load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
@@ -71,7 +72,7 @@ def solve(
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Micro-batch size.",
                                               rich_help_panel=PINS),
     schedule: Optional[str] = typer.Option(None, "--schedule",
-                                           help="gpipe | 1f1b | interleaved | zb-h1.",
+                                           help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p.",
                                            rich_help_panel=PINS),
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
                                                  help="Chunks per rank (interleaved).",
@@ -152,6 +153,7 @@ def solve(
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
         launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
+        refuse_unbuildable(launcher, spec)
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
         measured = load_profile(profile_file) if profile_file is not None else None
@@ -190,7 +192,8 @@ def solve(
                                   torchtitan_version=torchtitan_version)
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
-            doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
+            doc = {"plans": [plan_document(p) for p in result.plans],  # plan.json v2 each
+                   "rejected": result.rejected,
                    "search": {"considered": result.considered, "screened": result.screened,
                               "not_refined": result.not_refined, "feasible": result.feasible,
                               "folded": result.folded, "returned": len(result.plans)}}

@@ -19,7 +19,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 # "layernorm": recompute the input_layernorm and pre_mlp_layernorm.' Its "mla_up_proj", "mlp",
 # "moe" and "shared_experts" are not priced (a stack naming them is refused).
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-2p")
 
 
 @dataclass(frozen=True)

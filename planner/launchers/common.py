@@ -68,7 +68,11 @@ def strongest_recompute(plan: Plan) -> str:
 
 def is_standard_gpt(plan: Plan) -> bool:
     """Embedding, then only transformer blocks, then the head: the model the launchers build."""
-    kinds = [layer.kind for layer in plan.model.layers]
+    return is_standard_gpt_model(plan.model)
+
+
+def is_standard_gpt_model(model: ModelSpec) -> bool:
+    kinds = [layer.kind for layer in model.layers]
     return (len(kinds) >= 3 and kinds[0] == "embedding" and kinds[-1] == "head"
             and all(k == "block" for k in kinds[1:-1]))
 

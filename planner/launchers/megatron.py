@@ -40,8 +40,9 @@ def parallel_rules(f: Facts) -> list[str]:
     if f.pp > 1 and f.schedule == "gpipe":
         out.append(f"{NAME} has no GPipe schedule (it runs 1F1B or interleaved 1F1B); "
                    "choose --schedule 1f1b")
-    if f.pp > 1 and f.schedule == "zb-h1":
-        out.append(f"{NAME}: zero-bubble ZB-H1 is not in stock Megatron-LM; choose 1f1b or "
+    if f.pp > 1 and f.schedule in ("zb-h1", "zb-2p"):
+        label = {"zb-h1": "ZB-H1", "zb-2p": "ZB-2p"}[f.schedule]
+        out.append(f"{NAME}: zero-bubble {label} is not in stock Megatron-LM; choose 1f1b or "
                    "interleaved")
     if f.schedule == "interleaved" and f.pp > 1 and f.num_microbatches % f.pp:
         out.append(f"{NAME}: the interleaved schedule needs microbatches ({f.num_microbatches}) "

@@ -20,7 +20,8 @@ from planner.launchers.deepspeed import entry as deepspeed_entry
 from planner.launchers.megatron import entry as megatron_entry
 from planner.launchers.torch_pipelining import entry as torch_pipelining_entry
 from planner.launchers.torchtitan import entry as torchtitan_entry
-from planner.launchers.common import Facts, plan_digest, structure_problems
+from planner.launchers.common import (Facts, is_standard_gpt_model, plan_digest,
+                                      structure_problems)
 from planner.model.spec import Layer, ModelSpec
 from planner.predict.plan import Plan, _round
 
@@ -101,12 +102,6 @@ def layer_modules(model: ModelSpec) -> list[list[str]]:
         names.append([f"{layer.kind}.{seen.get(layer.kind, 0)}"])
         seen[layer.kind] = seen.get(layer.kind, 0) + 1
     return names
-
-
-def is_standard_gpt_model(model: ModelSpec) -> bool:
-    kinds = [layer.kind for layer in model.layers]
-    return (len(kinds) >= 3 and kinds[0] == "embedding" and kinds[-1] == "head"
-            and all(k == "block" for k in kinds[1:-1]))
 
 
 def _overrides(layer: Layer, model: ModelSpec) -> dict:

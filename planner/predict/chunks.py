@@ -79,9 +79,9 @@ class CostTable:
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 
 
-def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float = 0.0) -> ChunkArrays:
-    """Per-chunk totals of a split, each chunk under its own recompute mode; ``overhead_s``
-    (the stack's per-pipeline-action cost) is added to every chunk's forward and backward."""
+def split_stages(tables: dict[str, CostTable], bounds, modes) -> ChunkArrays:
+    """Per-chunk totals of a split, each chunk under its own recompute mode: compute only (the
+    pipeline engine's per-action costs are charged per action by the prediction)."""
     first = np.array([a for a, _ in bounds])
     last = np.array([b for _, b in bounds])
     sums = {}
@@ -89,6 +89,4 @@ def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float 
         sums[name] = np.array([tables[m].prefix[name][b] - tables[m].prefix[name][a]
                                for (a, b), m in zip(bounds, modes)])
     work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
-    sums["fwd_s"] = sums["fwd_s"] + overhead_s
-    sums["bwd_input_s"] = sums["bwd_input_s"] + overhead_s
     return ChunkArrays(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)

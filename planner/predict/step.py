@@ -25,7 +25,8 @@ from planner.cost.memory import ACT_BYTES, Shape
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
-from planner.pipeline.simulate import simulate
+from planner.pipeline.schedule import ZB_2P_LIMIT
+from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import state_bytes, memory_parts
 from planner.predict.chunks import ChunkArrays, CostTable, split_stages
@@ -97,6 +98,8 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
         return [m] * (p * v)
     if schedule == "zb-h1":
         return [min(p, m)] * p
+    if schedule == "zb-2p":  # every rank fills up to its limit (pipeline/schedule.py _zb_2p)
+        return [min(ZB_2P_LIMIT * p, m)] * p
     if schedule == "interleaved" and v > 1:
         out = []
         for k in range(p * v):
@@ -135,21 +138,29 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
     inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
                                              par.virtual_stages), dtype=float)
-    rank_time = stages.by_rank(stages.time_s + 2 * p2p, p)
+    # the pipeline engine's own costs; with one stage no pipeline engine runs (a plain loop)
+    engine = ((opts.pipeline_action_overhead_s, opts.split_backward_overhead) if p > 1
+              else (0.0, 0.0))
+    charged = charge_actions(par.schedule in SPLIT_BACKWARD, par.num_chunks, stages.fwd_s,
+                             stages.bwd_s, stages.bwd_weight_s, *engine)  # the engine's costs
+    rank_time = stages.by_rank(np.add(charged[0], charged[1]) + 2 * p2p, p)
     held = None
     if simulated:
         args = (par.schedule, p, par.num_microbatches, par.virtual_stages,
                 tuple(stages.fwd_s.tolist()), tuple(stages.bwd_s.tolist()),
                 tuple(stages.bwd_weight_s.tolist()), tuple(p2p[:-1].tolist()),
-                tuple(stages.act_bytes.tolist()))
+                tuple(stages.act_bytes.tolist()), engine)
         sim = (sim_cache or {}).get(args)
         if sim is None:
-            name, pp, m, v, fwd, bwd, wgrad, comm_s, act = args
+            name, pp, m, v, fwd, bwd, wgrad, comm_s, act, (action_s, split) = args
             sim = simulate(name, pp, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm_s,
-                           act_bytes=act, timeline=False)
+                           act_bytes=act, timeline=False, action_s=action_s,
+                           split_backward=split)
             if sim_cache is not None:  # configurations differing only in ZeRO share a schedule
                 sim_cache[args] = sim
         pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
+        if opts.optimizer_post_validation:  # steps overlap: a step costs the longest rank span
+            pipeline_s = sim.span_s
         held = np.array(sim.peak_activation_bytes)
     else:
         pipeline_s = _pipeline_closed_form(par, rank_time)
@@ -219,7 +230,7 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
     for mode in set(modes) - set(by_mode):
         by_mode[mode] = CostTable(model_layer_costs(model, par, cluster.hardware, opts, mode,
                                                     profile))
-    stages = split_stages(by_mode, bounds, modes, opts.pipeline_action_overhead_s)
+    stages = split_stages(by_mode, bounds, modes)
     pred = predict(model, cluster, par, opts, stages, simulated, sim_cache)
     plan_stages = tuple(
         Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),
@@ -245,7 +256,7 @@ def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
     fill = float(rank_time.sum())
     if par.schedule == "interleaved" and v > 1:
         fill = slowest + (fill - slowest) / v
-    elif par.schedule == "zb-h1":
+    elif par.schedule in SPLIT_BACKWARD:  # zb-2p: no closed form of its own, zb-h1's
         fill = slowest + (fill - slowest) / 3
     return (m - 1) * slowest + fill
 

@@ -140,8 +140,7 @@ class _Costs:
         if key not in self.stages:
             bounds = even_block_bounds(self.req.model, par.num_chunks)
             self.stages[key] = split_stages({par.recompute: self.table(par, par.recompute)},
-                                            bounds, [par.recompute] * par.num_chunks,
-                                            self.req.options.pipeline_action_overhead_s)
+                                            bounds, [par.recompute] * par.num_chunks)
         return self.stages[key]
 
     def refined(self, par: Parallel) -> Plan | str:
