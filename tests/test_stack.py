@@ -245,3 +245,36 @@ def test_split_overlap_flags_expose_what_is_not_overlapped():
     _, neither = _predict(with_overrides(base, overlap_grad_reduce=False,
                                          overlap_param_gather=False), zero=1)
     assert both.step_s < no_reduce.step_s < neither.step_s
+
+
+def test_a_stack_file_on_a_base_gives_only_what_differs(tmp_path):
+    """A user's stack names a bundled stack as base and changes one field: every other field and
+    its source come from the base, so the file survives fields added in later releases."""
+    from planner.stack import load_stack
+
+    path = tmp_path / "my-stack.json"
+    path.write_text(json.dumps({"base": "megatron-core", "name": "my-megatron", "version": "mine",
+                                "description": "our fork", "overlap_grad_reduce": False,
+                                "sources": {"overlap_grad_reduce": "our launcher omits it"}}))
+    mine, base = load_stack(str(path)), load_stack("megatron-core")
+    assert mine.name == "my-megatron" and mine.overlap_grad_reduce is False
+    assert mine.schedules == base.schedules and mine.grad_dtype == base.grad_dtype
+    assert dict(mine.sources)["overlap_grad_reduce"] == "our launcher omits it"
+    assert dict(mine.sources)["grad_dtype"] == dict(base.sources)["grad_dtype"]
+
+
+@pytest.mark.parametrize("doc, match", [
+    ({"base": "megatron-3000", "name": "x", "version": "1", "description": "d"},
+     r"'base' must name a bundled stack"),
+    ({"base": "megatron-core", "version": "1", "description": "d"}, r"missing 'name'"),
+    ({"base": "megatron-core", "name": "x", "version": "1", "description": "d",
+      "overlap_grad_reduce": "yes"}, r"overlap_grad_reduce"),
+])
+def test_a_bad_base_file_is_one_line(tmp_path, doc, match):
+    from planner.core.errors import PlanInputError
+    from planner.stack import load_stack
+
+    path = tmp_path / "bad.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(PlanInputError, match=match):
+        load_stack(str(path))

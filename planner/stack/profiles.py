@@ -30,16 +30,23 @@ def _unknown(key: str, known, origin: str, what: str) -> PlanInputError:
 
 
 def stack_from_dict(data, origin: str, need_sources: bool = False) -> Stack:
-    """A Stack from its JSON object; ``need_sources`` (bundled files) demands a source per field."""
+    """A Stack from its JSON object; ``need_sources`` (bundled files) demands a source per field.
+
+    A user's file either gives every field, or names a bundled stack as ``base`` and gives only
+    what differs (plus name, version and description): every field is still stated somewhere,
+    and such a file keeps working when a later release adds fields to the bundled stacks."""
     if not isinstance(data, dict):
         raise PlanInputError(f"{origin}: expected a JSON object describing the stack")
-    allowed = REQUIRED_FIELDS + ("sources",)
+    allowed = REQUIRED_FIELDS + ("sources", "base")
     for key in data:
         if key not in allowed:
             raise _unknown(key, allowed, origin, "stack fields")
+    if "base" in data:
+        data = _on_base(data, origin)
     for key in REQUIRED_FIELDS:
         if key not in data:
-            raise PlanInputError(f"{origin}: missing '{key}'; a stack file gives every field "
+            raise PlanInputError(f"{origin}: missing '{key}'; a stack file gives every field, or "
+                                 "names a bundled stack as \"base\" and gives what differs "
                                  "(`plan stacks --json` prints the bundled ones)")
     values = {key: check_value(key, data[key], origin) for key in REQUIRED_FIELDS}
     sources = data.get("sources", {})
@@ -55,6 +62,20 @@ def stack_from_dict(data, origin: str, need_sources: bool = False) -> Stack:
             if key not in sources:
                 raise PlanInputError(f"{origin}: sources has no entry for '{key}'")
     return Stack(**values, sources=tuple((k, sources[k]) for k in OPTION_FIELDS if k in sources))
+
+
+def _on_base(data: dict, origin: str) -> dict:
+    """The file's fields over its base's (a bundled stack's), sources likewise."""
+    base = data["base"]
+    if not isinstance(base, str) or base.lower().strip() not in bundled_names():
+        raise PlanInputError(f"{origin}: 'base' must name a bundled stack "
+                             f"({', '.join(bundled_names())}), got {base!r}")
+    stack = _bundled(base.lower().strip())
+    merged = {key: getattr(stack, key) for key in OPTION_FIELDS}
+    merged.update({k: v for k, v in data.items() if k not in ("base", "sources")})
+    own = data.get("sources", {})  # not an object: stack_from_dict refuses it
+    merged["sources"] = {**dict(stack.sources), **own} if isinstance(own, dict) else own
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
 
 
 def load_stack_file(path: str | Path) -> Stack:
