@@ -193,9 +193,7 @@ def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline
         return times[op.kind][op.chunk]
 
     period = periodic.symbolic_run(ops, labels, keys, cut, cut + 1, p, v, group, comm, duration)
-    cooldown = periodic.symbolic_run(ops, labels, keys, cut + 1, None, p, v, group, comm,
-                                     duration)
-    if period is None or cooldown is None:
+    if period is None:
         return None
     T = periodic.period_map(*period, keys, cut, group, comm)
     run, done = _simulate_ops(ops, name, p, short, v, timeline=keep_timeline, **args)
@@ -207,7 +205,12 @@ def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline
     k = (m - short) // group
     state = periodic.power_apply(T, periodic.state_values(end, ops, labels, keys, cut + 1, group,
                                                           comm), k)
-    makespan = max(float((form + state).max()) for form in cooldown[1])
+    # the cool-down from that state, in numbers (its max-plus forms applied to the state)
+    cooldown = periodic.symbolic_run(ops, labels, keys, cut + 1, None, p, v, group, comm,
+                                     duration, state)
+    if cooldown is None:
+        return None
+    makespan = max(cooldown[1])
     busy = [b + k * sum(duration(op) for op, x in zip(rank, lab) if x == cut)
             for b, rank, lab in zip(run.busy_s, ops, labels)]
     return _result(name, p, m, v, run.timeline, makespan, busy, run.peak_inflight,
