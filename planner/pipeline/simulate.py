@@ -273,9 +273,7 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
     comm = _effective_comm(comm_s, p, v)
     act = _per_chunk(act_bytes, chunks, "act_bytes") or [0.0] * chunks
 
-    kind_code = {"F": 0, "B": 1, "W": 2}
-    prog = [[(kind_code[o.kind], o.microbatch * chunks + o.chunk) for o in rank if o.kind in kind_code]
-            for rank in ops]
+    prog = _program(ops, chunks)
     size = m * chunks
     ready = [[None] * size, [None] * size, [None] * size]  # [kind][mb*chunks+chunk] -> end time (+comm)
     done = [[None] * size, [None] * size, [None] * size]
@@ -331,6 +329,25 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
     if stuck:
         raise ScheduleError(f"schedule cannot finish: ranks {stuck} wait on inputs that never come")
     return _summarise(name, p, m, v, prog, starts, ends, act, split, timeline), done
+
+
+_PROGRAMS: dict[int, tuple] = {}  # id(ops) -> (ops, program): build_schedule's ops are memoised
+
+
+def _program(ops, chunks: int) -> list[list[tuple[int, int]]]:
+    """Per rank, each compute op as (kind 0/1/2 for F/B/W, microbatch * chunks + chunk); kept
+    for the last few op lists (the same memoised schedule is timed for many configurations)."""
+    held = _PROGRAMS.get(id(ops))
+    if held is not None and held[0] is ops:
+        return held[1]
+    kind_code = {"F": 0, "B": 1, "W": 2}
+    prog = [[(kind_code[o.kind], o.microbatch * chunks + o.chunk) for o in rank
+             if o.kind in kind_code] for rank in ops]
+    if isinstance(ops, tuple):  # immutable: the same object is the same program
+        if len(_PROGRAMS) >= 16:
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[id(ops)] = (ops, prog)
+    return prog
 
 
 def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> SimResult:

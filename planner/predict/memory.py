@@ -53,8 +53,22 @@ def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) ->
         return np.zeros_like(rank_params)
     if opts.zero3_gather == "stage":
         return rank_params * ACT_BYTES
-    largest = max(sharded_params(layer, par.tp) for layer in model.layers)
+    largest = largest_layer_params(model, par.tp)
     return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
+
+
+_LARGEST: dict = {}  # (id(model), tp) -> (model, value): the search asks once per configuration
+
+
+def largest_layer_params(model: ModelSpec, tp: int) -> float:
+    """The parameters the model's largest layer puts on one GPU of its TP group."""
+    held = _LARGEST.get((id(model), tp))
+    if held is None or held[0] is not model:
+        if len(_LARGEST) >= 64:
+            _LARGEST.clear()
+        held = _LARGEST[(id(model), tp)] = (
+            model, max(sharded_params(layer, tp) for layer in model.layers))
+    return held[1]
 
 
 def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays) -> np.ndarray:
