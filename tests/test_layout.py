@@ -114,7 +114,7 @@ def test_bad_input(args):
 
 def test_to_dict_shape():
     d = build_layout(2, 2, 1, 2).to_dict()
-    assert d["order"] == "tp-dp-pp"
+    assert d["order"] == "tp-cp-ep-dp-pp"
     assert d["ranks"][3] == {"rank": 3, "node": 1, "local_rank": 1, "tp": 1, "pp": 1, "dp": 0}
     assert d["cross_node"] == {"pp_boundaries": [0], "dp": False}
 
@@ -149,3 +149,72 @@ def test_closed_form_node_crossings_match_the_layout(tp, pp, dp, gpn):
     assert dp_group_crosses_nodes(tp, dp, pp, gpn) == layout.dp_crosses_nodes
     wrap = any(layout.node_of(g[-1]) != layout.node_of(g[0]) for g in layout.pp_groups)
     assert stage_hop_crosses_nodes(pp - 1, 0, tp, dp, gpn) == (wrap and pp > 1)
+
+
+def _reference_groups(sizes: dict, dims: tuple, order: str) -> set:
+    """Slow reference: decode every rank into coordinates (mixed radix, innermost first) and group
+    the ranks that agree on every dimension outside ``dims``."""
+    names = order.split("-")
+    world = 1
+    for d in names:
+        world *= sizes.get(d, 1)
+    groups: dict = {}
+    for rank in range(world):
+        rest, coord = rank, {}
+        for d in names:
+            coord[d], rest = rest % sizes.get(d, 1), rest // sizes.get(d, 1)
+        key = tuple(coord[d] for d in names if d not in dims)
+        groups.setdefault(key, []).append(rank)
+    return {tuple(g) for g in groups.values()}
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 3]), st.sampled_from([1, 2, 4]),
+       st.sampled_from([1, 2, 4]), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
+       orders)
+def test_five_d_groups_match_reference(tp, cp, dp, pp, ep, etp, order):
+    if (tp * cp * dp) % (etp * ep):
+        with pytest.raises(LayoutError, match="must divide"):
+            build_layout(tp, pp, dp, 8, order, cp=cp, ep=ep, etp=etp)
+        return
+    if order.endswith("pp-dp") and pp > 1 and etp * ep != tp * cp:
+        with pytest.raises(LayoutError, match="span pipeline stages"):
+            build_layout(tp, pp, dp, 8, order, cp=cp, ep=ep, etp=etp)
+        return
+    lay = build_layout(tp, pp, dp, 8, order, cp=cp, ep=ep, etp=etp)
+    dense = {"tp": tp, "cp": cp, "dp": dp, "pp": pp}
+    expert = {"tp": etp, "ep": ep, "dp": tp * cp * dp // (etp * ep), "pp": pp}
+    for groups, sizes, dims in ((lay.tp_groups, dense, ("tp",)), (lay.cp_groups, dense, ("cp",)),
+                                (lay.dp_groups, dense, ("dp",)), (lay.pp_groups, dense, ("pp",)),
+                                (lay.ep_groups, expert, ("ep",)),
+                                (lay.expert_tp_groups, expert, ("tp",)),
+                                (lay.expert_dp_groups, expert, ("dp",))):
+        assert set(groups) == _reference_groups(sizes, dims, order), dims
+        assert _partition(groups, tp * cp * pp * dp)
+    # Expert groups never cross a pipeline stage: a stage's ranks are re-divided, not mixed.
+    stage = {r.rank: r.pp for r in lay.ranks}
+    assert all(len({stage[r] for r in g}) == 1 for g in lay.ep_groups + lay.expert_dp_groups)
+
+
+def test_megatron_context_parallel_example():
+    """Megatron-Core's order tp-cp-ep-dp-pp on 16 GPUs with tp = cp = dp = pp = 2: TP pairs are
+    neighbours, CP pairs are 2 apart, DP pairs 4 apart and pipeline stages 8 apart."""
+    lay = build_layout(2, 2, 2, 8, cp=2)
+    assert lay.tp_groups[:2] == ((0, 1), (2, 3))
+    assert lay.cp_groups[:2] == ((0, 2), (1, 3))
+    assert lay.dp_groups[:2] == ((0, 4), (1, 5))
+    assert lay.pp_groups[0] == (0, 8)
+    assert build_layout(2, 2, 2, 8, "tp-dp-pp").order == "tp-cp-ep-dp-pp"  # the 3D alias
+
+
+def test_nvlink_domain_holds_whole_nodes_or_is_one_node():
+    """An NVL72-style domain spans nodes (trays) of 4 GPUs; a domain that does not hold whole
+    nodes of the cluster falls back to one node."""
+    from dataclasses import replace
+
+    from planner.hardware.profiles import load_hardware, make_cluster
+
+    hw = replace(load_hardware("h100"), nvlink_domain=72)
+    assert make_cluster(hw, 144, 36).nvlink_domain == 72  # 4 GPUs per node, 18 nodes a domain
+    assert make_cluster(hw, 80, 8).nvlink_domain == 10  # 72 is not a multiple of 10
+    assert make_cluster(load_hardware("h100"), 16, 2).nvlink_domain == 8

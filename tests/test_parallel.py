@@ -35,3 +35,23 @@ def test_simulator_refuses_exactly_what_the_rule_refuses(schedule, p, m, v):
     else:
         with pytest.raises(ScheduleError):
             build_schedule(schedule, p, m, v)
+
+
+def test_five_degrees():
+    """cp multiplies the GPU count; ep and etp re-divide a stage's tp·cp·dp ranks (Megatron-Core),
+    so they do not, and the batch counts data-parallel replicas only."""
+    par = Parallel(tp=2, pp=4, dp=8, micro_batch=1, num_microbatches=8, cp=2, ep=8, etp=1)
+    assert par.gpus == 2 * 2 * 4 * 8
+    assert par.global_batch == 1 * 8 * 8
+    assert par.expert_tp == 1 and par.expert_dp == 2 * 2 * 8 // 8
+    assert Parallel(tp=4, pp=1, dp=2, micro_batch=1, num_microbatches=1).expert_tp == 4
+
+
+@pytest.mark.parametrize("kw, match", [
+    (dict(cp=0), "cp must be a positive integer"),
+    (dict(ep=3), r"etp x ep = 6 must divide tp x cp x dp = 8"),
+    (dict(etp=0), "etp must be a positive integer"),
+])
+def test_five_degree_errors(kw, match):
+    with pytest.raises(ParallelError, match=match):
+        Parallel(tp=2, pp=1, dp=4, micro_batch=1, num_microbatches=1, **kw)

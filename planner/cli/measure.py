@@ -134,15 +134,21 @@ def layout(
     pp: int = typer.Option(..., "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(..., "--dp", help="Data-parallel size."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node."),
-    order: str = typer.Option("tp-dp-pp", "--order", help="tp-dp-pp (Megatron) or tp-pp-dp."),
+    cp: int = typer.Option(1, "--cp", help="Context-parallel size."),
+    ep: int = typer.Option(1, "--ep", help="Expert-parallel size (re-divides tp x cp x dp)."),
+    etp: int = typer.Option(None, "--etp", help="Expert tensor-parallel size [default: tp]."),
+    order: str = typer.Option("tp-cp-ep-dp-pp", "--order",
+                              help="tp-cp-ep-dp-pp (Megatron's default) or tp-cp-ep-pp-dp "
+                                   "(--use-tp-pp-dp-mapping); tp-dp-pp / tp-pp-dp also accepted."),
 ):
-    """Show which rank runs which (tp, pp, dp) slice, node by node, and the process groups.
+    """Show which rank runs which (tp, cp, pp, dp) slice, node by node, and the process groups.
 
     Example: plan layout --tp 2 --pp 4 --dp 2 --gpus-per-node 8
+    Example: plan layout --tp 2 --cp 2 --pp 2 --dp 2 --ep 4 --etp 1
     """
     with user_errors():
         try:
-            rank_layout = build_layout(tp, pp, dp, gpus_per_node, order)
+            rank_layout = build_layout(tp, pp, dp, gpus_per_node, order, cp=cp, ep=ep, etp=etp)
             require_node_local_tp(rank_layout)
         except LayoutError as e:
             raise PlanInputError(str(e)) from None

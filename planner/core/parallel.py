@@ -1,4 +1,10 @@
-"""The parallel configuration a user sets in their launcher: degrees, batch split, schedule, memory knobs."""
+"""The parallel configuration a user sets in their launcher: degrees, batch split, schedule, memory knobs.
+
+Five degrees, as Megatron-Core names them (megatron/core/parallel_state.py): tensor (tp), context
+(cp), pipeline (pp) and data (dp) parallel multiply to the GPU count; expert layers re-divide the
+same tp·cp·dp ranks of a stage into expert tensor (etp), expert (ep) and expert data parallel
+(edp = tp·cp·dp / (etp·ep)), so ep does not multiply the GPU count.
+"""
 
 from __future__ import annotations
 
@@ -24,12 +30,22 @@ class Parallel:
     recompute: str = "none"
     zero: int = 1
     sequence_parallel: bool = False
+    cp: int = 1  # context parallel: the sequence split across cp ranks
+    ep: int = 1  # expert parallel: the experts of a layer split across ep ranks
+    etp: int | None = None  # expert tensor parallel; None = tp, Megatron's default
 
     def __post_init__(self) -> None:
-        for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages"):
+        for name in ("tp", "pp", "dp", "micro_batch", "num_microbatches", "virtual_stages",
+                     "cp", "ep"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise ParallelError(f"{name} must be a positive integer, got {value!r}")
+        if self.etp is not None and (isinstance(self.etp, bool) or not isinstance(self.etp, int)
+                                     or self.etp < 1):
+            raise ParallelError(f"etp must be a positive integer, got {self.etp!r}")
+        problem = expert_problem(self.tp, self.cp, self.dp, self.ep, self.expert_tp)
+        if problem:
+            raise ParallelError(problem)
         if self.schedule not in SCHEDULES:
             raise ParallelError(f"schedule must be one of {', '.join(SCHEDULES)}, got {self.schedule!r}")
         if self.recompute not in RECOMPUTE_MODES:
@@ -44,7 +60,17 @@ class Parallel:
 
     @property
     def gpus(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
+
+    @property
+    def expert_tp(self) -> int:
+        """The tensor-parallel degree of expert layers (etp, or tp when not set)."""
+        return self.tp if self.etp is None else self.etp
+
+    @property
+    def expert_dp(self) -> int:
+        """Replicas of each expert shard within a stage: tp·cp·dp / (etp·ep)."""
+        return self.tp * self.cp * self.dp // (self.expert_tp * self.ep)
 
     @property
     def global_batch(self) -> int:
@@ -57,6 +83,17 @@ class Parallel:
 
 class ParallelError(PlanInputError):
     """A parallel configuration that cannot exist (a degree below 1, an unknown schedule ...)."""
+
+
+def expert_problem(tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
+    """Why these expert degrees cannot divide a stage's ranks (None when they can).
+
+    Megatron-Core builds expert groups from the tp·cp·dp ranks of a pipeline stage, so etp·ep must
+    divide tp·cp·dp (parallel_state.initialize_model_parallel)."""
+    if (tp * cp * dp) % (etp * ep):
+        return (f"etp x ep = {etp * ep} must divide tp x cp x dp = {tp * cp * dp} "
+                f"(expert groups re-divide a stage's ranks)")
+    return None
 
 
 def schedule_problem(schedule: str, pp: int, num_microbatches: int, virtual_stages: int) -> str | None:

@@ -44,6 +44,9 @@ class Hardware:
     # Streaming multiprocessors: what an overlapped NCCL collective takes a share of
     # (calibration.NCCL_SMS; comm.overlap_interference).
     sm_count: int | None = None
+    # GPUs that share one NVLink (or xGMI) fabric: 8 on HGX/DGX boards, 72 in a GB200 NVL72 rack.
+    # TP, CP and EP groups stay inside it; None means one node.
+    nvlink_domain: int | None = None
 
     @property
     def peak_flops(self) -> float:
@@ -63,6 +66,13 @@ class Cluster:
     @property
     def gpus(self) -> int:
         return self.nodes * self.gpus_per_node
+
+    @property
+    def nvlink_domain(self) -> int:
+        """GPUs reachable over NVLink from any GPU: the hardware's domain when it holds whole
+        nodes of this cluster, else one node."""
+        domain = self.hardware.nvlink_domain or self.gpus_per_node
+        return domain if domain % self.gpus_per_node == 0 else self.gpus_per_node
 
 
 _REQUIRED = ("name", "peak_tflops", "memory_gib", "memory_bandwidth_gbps", "intra_node_gbps",
@@ -86,7 +96,7 @@ def hardware_from_dict(data: dict, origin: str) -> Hardware:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise PlanInputError(f"{origin}: '{key}' must be a positive number, got {value!r}")
-    for key in ("gpus_per_node", "sm_count"):
+    for key in ("gpus_per_node", "sm_count", "nvlink_domain"):
         if not isinstance(values.get(key) or 1, int):
             raise PlanInputError(f"{origin}: '{key}' must be a whole number")
     return Hardware(**values)

@@ -77,7 +77,7 @@ def structure_problems(plan: Plan) -> list[str]:
     par, cl = plan.parallel, plan.cluster
     problems = []
     if par.gpus != cl.gpus:
-        problems.append(f"tp*pp*dp = {par.gpus} but the cluster has {cl.gpus} GPUs "
+        problems.append(f"tp*cp*pp*dp = {par.gpus} but the cluster has {cl.gpus} GPUs "
                         f"({cl.nodes} nodes x {cl.gpus_per_node})")
     if len(plan.stages) != par.pp * par.virtual_stages:
         problems.append(f"the plan has {len(plan.stages)} stages but pp*virtual_stages = "

@@ -1,13 +1,14 @@
-"""Rank layout: which global rank holds which (tp, pp, dp) coordinate, on which node.
+"""Rank layout: which global rank holds which (tp, cp, pp, dp) coordinate, on which node.
 
-The order names the dimensions innermost first. ``tp-dp-pp`` is Megatron-LM's default order
-(``tp-cp-ep-dp-pp`` with cp = ep = 1, see ``megatron.core.parallel_state.RankGenerator``):
+The order names the dimensions innermost first. ``tp-cp-ep-dp-pp`` is Megatron-LM's default order
+(``megatron.core.parallel_state.RankGenerator``); with cp = ep = 1 it is
 
     rank = tp_idx + tp * (dp_idx + dp * pp_idx)
 
 so a TP group is ``tp`` consecutive ranks, and it stays inside one node whenever ``tp`` divides the
-GPUs per node (ranks fill node 0 first: node = rank // gpus_per_node). ``tp-pp-dp`` puts pipeline
-stages next to each other instead (DeepSpeed's ``PipeModelDataParallelTopology`` style).
+GPUs per node (ranks fill node 0 first: node = rank // gpus_per_node). ``tp-cp-ep-pp-dp`` puts
+pipeline stages next to each other instead (Megatron's ``--use-tp-pp-dp-mapping``, DeepSpeed's
+``PipeModelDataParallelTopology`` style).
 
 The layout also says which links traffic uses: a pipeline boundary i -> i+1 or a DP group that
 spans nodes goes over the inter-node network; the communication model asks
@@ -17,11 +18,17 @@ spans nodes goes over the inter-node network; the communication model asks
 from __future__ import annotations
 
 from dataclasses import dataclass
+from itertools import product
+from math import prod
+
+import numpy as np
 
 from planner.core.limits import MAX_GPUS
 
-ORDERS = ("tp-dp-pp", "tp-pp-dp")
-DEFAULT_ORDER = "tp-dp-pp"
+ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
+DEFAULT_ORDER = "tp-cp-ep-dp-pp"
+# The 3D names of the same orders (cp = ep = 1), as earlier plan3d releases wrote them.
+ORDER_ALIASES = {"tp-dp-pp": "tp-cp-ep-dp-pp", "tp-pp-dp": "tp-cp-ep-pp-dp"}
 
 Group = tuple[int, ...]
 
@@ -40,11 +47,16 @@ class RankInfo:
     tp: int
     pp: int
     dp: int
+    cp: int = 0
 
 
 @dataclass(frozen=True)
 class RankLayout:
-    """Every rank's place and the process groups of each dimension (each a tuple of rank tuples)."""
+    """Every rank's place and the process groups of each dimension (each a tuple of rank tuples).
+
+    Expert layers regroup the tp·cp·dp ranks of a stage into expert-tensor (etp), expert (ep) and
+    expert-data (edp) groups, as Megatron-Core's second RankGenerator does; with ep = etp = 1 and
+    tp = 1 those are trivial."""
 
     order: str
     tp: int
@@ -58,10 +70,17 @@ class RankLayout:
     embedding_groups: tuple[Group, ...]
     cross_node_pp_boundaries: tuple[int, ...]
     dp_crosses_nodes: bool
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    cp_groups: tuple[Group, ...] = ()
+    ep_groups: tuple[Group, ...] = ()
+    expert_tp_groups: tuple[Group, ...] = ()
+    expert_dp_groups: tuple[Group, ...] = ()
 
     @property
     def world_size(self) -> int:
-        return self.tp * self.pp * self.dp
+        return self.tp * self.cp * self.pp * self.dp
 
     @property
     def num_nodes(self) -> int:
@@ -76,57 +95,105 @@ class RankLayout:
         return rank // self.gpus_per_node
 
     def to_dict(self) -> dict:
-        """The plan JSON's ``layout`` object (DESIGN.md §2): plain lists, JSON-ready."""
-        return {
+        """The plan JSON's ``layout`` object (DESIGN.md §2): plain lists, JSON-ready. The cp and
+        expert groups appear only where those degrees are used (a 3D plan's JSON stays 3D)."""
+        five_d = self.cp > 1 or self.ep > 1 or self.etp != self.tp
+        out = {
             "order": self.order,
             "tp_groups": [list(g) for g in self.tp_groups],
             "pp_groups": [list(g) for g in self.pp_groups],
             "dp_groups": [list(g) for g in self.dp_groups],
             "embedding_groups": [list(g) for g in self.embedding_groups],
             "ranks": [{"rank": r.rank, "node": r.node, "local_rank": r.local_rank,
-                       "tp": r.tp, "pp": r.pp, "dp": r.dp} for r in self.ranks],
+                       "tp": r.tp, "pp": r.pp, "dp": r.dp, **({"cp": r.cp} if five_d else {})}
+                      for r in self.ranks],
             "cross_node": {"pp_boundaries": list(self.cross_node_pp_boundaries),
                            "dp": self.dp_crosses_nodes},
         }
+        if five_d:
+            out.update({"cp_groups": [list(g) for g in self.cp_groups],
+                        "ep_groups": [list(g) for g in self.ep_groups],
+                        "expert_tp_groups": [list(g) for g in self.expert_tp_groups],
+                        "expert_dp_groups": [list(g) for g in self.expert_dp_groups]})
+        return out
+
+
+def canonical_order(order: str) -> str:
+    """Megatron's name for a rank order; a 3D alias (tp-dp-pp, tp-pp-dp) maps to it."""
+    order = ORDER_ALIASES.get(order, order)
+    if order not in ORDERS:
+        names = ", ".join(ORDERS + tuple(ORDER_ALIASES))
+        raise LayoutError(f"unknown rank order '{order}'; choose one of {names}")
+    return order
+
+
+def rank_at(sizes: dict[str, int], index: dict[str, int], order: str) -> int:
+    """The global rank at a coordinate: the order lists dimensions innermost first, and each
+    dimension's stride is the product of the sizes before it (Megatron-Core's RankGenerator)."""
+    rank, stride = 0, 1
+    for dim in order.split("-"):
+        rank += index.get(dim, 0) * stride
+        stride *= sizes.get(dim, 1)
+    return rank
 
 
 def rank_of(tp_idx: int, pp_idx: int, dp_idx: int, tp: int, pp: int, dp: int,
-            order: str = DEFAULT_ORDER) -> int:
-    """The global rank at coordinate (tp_idx, pp_idx, dp_idx) for the given order."""
-    if order == "tp-dp-pp":
-        return tp_idx + tp * (dp_idx + dp * pp_idx)
-    if order == "tp-pp-dp":
-        return tp_idx + tp * (pp_idx + pp * dp_idx)
-    raise LayoutError(f"unknown rank order '{order}'; choose one of {', '.join(ORDERS)}")
+            order: str = DEFAULT_ORDER, cp_idx: int = 0, cp: int = 1) -> int:
+    """The global rank at coordinate (tp_idx, cp_idx, pp_idx, dp_idx) for the given order."""
+    return rank_at({"tp": tp, "cp": cp, "pp": pp, "dp": dp},
+                   {"tp": tp_idx, "cp": cp_idx, "pp": pp_idx, "dp": dp_idx}, canonical_order(order))
 
 
-def build_layout(tp: int, pp: int, dp: int, gpus_per_node: int,
-                 order: str = DEFAULT_ORDER) -> RankLayout:
-    """Place tp*pp*dp ranks on nodes of ``gpus_per_node`` GPUs and derive every group."""
-    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("gpus_per_node", gpus_per_node)):
+def groups_along(sizes: dict[str, int], dims: tuple[str, ...], order: str) -> tuple[Group, ...]:
+    """The process groups whose members differ only along ``dims``: one group per coordinate of
+    the other dimensions, members in rank order, groups in the order of their smallest rank."""
+    names = order.split("-")
+    # Ranks as an array with one axis per dimension, outermost first (the order is innermost first).
+    grid = np.arange(prod(sizes.get(d, 1) for d in names)).reshape(
+        [sizes.get(d, 1) for d in reversed(names)])
+    axes = [len(names) - 1 - names.index(d) for d in dims]
+    width = prod(sizes.get(d, 1) for d in dims)
+    rows = np.moveaxis(grid, axes, range(grid.ndim - len(axes), grid.ndim)).reshape(-1, width)
+    rows = np.sort(rows, axis=1)
+    return tuple(map(tuple, rows[np.argsort(rows[:, 0], kind="stable")].tolist()))
+
+
+def build_layout(tp: int, pp: int, dp: int, gpus_per_node: int, order: str = DEFAULT_ORDER,
+                 cp: int = 1, ep: int = 1, etp: int | None = None) -> RankLayout:
+    """Place tp·cp·pp·dp ranks on nodes of ``gpus_per_node`` GPUs and derive every group.
+
+    Dense layers use the sizes (tp, cp, ep = 1, dp, pp); expert layers the sizes (etp, cp = 1, ep,
+    edp, pp) over the same ranks, with etp·ep·edp = tp·cp·dp (Megatron-Core's two generators)."""
+    etp = tp if etp is None else etp
+    for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep), ("etp", etp),
+                        ("gpus_per_node", gpus_per_node)):
         if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
             raise LayoutError(f"{name} must be a positive integer, got {value!r}")
-    if order not in ORDERS:
-        raise LayoutError(f"unknown rank order '{order}'; choose one of {', '.join(ORDERS)}")
-    if tp * pp * dp > MAX_GPUS:
-        raise LayoutError(f"tp*pp*dp = {tp * pp * dp} ranks; at most {MAX_GPUS:,}")
+    order = canonical_order(order)
+    world = tp * cp * pp * dp
+    if world > MAX_GPUS:
+        raise LayoutError(f"tp*cp*pp*dp = {world} ranks; at most {MAX_GPUS:,}")
+    if (tp * cp * dp) % (etp * ep):
+        raise LayoutError(f"etp x ep = {etp * ep} must divide tp x cp x dp = {tp * cp * dp}")
+    if order.endswith("pp-dp") and pp > 1 and etp * ep != tp * cp:
+        # With pp inside dp, an expert generator of another inner width strides across
+        # pipeline stages: expert groups would mix ranks that hold different layers.
+        raise LayoutError(f"order {order} needs etp x ep = tp x cp ({tp * cp}), got {etp * ep}: "
+                          f"otherwise expert groups span pipeline stages; use {DEFAULT_ORDER}")
 
-    coords: dict[int, tuple[int, int, int]] = {}
-    for p in range(pp):
-        for d in range(dp):
-            for t in range(tp):
-                coords[rank_of(t, p, d, tp, pp, dp, order)] = (t, p, d)
+    dense = {"tp": tp, "cp": cp, "ep": 1, "dp": dp, "pp": pp}
+    expert = {"tp": etp, "cp": 1, "ep": ep, "dp": tp * cp * dp // (etp * ep), "pp": pp}
+    coords: dict[int, tuple[int, int, int, int]] = {}
+    for p, d, c, t in product(range(pp), range(dp), range(cp), range(tp)):
+        coords[rank_at(dense, {"tp": t, "cp": c, "dp": d, "pp": p}, order)] = (t, p, d, c)
     ranks = tuple(RankInfo(rank=r, node=r // gpus_per_node, local_rank=r % gpus_per_node,
-                           tp=coords[r][0], pp=coords[r][1], dp=coords[r][2])
-                  for r in range(tp * pp * dp))
-
-    def at(t: int, p: int, d: int) -> int:
-        return rank_of(t, p, d, tp, pp, dp, order)
+                           tp=coords[r][0], pp=coords[r][1], dp=coords[r][2], cp=coords[r][3])
+                  for r in range(world))
 
     # Groups are listed in the order of their smallest rank, as Megatron enumerates them.
-    tp_groups = _sorted(tuple(at(t, p, d) for t in range(tp)) for p in range(pp) for d in range(dp))
-    pp_groups = _sorted(tuple(at(t, p, d) for p in range(pp)) for t in range(tp) for d in range(dp))
-    dp_groups = _sorted(tuple(at(t, p, d) for d in range(dp)) for t in range(tp) for p in range(pp))
+    tp_groups = groups_along(dense, ("tp",), order)
+    pp_groups = groups_along(dense, ("pp",), order)
+    dp_groups = groups_along(dense, ("dp",), order)
     # Tied input/output embeddings: the first and last stage of each pipeline all-reduce the
     # embedding gradient (Megatron's embedding group); a single rank when pp == 1.
     embedding_groups = tuple((g[0], g[-1]) if len(g) > 1 else (g[0],) for g in pp_groups)
@@ -137,7 +204,12 @@ def build_layout(tp: int, pp: int, dp: int, gpus_per_node: int,
     return RankLayout(order=order, tp=tp, pp=pp, dp=dp, gpus_per_node=gpus_per_node, ranks=ranks,
                       tp_groups=tp_groups, pp_groups=pp_groups, dp_groups=dp_groups,
                       embedding_groups=embedding_groups, cross_node_pp_boundaries=boundaries,
-                      dp_crosses_nodes=bool(_crossing_groups(dp_groups, gpus_per_node)))
+                      dp_crosses_nodes=bool(_crossing_groups(dp_groups, gpus_per_node)),
+                      cp=cp, ep=ep, etp=etp,
+                      cp_groups=groups_along(dense, ("cp",), order),
+                      ep_groups=groups_along(expert, ("ep",), order),
+                      expert_tp_groups=groups_along(expert, ("tp",), order),
+                      expert_dp_groups=groups_along(expert, ("dp",), order))
 
 
 def check_layout(layout: RankLayout) -> list[str]:

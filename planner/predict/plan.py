@@ -89,7 +89,8 @@ class Plan:
                         "mfu": _round(self.metrics.mfu), "hfu": _round(self.metrics.hfu),
                         "bubble_fraction": _round(self.metrics.bubble_fraction),
                         "peak_memory_bytes": int(self.metrics.peak_memory_bytes)},
-            "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node).to_dict()
+            "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node, cp=par.cp,
+                                   ep=par.ep, etp=par.etp).to_dict()
             if with_layout else None,
             "notes": list(self.notes),
             "stack": self.stack.to_dict() if self.stack is not None else None,

@@ -44,9 +44,12 @@ def _short(group: list[int], limit: int = 8) -> str:
 def render_layout(layout: RankLayout, console: Console) -> None:
     """Draw the node grid and list the groups of each dimension below it."""
     gpn = layout.gpus_per_node
-    console.print(f"[bold]Rank layout[/bold] order {layout.order}: tp={layout.tp} pp={layout.pp} "
-                  f"dp={layout.dp} = {layout.world_size} GPUs on {layout.num_nodes} node(s) "
-                  f"of {gpn}")
+    five_d = layout.cp > 1 or layout.ep > 1 or layout.etp != layout.tp
+    degrees = (f"tp={layout.tp} cp={layout.cp} pp={layout.pp} dp={layout.dp} (experts: "
+               f"etp={layout.etp} ep={layout.ep})" if five_d
+               else f"tp={layout.tp} pp={layout.pp} dp={layout.dp}")
+    console.print(f"[bold]Rank layout[/bold] order {layout.order}: {degrees} = "
+                  f"{layout.world_size} GPUs on {layout.num_nodes} node(s) of {gpn}")
     table = Table(show_header=True, header_style="bold", box=None, padding=(0, 1))
     table.add_column("node", justify="right")
     for local in range(gpn):
@@ -63,14 +66,19 @@ def render_layout(layout: RankLayout, console: Console) -> None:
                 continue
             r = layout.ranks[rank]
             colour = STAGE_COLOURS[r.pp % len(STAGE_COLOURS)]
-            cells.append(Text(f"{r.rank}\n({r.tp},{r.pp},{r.dp})", style=colour))
+            coords = (r.tp, r.cp, r.pp, r.dp) if five_d else (r.tp, r.pp, r.dp)
+            cells.append(Text(f"{r.rank}\n({','.join(map(str, coords))})", style=colour))
         table.add_row(str(node), *cells)
     console.print(table)
     if dropped:
         console.print(f"[dim]{dropped} nodes not shown[/dim]")
-    console.print("[dim]cell: rank and (tp, pp, dp); colour = pipeline stage[/dim]")
-    for name, groups in (("TP", layout.tp_groups), ("PP", layout.pp_groups),
-                         ("DP", layout.dp_groups), ("embedding", layout.embedding_groups)):
+    console.print(f"[dim]cell: rank and ({'tp, cp, pp, dp' if five_d else 'tp, pp, dp'}); "
+                  "colour = pipeline stage[/dim]")
+    dims = [("TP", layout.tp_groups), ("PP", layout.pp_groups), ("DP", layout.dp_groups)]
+    if five_d:
+        dims += [("CP", layout.cp_groups), ("EP", layout.ep_groups),
+                 ("expert TP", layout.expert_tp_groups), ("expert DP", layout.expert_dp_groups)]
+    for name, groups in dims + [("embedding", layout.embedding_groups)]:
         console.print(f"[bold]{name} groups[/bold] ({len(groups)}): {_group_line(groups)}")
     tp_note = ("TP within nodes" if layout.tp_within_node
                else "[red]TP crosses nodes: TP traffic leaves NVLink[/red]")

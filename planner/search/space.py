@@ -139,41 +139,53 @@ def enumerate_configs(req: Request, rejected: Counter):
     shape counts every configuration it rules out (``knob_count`` of them), so the configurations
     considered are exactly the rejected ones plus the ones yielded (``space_size``)."""
     model, cluster, pins = req.model, req.cluster, req.pins
-    gpus = cluster.gpus
-    for tp in [pins.tp] if pins.tp else divisors(gpus):
-        if gpus % tp:
-            continue
-        tp_reason = tp_rule(model, cluster, tp)
-        for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
-            if (gpus // tp) % pp:
+    for cp in context_degrees(req):
+        gpus = cluster.gpus // cp
+        for tp in [pins.tp] if pins.tp else divisors(gpus):
+            if gpus % tp:
                 continue
-            dp = gpus // (tp * pp)
-            if pins.dp and dp != pins.dp:
-                continue
-            for mb in [pins.micro_batch] if pins.micro_batch else MICRO_BATCHES:
-                m = None if tp_reason else microbatches(req, mb * dp)
-                reason = tp_reason or ("more stages than layers" if pp > len(model.layers)
-                                       else "batch not divisible" if m is None else None)
-                if reason:
-                    rejected[reason] += knob_count(req, tp, pp)
+            tp_reason = tp_rule(model, cluster, tp)
+            for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
+                if (gpus // tp) % pp:
                     continue
-                if m > MAX_MICROBATCHES:  # core/limits.py: the simulator's work grows with M
-                    rejected[f"more than {MAX_MICROBATCHES:,} microbatches"] += 1
+                dp = gpus // (tp * pp)
+                if pins.dp and dp != pins.dp:
                     continue
-                yield from _knobs(req, Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb,
-                                                num_microbatches=m), rejected)
+                for mb in [pins.micro_batch] if pins.micro_batch else MICRO_BATCHES:
+                    m = None if tp_reason else microbatches(req, mb * dp)
+                    reason = tp_reason or ("more stages than layers" if pp > len(model.layers)
+                                           else "batch not divisible" if m is None else None)
+                    if reason:
+                        rejected[reason] += knob_count(req, tp, pp)
+                        continue
+                    if m > MAX_MICROBATCHES:  # core/limits.py: simulator work grows with M
+                        rejected[f"more than {MAX_MICROBATCHES:,} microbatches"] += 1
+                        continue
+                    yield from _knobs(req, Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb,
+                                                    num_microbatches=m, cp=cp), rejected)
+
+
+def context_degrees(req: Request) -> tuple[int, ...]:
+    """The context-parallel degrees the search tries (cp divides the GPU count)."""
+    return (1,)
+
+
+def expert_degrees(req: Request, shape: Parallel) -> tuple[int, ...]:
+    """The expert-parallel degrees the search tries for one shape (ep·etp divides tp·cp·dp)."""
+    return (1,)
 
 
 def space_size(req: Request) -> int:
     """How many configurations the pins allow, before any rule: the sum of knob_count over every
     (tp, pp, dp, mb) shape. enumerate_configs accounts for each one exactly once."""
-    gpus, pins = req.cluster.gpus, req.pins
-    total = 0
-    for tp in [pins.tp] if pins.tp else divisors(gpus):
-        for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
-            if gpus % (tp * pp) or (pins.dp and gpus // (tp * pp) != pins.dp):
-                continue
-            total += knob_count(req, tp, pp) * (1 if pins.micro_batch else len(MICRO_BATCHES))
+    pins, total = req.pins, 0
+    for cp in context_degrees(req):
+        gpus = req.cluster.gpus // cp
+        for tp in [pins.tp] if pins.tp else divisors(gpus):
+            for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
+                if gpus % (tp * pp) or (pins.dp and gpus // (tp * pp) != pins.dp):
+                    continue
+                total += knob_count(req, tp, pp) * (1 if pins.micro_batch else len(MICRO_BATCHES))
     return total
 
 
@@ -217,7 +229,8 @@ def microbatches(req: Request, per_microbatch_step: int) -> int | None:
 def _knobs(req: Request, shape: Parallel, rejected: Counter):
     """The schedule, virtual-stage, recompute, ZeRO and SP choices of one (tp, pp, dp, mb, M)."""
     schedules, vs, recomputes, zeros, sps = _choices(req, shape.tp, shape.pp)
-    for schedule in schedules:
+    for ep, schedule in product(expert_degrees(req, shape), schedules):
+        shape = replace(shape, ep=ep)
         for v in vs(schedule):
             timed = replace(shape, schedule=schedule, virtual_stages=v)
             if stack_rule(req.options, timed):
