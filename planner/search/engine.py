@@ -25,6 +25,7 @@ from planner.partitioning.problem import PartitionError
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
 from planner.search.bound import Bound, layer_times, step_bound
+from planner.search.chunk_bound import chunk_bound
 from planner.search.space import (Pins, Request, enumerate_configs, launcher_rule, microbatches,
                                   schedule_rule, stack_rule, tp_rule, validate_pins)
 from planner.predict.stages import allowed_modes, best_split, may_fit, partition_problem
@@ -90,6 +91,7 @@ class _Costs:
         self.simulations: dict = {}
         self.bounds: dict = {}
         self.layer_times: dict = {}
+        self.chunk_bounds: dict = {}
         self.refinements = 0  # configurations refined
         self.refined_groups = 0  # of them, distinct up to ZeRO
 
@@ -110,6 +112,24 @@ class _Costs:
             self.bounds[key] = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
                                           problem)
         return self.bounds[key]
+
+    def chunks_exceed(self, par: Parallel, value: float, integer: bool = False) -> bool:
+        """Whether the interleaved chunks' bound (planner/search/chunk_bound.py; its linear
+        relaxation unless ``integer``) proves every split of ``par`` slower than ``value``."""
+        if par.virtual_stages == 1 or par.schedule != "interleaved" or value == float("inf"):
+            return False
+        rest = self.bound(par).rest_s
+        for whole in ((False, True) if integer else (False,)):
+            key = (par, whole, value - rest if whole else None)  # the MILP stops at the cutoff
+            if key not in self.chunk_bounds:
+                r = self.req
+                known = self.known(par)
+                problem = partition_problem(r.model, r.cluster, par, r.options, known)
+                self.chunk_bounds[key] = chunk_bound(par, problem, known, integer=whole,
+                                                     cutoff=value - rest)
+            if self.chunk_bounds[key] + rest > value:
+                return True
+        return False
 
     def table(self, par: Parallel, mode: str) -> CostTable:
         key = (par.tp, par.sequence_parallel, par.micro_batch, mode)
@@ -246,8 +266,12 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
             best_of_group.append(min(steps))
     notes = []
     best = sorted(best_of_group)
+    # what the cap left below plan 1 is bounded once more, interleaved chunks by their own
+    # relaxation (planner/search/chunk_bound.py: a linear and a mixed-integer program, a few
+    # milliseconds each, so kept for what the cap leaves rather than spent on every candidate)
     open_best = [par for alive in capped for par in alive
-                 if best and not costs.bound(par, with_memory=True).exceeds(best[0])]
+                 if best and not costs.bound(par, with_memory=True).exceeds(best[0])
+                 and not costs.chunks_exceed(par, best[0], integer=True)]
     if open_best or (capped and not best):
         notes.append(f"refinement stopped at --refine {req.refine}: {len(open_best)} "
                      "configurations whose lower bound is below plan 1 were not refined, so a "
