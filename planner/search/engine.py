@@ -266,12 +266,9 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
             best_of_group.append(min(steps))
     notes = []
     best = sorted(best_of_group)
-    # what the cap left below plan 1 is bounded once more, interleaved chunks by their own
-    # relaxation (planner/search/chunk_bound.py: a linear and a mixed-integer program, a few
-    # milliseconds each, so kept for what the cap leaves rather than spent on every candidate)
     open_best = [par for alive in capped for par in alive
-                 if best and not costs.bound(par, with_memory=True).exceeds(best[0])
-                 and not costs.chunks_exceed(par, best[0], integer=True)]
+                 if best and not costs.bound(par, with_memory=True).exceeds(best[0])]
+    open_best = _unproven(costs, open_best, best[0]) if best else open_best
     if open_best or (capped and not best):
         notes.append(f"refinement stopped at --refine {req.refine}: {len(open_best)} "
                      "configurations whose lower bound is below plan 1 were not refined, so a "
@@ -280,6 +277,19 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
         notes.append(f"plan 1 is proven the fastest of all screened configurations; the rest "
                      f"of the list is the best of the {req.refine} refined (--refine)")
     return refined, notes
+
+
+def _unproven(costs: "_Costs", open_best: list[Parallel], best: float) -> list[Parallel]:
+    """What the cap left below plan 1, bounded once more: interleaved chunks by their own
+    relaxation (planner/search/chunk_bound.py: a linear, then a mixed-integer program, a few
+    to a hundred milliseconds each, so spent on what the cap leaves rather than on every
+    candidate).  Lowest bound first, and only until one stays below plan 1: from there plan 1
+    is unproven whatever the rest give, and the rest are counted with the bounds they have."""
+    ordered = sorted(open_best, key=lambda par: costs.bound(par, with_memory=True).cheap_s)
+    for n, par in enumerate(ordered):
+        if not costs.chunks_exceed(par, best, integer=True):
+            return ordered[n:]
+    return []
 
 
 def _zero_groups(ranked: list[Parallel]) -> list[list[Parallel]]:
