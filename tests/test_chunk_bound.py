@@ -100,7 +100,7 @@ def test_below_every_refined_interleaved_step(model, per_node, batch, gpu, seed)
         if isinstance(plan, str):
             continue
         step = plan.metrics.step_time_s * (1 + 1e-9)
-        assert not costs.chunks_exceed(par, step, integer=True), par
+        assert not costs.chunks_exceed(par, step), par
 
 
 def test_the_default_solve_is_proven():

@@ -92,6 +92,7 @@ class _Costs:
         self.bounds: dict = {}
         self.layer_times: dict = {}
         self.chunk_bounds: dict = {}
+        self.problems: dict = {}
         self.refinements = 0  # configurations refined
         self.refined_groups = 0  # of them, distinct up to ZeRO
 
@@ -105,28 +106,30 @@ class _Costs:
             times_key = (par.tp, par.sequence_parallel, par.micro_batch, modes)
             if times_key not in self.layer_times:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
-            problem = None
-            if with_memory:
-                problem = partition_problem(r.model, r.cluster, par, r.options,
-                                            {m: self.table(par, m) for m in modes})
             self.bounds[key] = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
-                                          problem)
+                                          self.problem(par) if with_memory else None)
         return self.bounds[key]
 
-    def chunks_exceed(self, par: Parallel, value: float, integer: bool = False) -> bool:
-        """Whether the interleaved chunks' bound (planner/search/chunk_bound.py; its linear
-        relaxation unless ``integer``) proves every split of ``par`` slower than ``value``."""
+    def problem(self, par: Parallel):
+        """The configuration's partition problem (its memory terms), built once."""
+        if par not in self.problems:
+            r = self.req
+            self.problems[par] = partition_problem(r.model, r.cluster, par, r.options,
+                                                   self.known(par))
+        return self.problems[par]
+
+    def chunks_exceed(self, par: Parallel, value: float) -> bool:
+        """Whether the interleaved chunks' bound (planner/search/chunk_bound.py: its linear
+        relaxation, then the mixed-integer program) proves every split of ``par`` slower than
+        ``value``."""
         if par.virtual_stages == 1 or par.schedule != "interleaved" or value == float("inf"):
             return False
         rest = self.bound(par).rest_s
-        for whole in ((False, True) if integer else (False,)):
+        for whole in (False, True):
             key = (par, whole, value - rest if whole else None)  # the MILP stops at the cutoff
             if key not in self.chunk_bounds:
-                r = self.req
-                known = self.known(par)
-                problem = partition_problem(r.model, r.cluster, par, r.options, known)
-                self.chunk_bounds[key] = chunk_bound(par, problem, known, integer=whole,
-                                                     cutoff=value - rest)
+                self.chunk_bounds[key] = chunk_bound(par, self.problem(par), self.known(par),
+                                                     integer=whole, cutoff=value - rest)
             if self.chunk_bounds[key] + rest > value:
                 return True
         return False
@@ -287,7 +290,7 @@ def _unproven(costs: "_Costs", open_best: list[Parallel], best: float) -> list[P
     is unproven whatever the rest give, and the rest are counted with the bounds they have."""
     ordered = sorted(open_best, key=lambda par: costs.bound(par, with_memory=True).cheap_s)
     for n, par in enumerate(ordered):
-        if not costs.chunks_exceed(par, best, integer=True):
+        if not costs.chunks_exceed(par, best):
             return ordered[n:]
     return []
 
