@@ -43,6 +43,8 @@ from planner.search.advice import batch_hint
 from planner.search.engine import check_profile_matches, search
 from planner.search.engine import explain as explain_request
 from planner.search.space import Pins, Request, tp_rule, validate_pins
+from planner.cost.precision import check_fp8
+from planner.launchers import precision_allows
 from planner.stack import Stack, resolve_stack
 
 __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
@@ -188,15 +190,16 @@ def _cluster(gpus: int, nodes: int, gpu: str | None, hardware) -> Cluster:
 
 
 def _stack(stack, launcher=None, flash=None, overlap=None, tp_overlap=None,
-           grad_dtype=None) -> Stack:
+           grad_dtype=None, precision=None) -> Stack:
     """A Stack as given, or resolved like the CLI's --stack and its override flags."""
     if isinstance(stack, Stack):
-        overrides = (flash, overlap, tp_overlap, grad_dtype)
+        overrides = (flash, overlap, tp_overlap, grad_dtype, precision)
         if any(x is not None for x in overrides):
             raise PlanInputError("pass a stack name or file to combine it with flash, overlap, "
-                                 "tp_overlap or grad_dtype; a Stack object is used as it is")
+                                 "tp_overlap, grad_dtype or precision; a Stack object is used "
+                                 "as it is")
         return stack
-    return resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype)
+    return resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision)
 
 
 def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
@@ -211,7 +214,12 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
     if measured is not None:
         check_profile_matches(measured, spec)
     batch_range = tuple(global_batch_range) if global_batch_range is not None else None
-    return Request(model=spec, cluster=_cluster(gpus, nodes, gpu, hardware),
+    cluster = _cluster(gpus, nodes, gpu, hardware)
+    check_fp8(cluster.hardware, stack)  # FP8 on a GPU without FP8: one line
+    rule = precision_allows(launcher, spec, stack)  # e.g. DeepSpeed has no FP8
+    if rule:
+        raise PlanInputError(rule)
+    return Request(model=spec, cluster=cluster,
                    global_batch=global_batch, batch_range=batch_range, max_bubble=max_bubble,
                    profile=measured, pins=Pins(**pins), top=top, refine=refine,
                    launcher=launcher, partition_method=partition_solver, options=stack)
@@ -225,22 +233,22 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
           seq_len: int | None = None, max_bubble: float | None = None, top: int = 10,
           refine: int = 20, launcher: str | None = None, partition: str = "ilp", profile=None,
           stack=None, flash: bool | None = None, overlap: bool | None = None,
-          tp_overlap: bool | None = None, grad_dtype: str | None = None, tp: int | None = None,
-          pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
+          tp_overlap: bool | None = None, grad_dtype: str | None = None,
+          precision: str | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
           schedule: str | None = None, virtual_stages: int | None = None,
           recompute: str | None = None, zero: int | None = None,
           sequence_parallel: bool | None = None, progress=None) -> Solution:
     """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
     return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension; ``stack``
     is a stack name, file or Stack (default: the launcher's, else megatron-core), ``flash`` ...
-    ``grad_dtype`` override its fields; ``progress(done, total)`` is called while screening."""
+    ``grad_dtype``, ``precision`` override its fields; ``progress(done, total)`` is called while screening."""
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                 sequence_parallel=sequence_parallel)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
                    max_bubble, top, refine, launcher, partition, profile,
-                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype), pins)
+                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)
     result = search(req, progress)
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
@@ -252,7 +260,7 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
             global_batch: int | None = None, seq_len: int | None = None, launcher: str | None = None,
             stack=None, flash: bool | None = None, overlap: bool | None = None,
             tp_overlap: bool | None = None, grad_dtype: str | None = None,
-            tp: int | None = None, pp: int | None = None,
+            precision: str | None = None, tp: int | None = None, pp: int | None = None,
             dp: int | None = None, micro_batch: int | None = None, schedule: str | None = None,
             virtual_stages: int | None = None, recompute: str | None = None,
             zero: int | None = None, sequence_parallel: bool | None = None) -> Explanation:
@@ -263,7 +271,7 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
                 sequence_parallel=sequence_parallel)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, None, seq_len, None, 10, 20,
                    launcher, "ilp", None,
-                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype), pins)
+                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)
     exp = explain_request(req)
     return Explanation(exp.parallel, exp.plan, exp.capacity_bytes, exp.rule)
 
@@ -273,13 +281,14 @@ def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int
               recompute: str = "full", zero: int = 1, gpu: str | None = None, hardware=None,
               nodes: int | None = None, seq_len: int | None = None, solver: str = "auto",
               stack=None, flash: bool | None = None, overlap: bool | None = None,
-              tp_overlap: bool | None = None, grad_dtype: str | None = None) -> Partition:
+              tp_overlap: bool | None = None, grad_dtype: str | None = None,
+              precision: str | None = None) -> Partition:
     """Split the layers into ``pp`` stages balanced by compute under memory (`plan partition`),
     beside the even and the equal-parameter split. ``microbatches`` defaults to 4 x pp; the
     tp·pp·dp GPUs sit on ``nodes`` nodes, by default as `plan partition` places them
     (``Partition.placement`` says how)."""
     spec = _model(model, seq_len)
-    run_stack = _stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
+    run_stack = _stack(stack, None, flash, overlap, tp_overlap, grad_dtype, precision)
     if solver not in METHODS:
         raise PlanInputError(f"solver must be one of {', '.join(METHODS)}, got {solver!r}")
     cmp, placement = compare_partitions(

@@ -145,6 +145,10 @@ def stack_options(panel: str | None = None) -> dict:
         "grad_dtype": typer.Option(None, "--grad-dtype", show_default="the stack's",
                                    help="Gradient dtype: fp32, bf16 or fp16.",
                                    rich_help_panel=panel),
+        "precision": typer.Option(None, "--precision", show_default="the stack's (bf16)",
+                                  help="Block GEMMs in bf16 or fp8 (the stack's FP8 recipe; "
+                                       "H100/H200).",
+                                  rich_help_panel=panel),
     }
 
 

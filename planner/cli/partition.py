@@ -52,6 +52,7 @@ def partition(
     overlap: Optional[bool] = STACK_FLAGS["overlap"],
     tp_overlap: Optional[bool] = STACK_FLAGS["tp_overlap"],
     grad_dtype: Optional[str] = STACK_FLAGS["grad_dtype"],
+    precision: Optional[str] = STACK_FLAGS["precision"],
 ):
     """Split the layers into pipeline stages balanced by compute under memory.
 
@@ -72,7 +73,8 @@ def partition(
         if lp is not None:
             refuse_overwrite([lp], force)
         spec = planned_model(model, seq_len)
-        run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype)
+        run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype,
+                                  precision)
         if solver not in METHODS:
             raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
         cmp, _ = compare_partitions(

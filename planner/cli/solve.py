@@ -10,9 +10,10 @@ import typer
 
 from planner.core.errors import PlanInputError
 from planner.core.files import write_text
+from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import export_plan, implied_launcher, parse_targets
+from planner.launchers import export_plan, implied_launcher, parse_targets, precision_allows
 from planner.profiling.record import load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
@@ -57,6 +58,7 @@ def solve(
     overlap: Optional[bool] = stack_options(PLAN)["overlap"],
     tp_overlap: Optional[bool] = stack_options(PLAN)["tp_overlap"],
     grad_dtype: Optional[str] = stack_options(PLAN)["grad_dtype"],
+    precision: Optional[str] = stack_options(PLAN)["precision"],
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size.",
                                      rich_help_panel=PINS),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size.",
@@ -147,7 +149,11 @@ def solve(
                       profile=measured, pins=pins, top=top, refine=refine,
                       launcher=launcher, partition_method=partition_solver,
                       options=resolve_stack(stack, launcher, flash, overlap, tp_overlap,
-                                            grad_dtype))
+                                            grad_dtype, precision))
+        check_fp8(cluster.hardware, req.options)
+        rule = precision_allows(launcher, spec, req.options, torchtitan_version)
+        if rule:  # no configuration changes the precision: refused before the search
+            raise PlanInputError(rule)
         if explain_it:
             explanation = explain(req)
             if as_json:

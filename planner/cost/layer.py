@@ -18,9 +18,11 @@ from dataclasses import dataclass
 
 from planner.cost import constants
 from planner.cost import comm
+from planner.cost import precision
 from planner.hardware.profiles import Hardware
 from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
+from planner.core.errors import PlanInputError
 from planner.model.spec import Layer
 from planner.stack import Stack, default_stack
 
@@ -41,6 +43,7 @@ class LayerCost:
     params: float  # parameters stored on this GPU
     act_bytes: float  # kept per in-flight microbatch
     work_bytes: float  # transient while this layer runs its backward
+    cache_bytes: float = 0.0  # FP8 weight copies kept across the step's microbatches
 
     @property
     def bwd_s(self) -> float:
@@ -77,7 +80,7 @@ def block_forward_flops(layer: Layer, tokens: int, seq_len: int) -> tuple[float,
 
 def _gemm_bytes(*mkn: tuple[float, float, float]) -> float:
     """HBM traffic of 16-bit matmuls (m x k) @ (k x n): read both operands, write the result."""
-    return sum(ACT_BYTES * (m * k + k * n + m * n) for m, k, n in mkn)
+    return precision.gemm_bytes(precision.Gemm(m, k, n) for m, k, n in mkn)
 
 
 def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
@@ -99,10 +102,7 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
                      mem_bytes=2 * ACT_BYTES * T * h * rep + 12.0 * T * v / t,
                      collectives=1 if shape.sp else 0, collectives_bwd=1)
     gemm, attn_full = block_forward_flops(layer, T, s)
-    f, q, kv = layer.ffn_hidden_size, layer.q_size, layer.num_kv_heads * layer.head_dim
-    up = (2 if layer.mlp == "swiglu" else 1) * f
-    gemm_bytes = _gemm_bytes((T, h, (q + 2 * kv) / t), (T, q / t, h), (T, h, up / t),
-                             (T, f / t, h))
+    gemm_bytes = precision.gemm_bytes(precision.block_gemms(layer, shape))
     # Memory-bound ops: two norms (read + write), two residual adds with dropout (read 2, write 1,
     # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); the activation
     # function on the sharded FFN hidden (GeLU reads and writes f, SwiGLU reads 2f and writes f).
@@ -158,16 +158,25 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     attn_rate = peak * (hw.attention_efficiency or constants.ATTENTION_EFFICIENCY) if flash \
         else gemm_rate
     bwd_attn_ratio = FLASH_BACKWARD_RATIO if flash else 2.0
+    fp8 = precision.fp8_layer(layer, shape, recompute, hw, opts)  # None: 16-bit GEMMs
+    if fp8 is not None and measured is not None:
+        raise PlanInputError("--profile measured 16-bit layers; FP8 is priced analytically "
+                             "only: drop --profile or use --precision bf16")
 
     # Matmul time: compute at the achieved rate plus operand traffic, additive (a roofline that
     # does not assume perfect overlap); this is what makes small TP-sharded matmuls slower.
-    gemm_s = w.gemm_flops / gemm_rate + w.gemm_bytes / mem_rate
+    if fp8 is not None:
+        gemm_s = w.gemm_flops / fp8.gemm_rate + fp8.gemm_bytes / mem_rate
+    else:
+        gemm_s = w.gemm_flops / gemm_rate + w.gemm_bytes / mem_rate
     attn_fwd_s = w.attn_flops / attn_rate + w.attn_mem_bytes / mem_rate
     mem_fwd_s = w.mem_bytes / mem_rate
-    fwd_s = gemm_s + attn_fwd_s + mem_fwd_s
+    cast_fwd_s = fp8.cast_fwd_bytes / mem_rate if fp8 else 0.0
+    cast_bwd_s = fp8.cast_bwd_bytes / mem_rate if fp8 else 0.0
+    fwd_s = gemm_s + attn_fwd_s + mem_fwd_s + cast_fwd_s
     bwd_weight_s = gemm_s
     bwd_input_s = gemm_s + (bwd_attn_ratio * w.attn_flops / attn_rate
-                            + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s
+                            + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s + cast_bwd_s
 
     # Every microbatch's weight gradients are accumulated into the step's gradient buffer: read
     # and write the stack's accumulation bytes per parameter (Megatron's fp32 main_grad, filled
@@ -206,10 +215,12 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         model_flops=model_flops,
         hardware_flops=model_flops + recompute_flops,
         params=params,
-        act_bytes=activation_bytes(layer, shape, recompute, flash),
+        act_bytes=activation_bytes(layer, shape, recompute, flash) - (
+            fp8.saved_bytes if fp8 else 0.0),
         work_bytes=working_bytes(layer, shape, recompute, flash) + (
             0.0 if opts.fused_cross_entropy or layer.kind != "head"
             else 2 * LOGIT_BYTES * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp),
+        cache_bytes=fp8.cache_bytes if fp8 else 0.0,
     )
 
 

@@ -119,16 +119,24 @@ def _megatron_interleave(layers_per_stage: int) -> int:
 def case_stack(case: dict, stack: Stack | None = None) -> Stack:
     """The case's own stack (its bundled ``stack`` with its ``stack_overrides``), or ``stack``
     for every case when given."""
-    if stack is not None:
-        return stack
     name = case.get("name", "a case")
-    if "stack" not in case:
-        raise PlanInputError(f"{name}: no 'stack'; every case names the stack it ran on "
-                             "(`plan stacks` lists them)")
-    overrides = case.get("stack_overrides") or {}
-    if not isinstance(overrides, dict):
-        raise PlanInputError(f"{name}: 'stack_overrides' must be an object of stack fields")
-    return with_overrides(load_stack(case["stack"]), f"{name}: stack_overrides", **overrides)
+    if stack is None:
+        if "stack" not in case:
+            raise PlanInputError(f"{name}: no 'stack'; every case names the stack it ran on "
+                                 "(`plan stacks` lists them)")
+        overrides = case.get("stack_overrides") or {}
+        if not isinstance(overrides, dict):
+            raise PlanInputError(f"{name}: 'stack_overrides' must be an object of stack fields")
+        stack = with_overrides(load_stack(case["stack"]), f"{name}: stack_overrides", **overrides)
+    return with_overrides(stack, f"{name}: config", **run_options(case))
+
+
+def run_options(case: dict) -> dict:
+    """Stack fields the run's own configuration sets, whatever stack it is priced on: FP8
+    linears where its ``precision`` names fp8 or Float8 (Transformer Engine under NeMo, torchao
+    Float8 under torchtitan), each priced with its stack's recipe (cost/precision.py)."""
+    precision = str((case.get("config") or {}).get("precision") or "").lower()
+    return {"precision": "fp8"} if "fp8" in precision or "float8" in precision else {}
 
 
 def case_setup(case: dict, hardware: Hardware | None = None,
@@ -266,18 +274,19 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
     """Flash attention, FSDP/ZeRO and overlapped DP traffic, as each source documents them."""
     name, group = case["name"], case["group"]
     cf = case["config"]
-    precision = str(cf.get("precision") or "").lower()
     techniques = str(cf.get("techniques") or "").lower()
     skip = ""
-    if "fp8" in precision or "float8" in precision:
-        skip = "FP8 not modelled"
-    elif int(cf.get("cp") or 1) > 1:
+    if int(cf.get("cp") or 1) > 1:
         skip = f"context parallelism (cp={cf['cp']}) not modelled"
     elif "compile" in techniques:
         skip = "torch.compile (fused element-wise kernels) not modelled"
+    elif opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
+        skip = f"FP8 run on {cluster.hardware.name}, a profile without an FP8 peak"
     if skip:
         return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
                          unsupported=skip)
+    if opts.precision == "fp8":  # set by run_options
+        notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
     model = _modern_model(case)
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
     gb = int(cf["global_batch"])

@@ -54,6 +54,7 @@ class ValidationRow:
     note: str
     dataset: str = ""  # which file: "old" (published_runs.json) or "modern" (modern_runs.json)
     stack: str = ""  # the stack it was priced on, with its overrides (Stack.label)
+    precision: str = "bf16"  # the block GEMMs' precision on that stack ("fp8" for FP8 runs)
 
     @property
     def supported(self) -> bool:
@@ -140,8 +141,9 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
     tokens = case["config"]["global_batch"] * case["model"]["seq_len"]
     mem = me.get("memory_gb_per_gpu")
     hardware_def = _hardware_definition(case)
+    priced_on = case_stack(case, stack)
     common = dict(case=setup.name, group=setup.group, sweep=setup.sweep, dataset=dataset,
-                  stack=case_stack(case, stack).label(),
+                  stack=priced_on.label(), precision=priced_on.precision,
                   measured_step_s=measured_s, measured_tokens_per_s=tokens / measured_s,
                   tflops_definition="hardware" if hardware_def else "model",
                   measured_tflops=me.get("tflops_per_gpu"),
@@ -233,6 +235,9 @@ def summarize(rows: tuple[ValidationRow, ...] | list[ValidationRow]) -> Validati
     labels = list(dict.fromkeys(r.dataset for r in rows))
     groups = tuple((label, _summarize([r for r in rows if r.dataset == label]))
                    for label in labels) if len(labels) > 1 else ()
+    fp8 = [r for r in rows if r.precision == "fp8"]
+    if fp8 and len(fp8) < len(rows):  # the FP8 runs on their own (cost/precision.py)
+        groups += (("fp8 runs", _summarize(fp8)),)
     return replace(_summarize(rows), groups=groups)
 
 

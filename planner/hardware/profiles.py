@@ -44,6 +44,10 @@ class Hardware:
     # Streaming multiprocessors: what an overlapped NCCL collective takes a share of
     # (calibration.NCCL_SMS; comm.overlap_interference).
     sm_count: int | None = None
+    # Dense FP8 tensor-core peak and the fraction of it large FP8 GEMMs reach; None on a GPU
+    # without FP8 tensor cores (A100), where FP8 training is refused (cost/precision.py).
+    peak_fp8_tflops: float | None = None
+    fp8_matmul_efficiency: float | None = None
     # GPUs that share one NVLink (or xGMI) fabric: 8 on HGX/DGX boards, 72 in a GB200 NVL72 rack.
     # TP, CP and EP groups stay inside it; None means one node.
     nvlink_domain: int | None = None

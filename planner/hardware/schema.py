@@ -25,6 +25,8 @@ HARDWARE_JSON = {
     "memory_efficiency": Num(0, 1, low_open=True, nullable=True),
     "network_efficiency": Num(0, 1, low_open=True, nullable=True),
     "sm_count": Int(1, 2**16, nullable=True),
+    "peak_fp8_tflops": Num(0, MAX_TFLOPS, low_open=True, nullable=True),
+    "fp8_matmul_efficiency": Num(0, 1, low_open=True, nullable=True),
     "nvlink_domain": Int(1, MAX_GPUS_PER_NODE, nullable=True),
     "sources": Free(),
 }

@@ -31,7 +31,8 @@ EXPORTERS: dict[str, ModuleType] = {
 LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
 __all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "implied_launcher",
-           "launcher_allows", "parse_megatron_args", "parse_targets", "render_all"]
+           "launcher_allows", "parse_megatron_args", "parse_targets", "precision_allows",
+           "render_all"]
 
 
 def _exporter(target: str) -> ModuleType:
@@ -45,6 +46,20 @@ def _exporter(target: str) -> ModuleType:
 def launcher_allows(launcher: str, facts: Facts) -> str | None:
     """None when ``launcher`` can run this configuration, else the first rule it breaks."""
     problems = _exporter(launcher).parallel_rules(facts)
+    return problems[0] if problems else None
+
+
+def precision_allows(launcher: str | None, model, stack, torchtitan_version: str | None = None
+                     ) -> str | None:
+    """None when ``launcher`` runs the stack's precision (and FP8 recipe) for this model, else
+    the rule it breaks: checked before a search, since no configuration changes it."""
+    if launcher is None:
+        return None
+    if launcher == "torchtitan":
+        problems = torchtitan.precision_rules(model, stack,
+                                              torchtitan_version or torchtitan.DEFAULT_VERSION)
+    else:
+        problems = _exporter(launcher).precision_rules(model, stack)
     return problems[0] if problems else None
 
 

@@ -58,7 +58,16 @@ def parallel_rules(f: Facts) -> list[str]:
 
 def check(plan: Plan) -> list[str]:
     par, m = plan.parallel, plan.model
-    return structure_problems(plan) + parallel_rules(Facts.of(par, m))
+    return structure_problems(plan) + parallel_rules(Facts.of(par, m)) + precision_rules(
+        m, plan.stack)
+
+
+def precision_rules(model, stack) -> list[str]:
+    """DeepSpeed's config has no FP8 training setting: FP8 plans are refused."""
+    if stack is not None and stack.precision == "fp8":
+        return [f"{NAME}: the DeepSpeed config has no FP8 training setting (bf16 and fp16 "
+                "sections only); plan with --precision bf16, or for megatron"]
+    return []
 
 
 def config(plan: Plan) -> dict:

@@ -63,7 +63,16 @@ def check(plan: Plan) -> list[str]:
                    "other layer kinds")
     out += parallel_rules(Facts.of(par, m))
     out += architecture_problems(m)
+    out += precision_rules(m, plan.stack)
     return out
+
+
+def precision_rules(model, stack) -> list[str]:
+    """The stack's FP8 recipe must be one Megatron-LM has (FP8_RECIPES)."""
+    if stack is not None and stack.precision == "fp8" and stack.fp8_recipe not in FP8_RECIPES:
+        return [f"{NAME}: --fp8-recipe has no {stack.fp8_recipe} scaling (tensorwise, delayed, "
+                "mxfp8, blockwise); price the plan with fp8_recipe delayed, current or blockwise"]
+    return []
 
 
 def architecture_problems(m) -> list[str]:
@@ -189,7 +198,22 @@ def stack_flags(plan: Plan) -> list[tuple[str, str | None]]:
         out.append(("--overlap-param-gather", None))
     if stack.tp_comm_overlap and par.tp > 1:
         out.append(("--tp-comm-overlap", None))
+    if stack.precision == "fp8":
+        out += fp8_flags(stack)
     return out
+
+
+# The stack's FP8 recipe as Megatron-LM's --fp8-recipe (megatron/training/arguments.py:
+# "--fp8-recipe', default='delayed', choices=['tensorwise', 'delayed', 'mxfp8', 'blockwise']").
+# Format: "hybrid" (E4M3 forward, E5M2 gradients; Transformer Engine's Format.HYBRID) for the
+# per-tensor recipes; block scaling runs E4M3 on every tensor (DeepSeek-V3 §3.3.2: "we adopt
+# the E4M3 format on all tensors for higher precision").
+FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise", "blockwise": "blockwise"}
+
+
+def fp8_flags(stack) -> list[tuple[str, str | None]]:
+    fmt = "e4m3" if stack.fp8_recipe == "blockwise" else "hybrid"
+    return [("--fp8-format", fmt), ("--fp8-recipe", FP8_RECIPES[stack.fp8_recipe])]
 
 
 def render(plan: Plan) -> dict[str, str]:
@@ -313,6 +337,7 @@ def parse_megatron_args(text: str) -> dict:
         "tp_comm_overlap": "--tp-comm-overlap" in flags,
         "attention": flags.get("--attention-backend"),
         "param_dtype": "bf16" if "--bf16" in flags else "fp16" if "--fp16" in flags else None,
+        "fp8_format": flags.get("--fp8-format"), "fp8_recipe": flags.get("--fp8-recipe"),
         "dropout": not (flags.get("--attention-dropout") == "0"
                         and flags.get("--hidden-dropout") == "0"),
     }

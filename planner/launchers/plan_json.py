@@ -114,8 +114,11 @@ def layers(model: ModelSpec) -> list[dict]:
 def precision(plan: Plan) -> dict:
     if plan.stack is None:
         return dict(PRECISION)
-    return {**PRECISION, "dtype": DTYPE_NAMES[plan.stack.param_dtype],
-            "gradients": DTYPE_NAMES[plan.stack.grad_dtype]}
+    out = {**PRECISION, "dtype": DTYPE_NAMES[plan.stack.param_dtype],
+           "gradients": DTYPE_NAMES[plan.stack.grad_dtype]}
+    if plan.stack.precision == "fp8":  # the blocks' linear GEMMs (cost/precision.py)
+        out.update(block_gemms="float8", fp8_recipe=plan.stack.fp8_recipe)
+    return out
 
 
 def stages(plan: Plan) -> list[dict]:

@@ -123,6 +123,7 @@ def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     if stack is not None and stack.grad_dtype != "fp32":
         out.append(f"{NAME}: training.mixed_precision_reduce is float32 only; the plan's "
                    f"{stack.name} stack reduces gradients in {stack.grad_dtype}")
+    out += precision_rules(plan.model, plan.stack, version)
     if not is_standard_gpt(plan):
         out.append(f"{NAME}: model parts name tok_embeddings / layers.i / norm + the output; "
                    "this model has other layer kinds")
@@ -132,6 +133,37 @@ def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
                    f"FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}); torchtitan builds only "
                    f"{', '.join(f.flavor for f in FLAVORS)}")
     return out
+
+
+# torchtitan 0.3.0 has no Float8 option on the command line: the config_registry function picks
+# the model's converters, and only llama3_405b converts its linears ("Float8LinearConverter.
+# Config(filter_fqns=["lm_head"], ...)", recipe_name default "rowwise"; the converter's recipes
+# are Literal["rowwise", "rowwise_with_gw_hp"]) in torchtitan/models/llama3/config_registry.py.
+FLOAT8_CONFIGS = {"llama3_405b": "rowwise"}
+
+
+def precision_rules(model: ModelSpec, stack, version: str = DEFAULT_VERSION) -> list[str]:
+    """Where the run's precision would differ from the plan's: torchtitan 0.3.0 trains Float8
+    exactly in the configs that convert (FLOAT8_CONFIGS), with their recipe; the 0.2.x TOML's
+    Float8 names are not checked by this exporter, so an FP8 plan is refused there."""
+    f = flavor(model)
+    fp8 = stack is not None and stack.precision == "fp8"
+    if version_key(version) != "0.3.0":
+        return [f"{NAME} 0.2.x: FP8 export is not supported here (its Float8 settings are not "
+                "checked); use --torchtitan-version 0.3.0"] if fp8 else []
+    if f is None:
+        return []
+    recipe = FLOAT8_CONFIGS.get(f.config)
+    if recipe and not fp8:
+        return [f"{NAME} 0.3.0: the {f.config} config trains Float8 ({recipe}) linears; plan it "
+                f"with --precision fp8 and a stack whose fp8_recipe is {recipe}"]
+    if fp8 and not recipe:
+        return [f"{NAME} 0.3.0: the {f.config} config has no Float8 converter (only "
+                f"{', '.join(FLOAT8_CONFIGS)} converts); plan with --precision bf16"]
+    if fp8 and stack.fp8_recipe != recipe:
+        return [f"{NAME} 0.3.0: {f.config} runs Float8 with {recipe} scaling; the plan's stack "
+                f"prices {stack.fp8_recipe} (override fp8_recipe to {recipe})"]
+    return []
 
 
 def module_fqns_per_model_part(plan: Plan, version: str = DEFAULT_VERSION) -> list[list[str]]:

@@ -12,7 +12,7 @@ from planner.cost.layer import LayerCost
 
 # the per-layer quantities a chunk sums over its layers
 _SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
-           "hardware_flops")
+           "hardware_flops", "cache_bytes")
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +31,12 @@ class ChunkArrays:
     work_bytes: np.ndarray  # largest transient of the chunk's layers
     model_flops: np.ndarray
     hardware_flops: np.ndarray
+    # FP8 weight copies kept across the step (cost/precision.py); None: none
+    cache_bytes: np.ndarray | None = None
+
+    @property
+    def cached_bytes(self) -> np.ndarray:
+        return np.zeros(len(self.first)) if self.cache_bytes is None else self.cache_bytes
 
     @property
     def bwd_s(self) -> np.ndarray:
@@ -63,6 +69,7 @@ class CostTable:
             "act_bytes": [c.act_bytes for c in costs],
             "model_flops": [c.model_flops for c in costs],
             "hardware_flops": [c.hardware_flops for c in costs],
+            "cache_bytes": [c.cache_bytes for c in costs],
         }
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 

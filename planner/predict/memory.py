@@ -90,6 +90,7 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
     fragmentation (more on ranks that recompute) and the framework's reserve."""
     p = par.pp
     weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts))
+    weights = weights + stages.by_rank(stages.cached_bytes, p)  # FP8 weight copies, if cached
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
         tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
         tw, tg, to = state_parts(tied, par, opts)

@@ -64,6 +64,11 @@ class Plan:
     notes: tuple[str, ...] = field(default=(), compare=False)
     stack: Stack | None = field(default=None, compare=False)  # the stack it was priced on
 
+    @property
+    def precision(self) -> str:
+        """The blocks' GEMM precision it was priced with: "bf16" or "fp8" (the stack's)."""
+        return self.stack.precision if self.stack is not None else "bf16"
+
     def to_dict(self, with_layout: bool = True) -> dict:
         par, cl = self.parallel, self.cluster
         return {

@@ -103,9 +103,10 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
     time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
     act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
     params = np.array([c.params for c in costs[modes[0]]], dtype=float)
+    cached = np.array([c.cache_bytes for c in costs[modes[0]]], dtype=float)  # FP8 copies
     inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
     return PartitionProblem(
-        time_s=time_s, state_bytes=_layer_states(params, par, opts), act_bytes=act,
+        time_s=time_s, state_bytes=_layer_states(params, par, opts) + cached, act_bytes=act,
         inflight=inflight, capacity_bytes=capacity, modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)),
         extra_bytes=kept if kept.any() else None)
@@ -124,7 +125,8 @@ def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     memory is no bound for them. ``even_stages`` is accepted for the callers that have it."""
     inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
     any_table = next(iter(tables.values()))
-    total_s = float(_layer_states(any_table.prefix["params"][-1], par, opts))
+    total_s = float(_layer_states(any_table.prefix["params"][-1], par, opts)
+                    + any_table.prefix["cache_bytes"][-1])
     total_a = float(np.minimum.reduce([np.diff(t.prefix["act_bytes"])
                                        for t in tables.values()]).sum())
     f = inflight

@@ -18,6 +18,7 @@ import numpy as np
 from planner.cost import constants
 from planner.cost import comm
 from planner.cost.layer import LayerCost, layer_cost
+from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
 from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
 from planner.cost.memory import ACT_BYTES, Shape
@@ -141,13 +142,16 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
 
-    states = state_bytes(stages.params, par, opts)
+    states = state_bytes(stages.params, par, opts) + stages.cached_bytes
     chunk_mem = states + inflight * stages.act_bytes
     parts = memory_parts(model, par, stages, inflight, opts, held)
     rank_mem = sum(parts.values())
     dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
     owned = stages.by_rank(stages.params, p).max() / (par.dp if par.zero >= 1 else 1)
-    optimizer_s = owned * OPTIMIZER_BYTES_PER_PARAM / (
+    # with cached FP8 weights, the step also recasts them once (cost/precision.py)
+    step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM + step_cast_bytes(
+        float(stages.by_rank(stages.cached_bytes, p).max()), opts)
+    optimizer_s = step_bytes / (
         hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY))
     replicas = par.tp * par.dp * par.num_microbatches  # per-GPU microbatch FLOPs -> whole step
     return Prediction(step_s=float(pipeline_s + dp_exposed + optimizer_s), bubble=float(bubble),
@@ -332,6 +336,7 @@ def _notes(opts: Stack) -> tuple[str, ...]:
         grads += f" (+fp32 accumulation at ZeRO {stages})"
     dp = " + ".join(k for k, on in (("grad reduce", opts.overlap_grad_reduce),
                                     ("param gather", opts.overlap_param_gather)) if on) or "off"
+    fp8 = f", FP8 block GEMMs ({opts.fp8_recipe} scaling)" if opts.precision == "fp8" else ""
     return (f"stack: {opts.label()} (`plan stacks`; --stack NAME|FILE to change)",
             f"assumes {attention}, DP overlap {dp}, TP overlap "
-            f"{'on' if opts.tp_comm_overlap else 'off'}, {grads} gradients")
+            f"{'on' if opts.tp_comm_overlap else 'off'}, {grads} gradients{fp8}")

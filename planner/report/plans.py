@@ -193,11 +193,12 @@ def models_table(models: dict[str, ModelSpec]) -> Table:
 def hardware_table(gpus: dict[str, Hardware]) -> Table:
     table = Table(title="Bundled GPUs (plan solve --gpu NAME, or --hardware FILE)",
                   title_justify="left")
-    for col in ("name", "bf16 TFLOP/s", "memory GiB", "HBM GB/s", "NVLink GB/s", "network GB/s",
-                "GPUs/node"):
+    for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s", "NVLink GB/s",
+                "network GB/s", "GPUs/node"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for name, hw in gpus.items():
-        table.add_row(name, f"{hw.peak_tflops:g}", f"{hw.memory_gib:g}",
+        fp8 = f"{hw.peak_fp8_tflops:g}" if hw.peak_fp8_tflops else "-"  # no FP8 tensor cores
+        table.add_row(name, f"{hw.peak_tflops:g}", fp8, f"{hw.memory_gib:g}",
                       f"{hw.memory_bandwidth_gbps:g}", f"{hw.intra_node_gbps:g}",
                       f"{hw.inter_node_gbps:g}", str(hw.gpus_per_node))
     return table

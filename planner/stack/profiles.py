@@ -126,7 +126,8 @@ def _text(value) -> str:
 
 def resolve_stack(name_or_file: str | Path | None = None, launcher: str | None = None,
                   flash: bool | None = None, overlap: bool | None = None,
-                  tp_overlap: bool | None = None, grad_dtype: str | None = None) -> Stack:
+                  tp_overlap: bool | None = None, grad_dtype: str | None = None,
+                  precision: str | None = None) -> Stack:
     """The stack a command runs on: ``--stack`` (or the launcher's, or the default) with the
     direct flags applied as overrides (None: the stack's own value)."""
     stack = load_stack(name_or_file, launcher)
@@ -139,4 +140,8 @@ def resolve_stack(name_or_file: str | Path | None = None, launcher: str | None =
         changes["tp_comm_overlap"] = tp_overlap
     if grad_dtype is not None:
         changes["grad_dtype"] = grad_dtype.lower()
-    return with_overrides(stack, "--grad-dtype" if grad_dtype is not None else "flags", **changes)
+    if precision is not None:
+        changes["precision"] = precision.lower()
+    origin = ("--grad-dtype" if grad_dtype is not None else
+              "--precision" if precision is not None else "flags")
+    return with_overrides(stack, origin, **changes)

@@ -69,6 +69,19 @@ class Stack:
     schedules: tuple[str, ...]
     # fixed cost of each pipeline action (one forward or backward of a chunk), seconds
     pipeline_action_overhead_s: float
+    # --- FP8 (planner/cost/precision.py; read only when precision is "fp8") ---
+    # the transformer blocks' linear layers (QKV, output projection, MLP) run "bf16" or "fp8"
+    # GEMMs; attention, embedding and output head stay 16-bit
+    precision: str
+    # how FP8 scales are found: "delayed" (per tensor, from an amax history), "current" (per
+    # tensor, from this tensor's amax: one more read), "rowwise" (a scale per row), "blockwise"
+    # (DeepSeek-V3: 1x128 activation tiles, 128x128 weight blocks)
+    fp8_recipe: str
+    # FP8 weight copy and its transpose kept from the first microbatch to the optimizer step
+    # (2 bytes per block weight; cast once per step) instead of cast in every microbatch
+    fp8_weight_cache: bool
+    # GEMM inputs saved for the backward in FP8 (1 byte) instead of 16-bit and cast again
+    fp8_saved_activations: bool
     # where each value comes from, by field name
     sources: tuple[tuple[str, str], ...] = ()
     # fields changed from the named stack by flags or a case ("field", "value" as text)
@@ -144,9 +157,12 @@ _CHOICES = {
     "grad_dtype": tuple(DTYPE_BYTES),
     "zero2_reduce_scatter": ("microbatch", "step"),
     "zero3_gather": ("layer", "stage"),
+    "precision": ("bf16", "fp8"),
+    "fp8_recipe": ("delayed", "current", "rowwise", "blockwise"),
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-          "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise")
+          "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
+          "fp8_weight_cache", "fp8_saved_activations")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1)}
