@@ -20,7 +20,10 @@ would stay below the equal split's and could not reach T): C = a·T / (1 - (1 - 
 or for ZB-H1 the smallest forward share f/t of any layer.  Interleaved ranks hold several
 chunks, which the partitioner may size unevenly, so there only what holds for any split is used:
 the busiest rank runs m microbatches of at least T / p, and microbatch 0's chain of forwards
-and input-gradient backwards runs through every layer.
+and input-gradient backwards runs through every layer.  (What the search's cap leaves of them is
+bounded again by a relaxation of their chunks, planner/search/chunk_bound.py: each rank's own
+memory, whole layers and the interleaved schedule's fill and drain, at the cost of a linear and a
+mixed-integer program.)
 
 Data-parallel sync and optimizer.  The rank with the most parameters holds at least total / p of
 them; its sync costs at least the interference share of the collective even with all of it hidden
