@@ -20,18 +20,22 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import replace
 
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.load import load_model
 from planner.pipeline.simulate import simulate
 from planner.search.engine import Request, search
 
-CASES = [  # (model, gpus, nodes, global batch, target seconds on a 2-core machine)
+CASES = [  # (model, gpus, nodes, global batch, target seconds on a 2-core machine[, seq, gpu])
     ("llama3-8b", 16, 2, 512, 2.0),
     ("gpt3-175b", 1024, 128, 1536, 2.0),
     ("llama3-405b", 1024, 128, 2048, 2.0),
     ("mt-nlg-530b", 5120, 640, 1920, 2.0),
     ("llama3-405b", 16384, 2048, 2048, 2.0),
+    # context parallelism searched (128K tokens: cp from 1 to 128), the Llama 3 long-context
+    # phase's cluster (issue #18's "plan solve --seq-len 131072 --gpus 16384 --gpu h100")
+    ("llama3-405b", 16384, 2048, 32, 4.0, 131072, "h100"),
     ("llama3-8b", 16, 2, 999_983, 2.0),
 ]
 
@@ -65,9 +69,11 @@ def main() -> None:
     print(f"{'case':<42}{'screened':>10}{'refined':>9}{'median s':>10}{'cpu s':>7}{'target s':>10}"
           "  ok")
     long_plan = None
-    for name, gpus, nodes, batch, target in CASES:
-        req = Request(model=load_model(name), cluster=make_cluster(hw, gpus, nodes),
-                      global_batch=batch)
+    for name, gpus, nodes, batch, target, *more in CASES:
+        seq, gpu = (more + [None, None])[:2]
+        model = load_model(name) if seq is None else replace(load_model(name), seq_length=seq)
+        req = Request(model=model, global_batch=batch,
+                      cluster=make_cluster(load_hardware(gpu) if gpu else hw, gpus, nodes))
         times, cpu, result = [], [], None
         for _ in range(args.repeats):
             start, start_cpu = time.perf_counter(), time.process_time()
@@ -75,7 +81,8 @@ def main() -> None:
             times.append(time.perf_counter() - start)
             cpu.append(time.process_time() - start_cpu)
         median = statistics.median(times)
-        label = f"{name} on {gpus} GPUs, batch {batch:,}"
+        label = f"{name} on {gpus} GPUs, batch {batch:,}" + (f", seq {seq // 1024}K" if seq
+                                                                 else "")
         print(f"{label:<42}{result.screened:>10}{result.refined:>9}{median:>10.2f}"
               f"{statistics.median(cpu):>7.2f}{target:>10.1f}"
               f"  {'yes' if median <= target else 'NO'}", flush=True)

@@ -237,7 +237,8 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
           precision: str | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
           schedule: str | None = None, virtual_stages: int | None = None,
           recompute: str | None = None, zero: int | None = None,
-          sequence_parallel: bool | None = None, progress=None) -> Solution:
+          sequence_parallel: bool | None = None, cp: int | None = None,
+          progress=None) -> Solution:
     """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
     return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension; ``stack``
     is a stack name, file or Stack (default: the launcher's, else megatron-core), ``flash`` ...
@@ -245,7 +246,7 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
-                sequence_parallel=sequence_parallel)
+                sequence_parallel=sequence_parallel, cp=cp)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
                    max_bubble, top, refine, launcher, partition, profile,
                    _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)
@@ -263,12 +264,13 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
             precision: str | None = None, tp: int | None = None, pp: int | None = None,
             dp: int | None = None, micro_batch: int | None = None, schedule: str | None = None,
             virtual_stages: int | None = None, recompute: str | None = None,
-            zero: int | None = None, sequence_parallel: bool | None = None) -> Explanation:
+            zero: int | None = None, sequence_parallel: bool | None = None,
+            cp: int | None = None) -> Explanation:
     """Predict one pinned configuration (`plan solve --explain`): fits or not, by how much."""
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
-                sequence_parallel=sequence_parallel)
+                sequence_parallel=sequence_parallel, cp=cp)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, None, seq_len, None, 10, 20,
                    launcher, "ilp", None,
                    _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)

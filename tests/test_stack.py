@@ -186,15 +186,34 @@ def test_eager_elementwise_kernels_cost_time_only_where_megatron_fuses():
     from planner.hardware.profiles import load_hardware
     from planner.model.presets import PRESETS
     hw = load_hardware("a100-80gb")
-    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=2048)
+    T = 2048
+    shape = Shape(tp=1, sp=False, micro_batch=1, seq_len=T)
     fused, eager = default_stack(), with_overrides(default_stack(), fused_elementwise=False)
-    llama = PRESETS["llama3-8b"].layers[1]  # SwiGLU, no bias, no dropout: 2 more FFN passes
+    llama = PRESETS["llama3-8b"].layers[1]  # RMSNorm, RoPE, SwiGLU, GQA; no bias, no dropout
+    assert llama.rope and llama.norm == "rmsnorm"
     gap = layer_cost(llama, shape, "none", hw, eager).fwd_s - \
         layer_cost(llama, shape, "none", hw, fused).fwd_s
     from planner.cost import constants
-    extra = 2 * 2 * 2048 * llama.ffn_hidden_size  # two more 16-bit passes over the FFN width
+    h, q, kv, f = 4096, 4096, 1024, 14336
     rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY)
+    floor = constants.EAGER_KERNEL_MIN_S * rate  # a kernel costs at least its launch
+
+    def kernels(*nbytes):
+        return sum(max(b, floor) for b in nbytes)
+    extra = (2 * (kernels(*(b * T * h for b in (6, 8, 4, 8, 6, 4))) - 4 * T * h)  # fp32 RMSNorm
+             + sum(kernels(*(b * T * w for b in (6, 8, 6))) - 4 * T * w for w in (q, kv))  # RoPE
+             + kernels(4 * T * f, 6 * T * f) - 6 * T * f  # SwiGLU in two kernels
+             + 2 * kernels(2 * T * (kv + q)))  # repeat_kv copies K and V to every query head
+    assert 6 * T * kv < floor  # the RoPE cast of K at 2,048 tokens is shorter than a launch
     assert gap == pytest.approx(extra / rate, rel=1e-6)
+    # GPT-3 (learned positions, LayerNorm: one native kernel in eager too, GeLU with bias, dropout)
+    gpt = PRESETS["gpt3-175b"].layers[1]
+    assert not gpt.rope and gpt.norm == "layernorm"
+    gpt_gap = layer_cost(gpt, shape, "none", hw, eager).fwd_s - \
+        layer_cost(gpt, shape, "none", hw, fused).fwd_s
+    h, f = gpt.hidden_size, gpt.ffn_hidden_size
+    gpt_extra = 2 * 2 * T * f + 2 * 4 * 2 * T * h  # bias before GeLU; two unfused bias-dropout-adds
+    assert gpt_gap == pytest.approx(gpt_extra / rate, rel=1e-6)
 
 
 def test_split_overlap_flags_expose_what_is_not_overlapped():

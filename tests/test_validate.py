@@ -135,13 +135,14 @@ def test_default_validation_reads_both_files_and_summarises_each(both):
     assert {r.dataset for r in rows} == {"old", "modern"}
     groups = dict(s.groups)
     assert (groups["old"].cases, groups["old"].evaluated) == (41, 35)
-    # modern: 7 skipped, each with its reason: 2 CP (cp=16, cp=2), 5 torch.compile (3 of them
-    # FP8 runs); FP8 itself is priced (cost/precision.py) and skips nothing
-    assert (groups["modern"].cases, groups["modern"].evaluated) == (34, 27)
+    # modern: 3 skipped, each with its reason: the torchtitan Float8 runs (FP8 on FSDP2 not
+    # checked yet); FP8 itself is priced (cost/precision.py), the CP rows (cp=16, cp=2) too
+    # (cost/context.py), and the torch.compile runs are evaluated on their stack with fused
+    # element-wise kernels (cost/elementwise.py)
+    assert (groups["modern"].cases, groups["modern"].evaluated) == (34, 31)
     assert sorted(set(groups["modern"].skip_reasons)) == [
-        "context parallelism (cp=16) not modelled", "context parallelism (cp=2) not modelled",
-        "torch.compile (fused element-wise kernels) not modelled"]
-    assert (s.cases, s.evaluated) == (75, 62)
+        "torchtitan Float8 (FSDP2 float8 all-gather, AsyncTP) not modelled"]
+    assert (s.cases, s.evaluated) == (75, 66)
     text = "\n".join(summary_lines(s))
     assert "old:" in text and "modern:" in text and "all cases:" in text
 
@@ -160,13 +161,15 @@ def test_modern_step_time_error(both):
 
 
 def test_modern_memory(both):
-    # Issue target met where memory was published (torchtitan H100, 8 and 128 GPUs): never
-    # under-estimated, +9..+11%. No run that ran is predicted out of memory: where recompute is
+    # Issue target met where memory was published (torchtitan H100, 8 and 128 GPUs, eager and
+    # compiled): never under-estimated; eager +9..+11%, compiled +17..+20% (the activation model
+    # does not yet shrink what torch.compile's fused kernels save for the backward: measured
+    # 5.0-5.4 GiB less than eager). No run that ran is predicted out of memory: where recompute is
     # unpublished and none would not fit (Llama 3 405B, 8,192 GPUs), the guess is full recompute.
     rows, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.memory_cases == 2
-    assert -0.03 <= modern.min_memory_error and modern.max_memory_error <= 0.15
+    assert modern.memory_cases == 4
+    assert -0.03 <= modern.min_memory_error and modern.max_memory_error <= 0.21
     assert modern.oom_mismatches == ()
     llama = {r.case: r for r in rows}["llama3-405b-paper-8192gpu-tp8-cp1-pp16-dp64-seq8192"]
     assert " full " in llama.configuration and "none would not fit" in llama.note
@@ -191,12 +194,30 @@ def test_modern_setups():
 
 def test_fp8_runs_are_summarised_apart(both):
     # The FP8 runs (NeMo 24.07 on DGX-H100, Transformer Engine delayed scaling) priced with FP8
-    # GEMMs: 3 evaluated, mean |error| 14.5% (GPT-3 175B +33.5% with recompute guessed full,
-    # Llama 2 70B +3.1%, Llama 2 7B -6.9%). Priced as BF16 the same three are +101%, +44%,
-    # +32% (mean 59%). Pinned at today's values.
+    # GEMMs: 4 evaluated, mean |error| 11.9% (GPT-3 175B +33.5% with recompute guessed full,
+    # Llama 2 70B +3.1%, Llama 2 7B -6.9%, and since context parallelism is priced the Llama 3
+    # 70B cp=2 row +4.1%). Priced as BF16 the first three are +101%, +44%, +32% (mean 59%).
+    # Pinned at today's values.
     rows, s = both
     fp8 = dict(s.groups)["fp8 runs"]
-    assert (fp8.cases, fp8.evaluated) == (7, 3)
-    assert fp8.mean_abs_time_error == pytest.approx(0.145, abs=0.02)
+    assert (fp8.cases, fp8.evaluated) == (7, 4)
+    assert fp8.mean_abs_time_error == pytest.approx(0.119, abs=0.02)
     assert all(r.precision == "fp8" and "precision=fp8" in r.stack
                for r in rows if r.case.endswith(("-fp8", "-float8")))
+
+
+def test_the_torchtitan_eager_compile_pair_is_reproduced(both):
+    """torchtitan's performance table measures Llama 3.1 8B with and without torch.compile on
+    the same H100s (8 and 128 GPUs): compiled is 1.157x and 1.162x faster. The eager element-
+    wise kernels (fp32 RMSNorm, RoPE, SwiGLU in two, GQA copies; cost/elementwise.py) are the
+    whole difference the model sees, and it predicts the ratio within 3%."""
+    rows, _ = both
+    by = {r.case: r for r in rows}
+    for gpus in (8, 128):
+        eager = by[f"torchtitan-llama3.1-8b-{gpus}gpu-fsdp"]
+        compiled = by[f"torchtitan-llama3.1-8b-{gpus}gpu-fsdp-compile"]
+        assert "fused_elementwise=on" in compiled.stack and "fused" not in eager.stack
+        measured = eager.measured_step_s / compiled.measured_step_s
+        predicted = eager.predicted_step_s / compiled.predicted_step_s
+        assert measured == pytest.approx(1.16, abs=0.01)
+        assert predicted == pytest.approx(measured, rel=0.03)

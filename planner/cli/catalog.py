@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import typer
 
-from planner.hardware.profiles import bundled_hardware
+from planner.hardware.profiles import bundled_hardware, bundled_sources
 from planner.model.load import load_model
 from planner.model.presets import PRESETS
 from planner.model.template import model_template
 from planner.report.models import template_table
-from planner.report.plans import hardware_table, models_table, stacks_dict, stacks_table
+from planner.report.plans import (hardware_dict, hardware_sources_lines, hardware_table,
+                                  models_table, stacks_dict, stacks_table)
 from planner.stack import bundled_stacks
 from planner.cli.common import _flag, app, out, print_json, user_errors
 
@@ -62,7 +63,13 @@ def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its sourc
 
 
 @app.command("hardware")
-def hardware_cmd():
-    """List the bundled GPU profiles."""
-    with user_errors():
-        out.print(hardware_table(bundled_hardware()))
+def hardware_cmd(as_json: bool = _flag(False, "--json", "Every field and its source, as JSON.")):
+    """List the bundled GPU profiles and the vendor document each is read from."""
+    with user_errors(as_json):
+        gpus, sources = bundled_hardware(), bundled_sources()
+        if as_json:
+            print_json(hardware_dict(gpus, sources))
+            return
+        out.print(hardware_table(gpus))
+        for line in hardware_sources_lines(sources):
+            out.print(line, highlight=False, soft_wrap=True)

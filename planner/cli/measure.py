@@ -134,6 +134,9 @@ def layout(
     pp: int = typer.Option(..., "--pp", help="Pipeline-parallel size."),
     dp: int = typer.Option(..., "--dp", help="Data-parallel size."),
     gpus_per_node: int = typer.Option(8, "--gpus-per-node", help="GPUs per node."),
+    nvlink_domain: int = typer.Option(None, "--nvlink-domain",
+                                      help="GPUs per NVLink domain, a multiple of the node "
+                                           "(72 on GB200 NVL72) [default: one node]."),
     cp: int = typer.Option(1, "--cp", help="Context-parallel size."),
     ep: int = typer.Option(1, "--ep", help="Expert-parallel size (re-divides tp x cp x dp)."),
     etp: int = typer.Option(None, "--etp", help="Expert tensor-parallel size [default: tp]."),
@@ -145,10 +148,15 @@ def layout(
 
     Example: plan layout --tp 2 --pp 4 --dp 2 --gpus-per-node 8
     Example: plan layout --tp 2 --cp 2 --pp 2 --dp 2 --ep 4 --etp 1
+    Example: plan layout --tp 8 --cp 9 --pp 1 --dp 2 --gpus-per-node 4 --nvlink-domain 72
     """
     with user_errors():
         try:
-            rank_layout = build_layout(tp, pp, dp, gpus_per_node, order, cp=cp, ep=ep, etp=etp)
+            if nvlink_domain is not None and (nvlink_domain < 1 or nvlink_domain % gpus_per_node):
+                raise LayoutError(f"--nvlink-domain {nvlink_domain} must be a positive multiple "
+                                  f"of --gpus-per-node {gpus_per_node}")
+            rank_layout = build_layout(tp, pp, dp, gpus_per_node, order, cp=cp, ep=ep, etp=etp,
+                                       nvlink_domain=nvlink_domain)
             require_node_local_tp(rank_layout)
         except LayoutError as e:
             raise PlanInputError(str(e)) from None

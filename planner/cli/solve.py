@@ -61,6 +61,9 @@ def solve(
     precision: Optional[str] = stack_options(PLAN)["precision"],
     tp: Optional[int] = typer.Option(None, "--tp", help="Tensor-parallel size.",
                                      rich_help_panel=PINS),
+    cp: Optional[int] = typer.Option(None, "--cp", help="Context-parallel size (sequence split "
+                                     "over cp GPUs; searched from 16K tokens).",
+                                     rich_help_panel=PINS),
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline-parallel size.",
                                      rich_help_panel=PINS),
     dp: Optional[int] = typer.Option(None, "--dp", help="Data-parallel size.",
@@ -137,7 +140,7 @@ def solve(
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
-                    sequence_parallel=sequence_parallel)
+                    sequence_parallel=sequence_parallel, cp=cp)
         launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")

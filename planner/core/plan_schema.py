@@ -24,6 +24,7 @@ PARALLEL = {
     "recompute": OneOf(*RECOMPUTE_MODES),
     "zero": Int(0, 3),
     "sequence_parallel": Bool(),
+    "cp": Int(1, 2**20),
 }
 
 # The plan formats `--plan` reads: v1 (``plan solve --json``, plan.json before v2) gives each

@@ -61,6 +61,14 @@ def all_gather_s(nbytes: float, n: int, link: Link) -> float:
 reduce_scatter_s = all_gather_s
 
 
+def all_to_all_s(nbytes: float, n: int, link: Link) -> float:
+    """``nbytes`` is what one rank holds; it keeps 1/n and sends (n-1)/n of it, one piece to
+    each other rank, pairwise (NCCL's all-to-all is n - 1 concurrent send/recv pairs)."""
+    if n <= 1:
+        return 0.0
+    return (n - 1) / n * nbytes / link.bytes_per_s + (n - 1) * link.latency_s
+
+
 def p2p_s(nbytes: float, link: Link) -> float:
     return nbytes / link.bytes_per_s + link.latency_s
 

@@ -35,6 +35,15 @@ NETWORK_EFFICIENCY = 0.8
 INTRA_NODE_LATENCY_S = 5e-6
 INTER_NODE_LATENCY_S = 10e-6
 
+# Least time one eager PyTorch kernel costs, however little it moves: the host dispatches eager
+# ops one by one, and a kernel shorter than the next dispatch leaves the GPU waiting. PyTorch's
+# auto-parallel planner prices every operator so: "Adding the `kernel_launch_overhead` means that
+# operators cost at least 7us to run." (F. Massa, meta-pytorch/autoparallel pull request #146,
+# 2025, "Use better cost model for compute"; "Those values were empirically obtained by
+# minimizing the runtime over a set of examples on H100 GPUs"). Applied to eager element-wise
+# kernels (cost/elementwise.py); fused stacks' kernels are taken to outlast their launch.
+EAGER_KERNEL_MIN_S = 7e-6
+
 # Memory the framework needs beyond the tensors the model formulas count. Outside PyTorch's
 # allocator: the CUDA context (1.2-1.6 GiB on A100, measured with nvidia-smi by BigScience,
 # bigscience train/tr11-176B-ml/chronicles-prequel.md), NCCL's per-communicator buffers and cuBLAS

@@ -17,7 +17,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import constants
-from planner.cost import comm
+from planner.cost import comm, context
+from planner.cost import elementwise
+from planner.cost import gemm
 from planner.cost import precision
 from planner.hardware.profiles import Hardware
 from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
@@ -66,6 +68,7 @@ class _Work:
     attn_mem_bytes: float = 0.0  # HBM traffic of an unfused softmax over the scores
     collectives: int = 0  # TP all-reduces (or all-gather + reduce-scatter pairs) in the forward
     collectives_bwd: int = 0
+    gemm_shapes: tuple[tuple[float, float, float], ...] = ()  # (m, k, n) of each weight matmul
 
 
 def block_forward_flops(layer: Layer, tokens: int, seq_len: int) -> tuple[float, float]:
@@ -83,7 +86,10 @@ def _gemm_bytes(*mkn: tuple[float, float, float]) -> float:
     return precision.gemm_bytes(precision.Gemm(m, k, n) for m, k, n in mkn)
 
 
-def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
+def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
+          floor: float = 0.0) -> _Work:
+    """Forward work of ``layer``; ``floor``: the least bytes an eager kernel counts (its launch
+    at the HBM rate, cost/elementwise.py)."""
     t, s, T, h = shape.tp, shape.seq_len, shape.tokens, layer.hidden_size
     rep = 1 / t if shape.sp else 1.0
     if layer.kind == "embedding":
@@ -93,51 +99,41 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True) -> _Work:
     if layer.kind == "linear":
         return _Work(gemm_flops=2.0 * T * h * layer.out_features / t,
                      gemm_bytes=_gemm_bytes((T, h, layer.out_features / t)),
+                     gemm_shapes=((T, h, layer.out_features / t),),
                      mem_bytes=ACT_BYTES * T * (h + layer.out_features) / t)
     if layer.kind == "head":
         v = layer.padded_vocab(t)
+        eager = 0.0 if fused else elementwise.eager_head_extra_bytes(layer, T, t, shape.sp, floor)
         # final norm (read + write) and the fp32 softmax cross-entropy: read 16-bit logits, write
         # fp32 probabilities, read them back for the loss and its gradient: ~12 bytes per logit.
         return _Work(gemm_flops=2.0 * T * h * v / t, gemm_bytes=_gemm_bytes((T, h, v / t)),
-                     mem_bytes=2 * ACT_BYTES * T * h * rep + 12.0 * T * v / t,
+                     gemm_shapes=((T, h, v / t),),
+                     mem_bytes=2 * ACT_BYTES * T * h * rep + 12.0 * T * v / t + eager,
                      collectives=1 if shape.sp else 0, collectives_bwd=1)
-    gemm, attn_full = block_forward_flops(layer, T, s)
-    gemm_bytes = precision.gemm_bytes(precision.block_gemms(layer, shape))
+    gemm, attn_full = block_forward_flops(layer, T, shape.context)  # cp: all keys, own queries
+    gemms = precision.block_gemms(layer, shape)
+    gemm_bytes = precision.gemm_bytes(gemms)
+    shapes = tuple((g.m, g.k, g.n) for g in gemms)
     # Memory-bound ops: two norms (read + write), two residual adds with dropout (read 2, write 1,
     # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); the activation
     # function on the sharded FFN hidden (GeLU reads and writes f, SwiGLU reads 2f and writes f).
     act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * T * layer.ffn_hidden_size / t
-    mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn
-    if not fused:
-        mem += _eager_extra_bytes(layer, T, h * rep, layer.ffn_hidden_size / t)
+    mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn \
+        + elementwise.fused_rope_bytes(layer, T, t)
+    if not fused:  # eager kernels: fp32 RMSNorm, RoPE, SwiGLU in two (cost/elementwise.py)
+        mem += elementwise.eager_extra_bytes(layer, T, t, shape.sp, floor)
     if flash:
         return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / 2 / t,
                      attn_model_flops=attn_full / t, mem_bytes=mem, collectives=2,
-                     collectives_bwd=2)
+                     collectives_bwd=2, gemm_shapes=shapes)
     # Unfused attention: the scores are written by one bmm, scaled/masked/softmaxed (read, write),
     # dropout (read, write, mask) and read by the next bmm: ~13 bytes per score; 8 without dropout.
-    scores = layer.num_attention_heads * s * s * shape.micro_batch / t
+    scores = layer.num_attention_heads * s * shape.context * shape.micro_batch / t
     per_score = 13.0 if layer.dropout else 8.0
     return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / t,
                  attn_model_flops=attn_full / t,
                  mem_bytes=mem, attn_mem_bytes=per_score * scores, collectives=2,
-                 collectives_bwd=2)
-
-
-def _eager_extra_bytes(layer: Layer, tokens: int, hidden: float, ffn: float) -> float:
-    """HBM traffic eager element-wise ops add over Megatron's fused kernels (megatron/core/
-    fusions: bias-SwiGLU, bias-GeLU, bias-dropout-add), each eager op reading its inputs and
-    writing its output once: SwiGLU as silu (read, write) then a product (read 2, write): 5
-    passes over the FFN width instead of 3; a bias before GeLU is one more read and write;
-    each of the two residual bias/dropout/adds, unfused, writes and rereads its dropout output
-    (2 passes) and any bias add (2 more)."""
-    extra = 0.0
-    if layer.mlp == "swiglu":
-        extra += 2 * ACT_BYTES * tokens * ffn
-    elif layer.bias:
-        extra += 2 * ACT_BYTES * tokens * ffn
-    per_residual = (2 if layer.dropout else 0) + (2 if layer.bias else 0)
-    return extra + 2 * per_residual * ACT_BYTES * tokens * hidden
+                 collectives_bwd=2, gemm_shapes=shapes)
 
 
 def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
@@ -150,11 +146,12 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     """
     opts = opts or default_stack()
     flash = opts.flash_attention
-    w = _work(layer, shape, flash, opts.fused_elementwise)
     peak = hw.peak_flops
     gemm_rate = peak * (hw.matmul_efficiency or constants.MATMUL_EFFICIENCY)
     mem_rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency
                                                   or constants.MEMORY_EFFICIENCY)
+    w = _work(layer, shape, flash, opts.fused_elementwise,
+              floor=constants.EAGER_KERNEL_MIN_S * mem_rate)
     attn_rate = peak * (hw.attention_efficiency or constants.ATTENTION_EFFICIENCY) if flash \
         else gemm_rate
     bwd_attn_ratio = FLASH_BACKWARD_RATIO if flash else 2.0
@@ -165,18 +162,22 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
 
     # Matmul time: compute at the achieved rate plus operand traffic, additive (a roofline that
     # does not assume perfect overlap); this is what makes small TP-sharded matmuls slower.
-    if fp8 is not None:
-        gemm_s = w.gemm_flops / fp8.gemm_rate + fp8.gemm_bytes / mem_rate
-    else:
-        gemm_s = w.gemm_flops / gemm_rate + w.gemm_bytes / mem_rate
+    # Each weight matmul at the rate its shape allows (cost/gemm.py: tile quantization), forward
+    # and both backward matmuls with their own output shapes.
+    rate, traffic = (fp8.gemm_rate, fp8.gemm_bytes) if fp8 is not None else (gemm_rate,
+                                                                             w.gemm_bytes)
+    gemm_fwd, gemm_bin, gemm_bw = gemm.weight_matmul_seconds(w.gemm_shapes, rate)
+    traffic_s = traffic / mem_rate
+    gemm_s = gemm_fwd + traffic_s
     attn_fwd_s = w.attn_flops / attn_rate + w.attn_mem_bytes / mem_rate
     mem_fwd_s = w.mem_bytes / mem_rate
     cast_fwd_s = fp8.cast_fwd_bytes / mem_rate if fp8 else 0.0
     cast_bwd_s = fp8.cast_bwd_bytes / mem_rate if fp8 else 0.0
     fwd_s = gemm_s + attn_fwd_s + mem_fwd_s + cast_fwd_s
-    bwd_weight_s = gemm_s
-    bwd_input_s = gemm_s + (bwd_attn_ratio * w.attn_flops / attn_rate
-                            + 2 * w.attn_mem_bytes / mem_rate) + 2 * mem_fwd_s + cast_bwd_s
+    bwd_weight_s = gemm_bw + traffic_s
+    bwd_input_s = gemm_bin + traffic_s + (bwd_attn_ratio * w.attn_flops / attn_rate
+                                          + 2 * w.attn_mem_bytes / mem_rate) \
+        + 2 * mem_fwd_s + cast_bwd_s
 
     # Every microbatch's weight gradients are accumulated into the step's gradient buffer: read
     # and write the stack's accumulation bytes per parameter (Megatron's fp32 main_grad, filled
@@ -201,6 +202,14 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     else:
         recompute_s, recompute_flops = 0.0, 0.0
 
+    if shape.cp > 1 and layer.kind == "block":
+        cp_fwd, cp_bwd = _context_comm_s(layer, shape, hw, opts, attn_fwd_s,
+                                         bwd_attn_ratio * w.attn_flops / attn_rate)
+        fwd_s += cp_fwd
+        bwd_input_s += cp_bwd
+        if recompute == "full":
+            recompute_s += cp_fwd
+
     one = 0.0
     if shape.tp > 1 and not opts.tp_comm_overlap:
         intra, _ = comm.links(hw)
@@ -219,9 +228,24 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
             fp8.saved_bytes if fp8 else 0.0),
         work_bytes=working_bytes(layer, shape, recompute, flash) + (
             0.0 if opts.fused_cross_entropy or layer.kind != "head"
-            else 2 * LOGIT_BYTES * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp),
+            else 2 * LOGIT_BYTES * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp) + (
+            context.transient_bytes(shape.cp, opts.cp_comm, shape.micro_batch, shape.seq_len,
+                                    layer.q_size / shape.tp,
+                                    layer.num_kv_heads * layer.head_dim / shape.tp)
+            if layer.kind == "block" else 0.0),
         cache_bytes=fp8.cache_bytes if fp8 else 0.0,
     )
+
+
+def _context_comm_s(layer: Layer, shape: Shape, hw: Hardware, opts: Stack, attn_fwd_s: float,
+                    attn_bwd_s: float) -> tuple[float, float]:
+    """(forward, backward) seconds of a block's context-parallel K/V exchange (cost/context.py)
+    on NVLink, or on the network when the CP group leaves the NVLink domain."""
+    intra, inter = comm.links(hw)
+    return context.attention_comm_s(
+        shape.cp, opts.cp_comm, shape.micro_batch, shape.seq_len, layer.q_size / shape.tp,
+        layer.num_kv_heads * layer.head_dim / shape.tp, inter if shape.cp_cross else intra,
+        attn_fwd_s, attn_bwd_s, comm.overlap_interference(hw))
 
 
 def _scaled_by_profile(measured, w: _Work, fwd_flops: float) -> tuple[float, float, float]:

@@ -28,16 +28,27 @@ LOGIT_BYTES = 4  # the cross-entropy keeps fp32 logits (DESIGN.md §3)
 
 @dataclass(frozen=True)
 class Shape:
-    """How one layer runs: tensor-parallel degree, sequence parallel, micro-batch and sequence."""
+    """How one layer runs: tensor-parallel degree, sequence parallel, micro-batch and sequence.
+
+    ``seq_len`` is the tokens of one sequence this GPU holds: the whole sequence, or 1/cp of it
+    under context parallelism (cost/context.py), whose ``cp`` ranks then exchange K/V over the
+    NVLink domain, or over the network when the CP group leaves it (``cp_cross``)."""
 
     tp: int
     sp: bool
     micro_batch: int
     seq_len: int
+    cp: int = 1
+    cp_cross: bool = False
 
     @property
     def tokens(self) -> int:
         return self.micro_batch * self.seq_len
+
+    @property
+    def context(self) -> int:
+        """Keys the queries of one sequence attend to: the whole sequence."""
+        return self.seq_len * self.cp
 
 
 def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> float:
@@ -90,7 +101,7 @@ def _scores_bytes(layer: Layer, shape: Shape) -> float:
     """Softmax output (2), its dropout mask (1) and dropout output (2) per score: 5·a·s²·b/t;
     without dropout only the softmax output: 2·a·s²·b/t."""
     a, s, b = layer.num_attention_heads, shape.seq_len, shape.micro_batch
-    return (5 if layer.dropout else 2) * a * s * s * b / shape.tp
+    return (5 if layer.dropout else 2) * a * s * shape.context * b / shape.tp
 
 
 def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> float:
@@ -111,7 +122,7 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
     mlp_moment = ACT_BYTES * s * b * (2 * h * rep + 2 * width / t)
     attention_moment = 0.0
     if not flash:
-        scores = layer.num_attention_heads * s * s * b / t
+        scores = layer.num_attention_heads * s * shape.context * b / t
         attention_moment = 2 * ACT_BYTES * scores - _mlp_kept(layer, shape)
     return rebuilt + max(mlp_moment, attention_moment)
 

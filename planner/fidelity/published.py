@@ -105,7 +105,8 @@ def _hardware_definition(case: dict) -> bool:
 
 
 def _configuration(par: Parallel) -> str:
-    text = f"tp{par.tp} pp{par.pp} dp{par.dp} mb{par.micro_batch} M{par.num_microbatches} " \
+    cp = f" cp{par.cp}" if par.cp > 1 else ""
+    text = f"tp{par.tp}{cp} pp{par.pp} dp{par.dp} mb{par.micro_batch} M{par.num_microbatches} " \
            f"{par.schedule}"
     if par.virtual_stages > 1:
         text += f" v{par.virtual_stages}"

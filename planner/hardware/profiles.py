@@ -19,6 +19,9 @@ ALIASES = {
     "a100-40g": "a100-40gb", "a100-sxm4-40gb": "a100-40gb",
     "h100": "h100-sxm-80gb", "h100-sxm": "h100-sxm-80gb", "h100-80gb": "h100-sxm-80gb",
     "h200-sxm": "h200", "h200-141gb": "h200",
+    "b200-sxm": "b200", "gb200": "gb200-nvl72", "nvl72": "gb200-nvl72",
+    "h800-sxm": "h800", "h800-80gb": "h800", "h100-pcie-80gb": "h100-pcie",
+    "mi300": "mi300x", "mi325": "mi325x",
 }
 
 
@@ -113,6 +116,13 @@ def load_hardware_file(path: str | Path) -> Hardware:
 
 def bundled_hardware() -> dict[str, Hardware]:
     return {p.stem: load_hardware_file(p) for p in sorted(HARDWARE_DIR.glob("*.json"))}
+
+
+def bundled_sources() -> dict[str, dict]:
+    """Each bundled profile's ``sources``: where every figure comes from (``datasheet`` names
+    the vendor document the profile is read from)."""
+    return {p.stem: dict(read_json(p, "hardware file").get("sources") or {})
+            for p in sorted(HARDWARE_DIR.glob("*.json"))}
 
 
 def load_hardware(name: str | None = None, file: str | Path | None = None) -> Hardware:

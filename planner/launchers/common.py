@@ -38,7 +38,8 @@ def plan_digest(plan: Plan) -> str:
 def describe(plan: Plan) -> str:
     par, cl = plan.parallel, plan.cluster
     return (f"{plan.model.name} on {cl.nodes}x{cl.gpus_per_node} {cl.hardware.name}: "
-            f"tp={par.tp} pp={par.pp} dp={par.dp} micro_batch={par.micro_batch} "
+            f"tp={par.tp}{f' cp={par.cp}' if par.cp > 1 else ''} pp={par.pp} dp={par.dp} "
+            f"micro_batch={par.micro_batch} "
             f"M={par.num_microbatches} schedule={par.schedule} v={par.virtual_stages} "
             f"recompute={par.recompute} zero={par.zero} sp={str(par.sequence_parallel).lower()}")
 
@@ -120,6 +121,7 @@ class Facts:
     ffn: int | None = None
     vocab: int | None = None
     num_blocks: int | None = None
+    cp: int = 1  # context parallel
 
     @classmethod
     def of(cls, par: Parallel, model: ModelSpec) -> Facts:
@@ -128,7 +130,7 @@ class Facts:
                    virtual_stages=par.virtual_stages, recompute=par.recompute, zero=par.zero,
                    sequence_parallel=par.sequence_parallel, num_heads=model.num_attention_heads,
                    num_kv_heads=model.num_kv_heads, ffn=model.ffn_hidden_size,
-                   vocab=model.vocab_size, num_blocks=model.num_layers)
+                   vocab=model.vocab_size, num_blocks=model.num_layers, cp=par.cp)
 
 
 def tp_divisibility(tp: int, num_heads: int | None, num_kv_heads: int | None, ffn: int | None,

@@ -53,6 +53,10 @@ def parallel_rules(f: Facts) -> list[str]:
     if f.recompute == "selective":
         out.append(f"{NAME}: PipelineModule checkpoints whole layers; selective recompute is "
                    "not available (use full or none)")
+    if f.cp > 1:
+        out.append(f"{NAME}: no context parallelism in this export (DeepSpeed splits sequences "
+                   "only with Ulysses, deepspeed.sequence.layer.DistributedAttention, which the "
+                   "model code must call); plan with --cp 1 or export for megatron")
     return out
 
 

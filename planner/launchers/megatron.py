@@ -22,6 +22,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from planner.cost import context
 from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt, schedule_basics,
                                    strongest_recompute, structure_problems, tp_divisibility)
 from planner.launchers.quoting import sh_word
@@ -64,6 +65,13 @@ def check(plan: Plan) -> list[str]:
     out += parallel_rules(Facts.of(par, m))
     out += architecture_problems(m)
     out += precision_rules(m, plan.stack)
+    if par.cp > 1:  # get_batch_on_this_cp_rank's 2*cp chunks (cost/context.py)
+        out += [f"{NAME}: {p}" for p in (context.sequence_problem(m.seq_length, par.cp),
+                                         context.heads_problem(m.num_attention_heads,
+                                                               m.num_kv_heads, par.tp, par.cp,
+                                                               getattr(plan.stack, "cp_comm",
+                                                                       "p2p")))
+                if p]
     return out
 
 
@@ -132,6 +140,10 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
         ("--tensor-model-parallel-size", str(par.tp)),
         ("--pipeline-model-parallel-size", str(par.pp)),
     ]
+    if par.cp > 1:  # the K/V exchange the stack priced (cost/context.py): --cp-comm-type
+        out.append(("--context-parallel-size", str(par.cp)))
+        if plan.stack is not None and plan.stack.cp_comm not in (None, "p2p"):
+            out.append(("--cp-comm-type", plan.stack.cp_comm))
     if par.sequence_parallel:
         out.append(("--sequence-parallel", None))
     out += pipeline_flags(plan)
@@ -323,7 +335,9 @@ def parse_megatron_args(text: str) -> dict:
             stage_blocks[-1] = tail
     granularity = flags.get("--recompute-granularity")
     out = {
-        "tp": tp, "pp": pp, "micro_batch": num("--micro-batch-size"),
+        "tp": tp, "pp": pp, "cp": num("--context-parallel-size", 1),
+        "cp_comm": flags.get("--cp-comm-type") or "p2p",
+        "micro_batch": num("--micro-batch-size"),
         "global_batch": num("--global-batch-size"),
         "sequence_parallel": "--sequence-parallel" in flags,
         "virtual_stages": v, "schedule": "interleaved" if v > 1 else "1f1b",
@@ -342,7 +356,7 @@ def parse_megatron_args(text: str) -> dict:
                         and flags.get("--hidden-dropout") == "0"),
     }
     if world:
-        out["dp"] = int(world.group(1)) // (tp * pp)
+        out["dp"] = int(world.group(1)) // (tp * out["cp"] * pp)
         if out["micro_batch"] and out["global_batch"]:
             out["num_microbatches"] = out["global_batch"] // (out["micro_batch"] * out["dp"])
     return out

@@ -110,6 +110,10 @@ def parallel_rules(f: Facts, version: str = DEFAULT_VERSION) -> list[str]:
         if f.zero == 0 and key == "0.2.x" and (f.tp > 1 or f.pp > 1):
             out.append(f"{NAME} 0.2.x: ZeRO-0 is DDP, which it runs only without TP or PP "
                        "(\"DDP has not supported > 1D parallelism\"); plan with --zero 2 or 3")
+    if f.cp > 1 and key == "0.2.x":
+        out.append(f"{NAME} 0.2.x: context parallelism was not checked against this release's "
+                   "config; export with --torchtitan-version 0.3.0 "
+                   "(parallelism.context_parallel_degree)")
     return out
 
 
@@ -199,6 +203,8 @@ def _settings(plan: Plan, key: str) -> dict:
                         "data_parallel_shard_degree": shard,
                         "data_parallel_replicate_degree": par.dp // shard},
     }
+    if par.cp > 1:  # torchtitan/config/configs.py (0.3.0): context_parallel_degree, head-tail
+        settings["parallelism"]["context_parallel_degree"] = par.cp  # balanced by default
     if plan.stack is not None:  # the gradient reduction the stack priced (FSDP2's reduce dtype)
         settings["training"]["mixed_precision_reduce"] = "float32"
     if par.pp > 1 and key == "0.3.0":  # trainer.py: "CUDA graphs do not support pipeline

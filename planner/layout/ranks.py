@@ -77,6 +77,13 @@ class RankLayout:
     ep_groups: tuple[Group, ...] = ()
     expert_tp_groups: tuple[Group, ...] = ()
     expert_dp_groups: tuple[Group, ...] = ()
+    # GPUs in one NVLink domain (a multiple of gpus_per_node: 72 on GB200 NVL72); 0 = one node.
+    nvlink_domain: int = 0
+
+    @property
+    def domain(self) -> int:
+        """The GPUs TP, CP and EP groups may span on NVLink: the NVLink domain, else a node."""
+        return self.nvlink_domain or self.gpus_per_node
 
     @property
     def world_size(self) -> int:
@@ -88,8 +95,13 @@ class RankLayout:
 
     @property
     def tp_within_node(self) -> bool:
-        """True when no TP group spans two nodes (TP traffic then stays on NVLink)."""
-        return not _crossing_groups(self.tp_groups, self.gpus_per_node)
+        """True when no TP group leaves its NVLink domain (a node on HGX boards; the 72-GPU rack
+        on GB200 NVL72), so TP traffic stays on NVLink."""
+        return not _crossing_groups(self.tp_groups, self.domain)
+
+    def within_domain(self, groups: tuple[Group, ...]) -> bool:
+        """True when every group lies inside one NVLink domain."""
+        return not _crossing_groups(groups, self.domain)
 
     def node_of(self, rank: int) -> int:
         return rank // self.gpus_per_node
@@ -159,8 +171,13 @@ def groups_along(sizes: dict[str, int], dims: tuple[str, ...], order: str) -> tu
 
 
 def build_layout(tp: int, pp: int, dp: int, gpus_per_node: int, order: str = DEFAULT_ORDER,
-                 cp: int = 1, ep: int = 1, etp: int | None = None) -> RankLayout:
+                 cp: int = 1, ep: int = 1, etp: int | None = None,
+                 nvlink_domain: int | None = None) -> RankLayout:
     """Place tp·cp·pp·dp ranks on nodes of ``gpus_per_node`` GPUs and derive every group.
+
+    ``nvlink_domain`` (a multiple of ``gpus_per_node``; None = one node) is what TP, CP and EP
+    groups must stay inside to talk over NVLink (check_layout), and where a pipeline hop or a DP
+    group leaves NVLink for the network.
 
     Dense layers use the sizes (tp, cp, ep = 1, dp, pp); expert layers the sizes (etp, cp = 1, ep,
     edp, pp) over the same ranks, with etp·ep·edp = tp·cp·dp (Megatron-Core's two generators)."""
@@ -198,14 +215,15 @@ def build_layout(tp: int, pp: int, dp: int, gpus_per_node: int, order: str = DEF
     # embedding gradient (Megatron's embedding group); a single rank when pp == 1.
     embedding_groups = tuple((g[0], g[-1]) if len(g) > 1 else (g[0],) for g in pp_groups)
 
+    domain = nvlink_domain if nvlink_domain and nvlink_domain % gpus_per_node == 0 \
+        else gpus_per_node
     boundaries = tuple(i for i in range(pp - 1)
-                       if any(g[i] // gpus_per_node != g[i + 1] // gpus_per_node
-                              for g in pp_groups))
+                       if any(g[i] // domain != g[i + 1] // domain for g in pp_groups))
     return RankLayout(order=order, tp=tp, pp=pp, dp=dp, gpus_per_node=gpus_per_node, ranks=ranks,
                       tp_groups=tp_groups, pp_groups=pp_groups, dp_groups=dp_groups,
                       embedding_groups=embedding_groups, cross_node_pp_boundaries=boundaries,
-                      dp_crosses_nodes=bool(_crossing_groups(dp_groups, gpus_per_node)),
-                      cp=cp, ep=ep, etp=etp,
+                      dp_crosses_nodes=bool(_crossing_groups(dp_groups, domain)),
+                      cp=cp, ep=ep, etp=etp, nvlink_domain=0 if domain == gpus_per_node else domain,
                       cp_groups=groups_along(dense, ("cp",), order),
                       ep_groups=groups_along(expert, ("ep",), order),
                       expert_tp_groups=groups_along(expert, ("tp",), order),
@@ -213,20 +231,23 @@ def build_layout(tp: int, pp: int, dp: int, gpus_per_node: int, order: str = DEF
 
 
 def check_layout(layout: RankLayout) -> list[str]:
-    """Problems with a layout, one sentence each (empty when it is fine)."""
+    """Problems with a layout, one sentence each (empty when it is fine): a TP, CP or EP group
+    that leaves its NVLink domain (a node, unless the domain is larger: GB200 NVL72)."""
     problems = []
-    gpn = layout.gpus_per_node
-    crossing = _crossing_groups(layout.tp_groups, gpn)
+    gpn, dom = layout.gpus_per_node, layout.domain
+    where = "nodes" if dom == gpn else "NVLink domains"
+    unit = "gpus per node" if dom == gpn else "GPUs per NVLink domain"
+    crossing = _crossing_groups(layout.tp_groups, dom)
     if crossing:
         g = crossing[0]
-        nodes = sorted({r // gpn for r in g})
-        hint = (f"tp={layout.tp} must divide gpus per node ({gpn})" if gpn % layout.tp
+        parts = sorted({r // dom for r in g})
+        hint = (f"tp={layout.tp} must divide {unit} ({dom})" if dom % layout.tp
                 else "use order tp-dp-pp or tp-pp-dp so TP ranks are consecutive")
-        if layout.tp > gpn:
-            hint = f"tp={layout.tp} exceeds gpus per node ({gpn}); lower tp to at most {gpn}"
+        if layout.tp > dom:
+            hint = f"tp={layout.tp} exceeds {unit} ({dom}); lower tp to at most {dom}"
         problems.append(
-            f"TP group {list(g)} crosses nodes {' and '.join(map(str, nodes))}: {hint} "
-            f"({len(crossing)} of {len(layout.tp_groups)} TP groups cross nodes)")
+            f"TP group {list(g)} crosses {where} {' and '.join(map(str, parts))}: {hint} "
+            f"({len(crossing)} of {len(layout.tp_groups)} TP groups cross {where})")
     if layout.world_size % gpn:
         problems.append(f"{layout.world_size} GPUs do not fill whole nodes of {gpn}; "
                         f"the last node is partly used")
@@ -247,6 +268,17 @@ def _sorted(groups) -> tuple[Group, ...]:
 def _crossing_groups(groups: tuple[Group, ...], gpus_per_node: int) -> list[Group]:
     return [g for g in groups if g[0] // gpus_per_node != g[-1] // gpus_per_node
             or len({r // gpus_per_node for r in g}) > 1]
+
+
+def blocks_cross(width: int, blocks: int, domain: int) -> bool:
+    """Whether any of ``blocks`` consecutive rank blocks of ``width`` ranks straddles a boundary
+    of ``domain``-GPU domains: the groups of an inner dimension (tp·cp for CP, tp·cp·dp for a
+    stage's DP-CP group, in tp-cp-ep-dp-pp order) each lie in one such block. Block k starts at
+    k·width; (k·width) mod domain repeats with period at most ``domain``, so that many blocks
+    decide. ``tests/test_layout.py`` checks it against :func:`build_layout`'s groups."""
+    if width > domain:
+        return True
+    return any((k * width) % domain + width > domain for k in range(min(blocks, domain)))
 
 
 def stage_hop_crosses_nodes(a: int, b: int, tp: int, dp: int, gpus_per_node: int) -> bool:

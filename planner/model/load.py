@@ -143,7 +143,7 @@ def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
                     mlp=base["mlp"], vocab_size=base["vocab_size"], norm=base["norm"],
                     bias=base["bias"], dropout=base["dropout"], head_dim=base["head_dim"],
                     qkv_bias=base["qkv_bias"], qk_norm=base["qk_norm"],
-                    block_norms=base["block_norms"],
+                    block_norms=base["block_norms"], rope=base.get("rope_theta") is not None,
                     make_vocab_size_divisible_by=base["make_vocab_size_divisible_by"])
     known = set(Layer.__dataclass_fields__) | {"repeat"}
     layers: list[Layer] = []

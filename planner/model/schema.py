@@ -74,6 +74,7 @@ LAYER_ENTRY = {
     "qkv_bias": Bool(),
     "qk_norm": OneOf(*_QK_NORM_KINDS),
     "block_norms": Int(0, 16),
+    "rope": Bool(),
     "make_vocab_size_divisible_by": Int(1, 2**16),
 }
 

@@ -63,6 +63,9 @@ class Layer:
     # (OLMo 2); "" none.
     qk_norm: str = ""
     block_norms: int = 2  # norms per block: 2 (pre- or post-norm), 4 (Gemma 2/3: both)
+    # Rotary position embeddings applied to Q and K in the block (their element-wise kernels are
+    # priced, cost/elementwise.py); False for learned or ALiBi positions.
+    rope: bool = False
     # Megatron-LM pads the vocabulary to a multiple of this times TP (see padded_vocab).
     make_vocab_size_divisible_by: int = 128
 
@@ -143,7 +146,8 @@ class ModelSpec:
     qk_norm: str = ""  # see Layer.qk_norm
     block_norms: int = 2  # see Layer.block_norms
     # Rotary position embeddings as trained (HF config.json "rope_theta", "rope_scaling"); None for
-    # learned or ALiBi positions. Carried for exporters: step time and memory do not depend on them.
+    # learned or ALiBi positions. Carried for exporters; whether they are set marks the blocks as
+    # rotary (Layer.rope), whose element-wise kernels cost time.
     rope_theta: float | None = None
     rope_scaling: dict | None = field(default=None, hash=False)
     max_position_embeddings: int = 0  # the context the model declares; 0: not declared
@@ -217,7 +221,8 @@ def _standard_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     block = Layer(kind="block", num_attention_heads=spec.num_attention_heads,
                   num_kv_heads=spec.num_kv_heads, ffn_hidden_size=spec.ffn_hidden_size,
                   mlp=spec.mlp, head_dim=spec.head_dim, qkv_bias=spec.qkv_bias,
-                  qk_norm=spec.qk_norm, block_norms=spec.block_norms, **common)
+                  qk_norm=spec.qk_norm, block_norms=spec.block_norms,
+                  rope=spec.rope_theta is not None, **common)
     embedding = Layer(kind="embedding", position_embeddings=spec.position_embeddings,
                       embedding_norm=spec.embedding_norm, **common)
     head = Layer(kind="head", tied=spec.tie_embeddings, **common)

@@ -56,7 +56,9 @@ FIELDS: tuple[Field, ...] = (
           "weight."),
     Field("position_embeddings", "integer", "0",
           "Learned absolute positions (GPT-2/3); 0 for RoPE or ALiBi."),
-    Field("rope_theta", "number / null", "null", "RoPE base frequency, carried to exports."),
+    Field("rope_theta", "number / null", "null",
+          "RoPE base frequency, carried to exports; set, the blocks are rotary and their RoPE "
+          "kernels are priced."),
     Field("rope_scaling", "object / null", "null",
           "RoPE scaling as HuggingFace writes it (e.g. rope_type llama3), carried to exports."),
     Field("sliding_window", "integer", "0",

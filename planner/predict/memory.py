@@ -18,7 +18,9 @@ from planner.stack import Stack
 def state_parts(params, par: Parallel, opts: Stack) -> tuple:
     """(weights, gradients, optimizer) bytes of ``params`` parameters (scalar or array) under
     this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies."""
-    return model_state_parts(params, par.dp, par.zero, opts.held_grad_bytes(par.zero),
+    # ZeRO / the distributed optimizer shards over the DP x CP ranks (Megatron's
+    # data-parallel group with context parallelism: parallel_state, with_context_parallel=True)
+    return model_state_parts(params, par.dp * par.cp, par.zero, opts.held_grad_bytes(par.zero),
                              opts.held_weight_bytes(par.zero), opts.optimizer_state_bytes,
                              opts.zero2_shards_grads())
 
@@ -30,7 +32,7 @@ def state_bytes(params, par: Parallel, opts: Stack):
 
 def stage_output_bytes(model: ModelSpec, par: Parallel) -> float:
     """One microbatch's output of a chunk (16-bit hidden states; sharded with SP)."""
-    return ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size / (
+    return ACT_BYTES * par.micro_batch * model.seq_length / par.cp * model.hidden_size / (
         par.tp if par.sequence_parallel else 1)
 
 
@@ -77,7 +79,7 @@ def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays) -> np.ndar
     head = model.layers[-1]
     if head.kind == "head":
         out[stages.last == len(model.layers)] = (LOGIT_BYTES * par.micro_batch * model.seq_length
-                                                 * head.padded_vocab(par.tp) / par.tp)
+                                                 / par.cp * head.padded_vocab(par.tp) / par.tp)
     return out
 
 

@@ -81,7 +81,8 @@ class Plan:
                          "num_microbatches": par.num_microbatches,
                          "global_batch": par.global_batch, "schedule": par.schedule,
                          "virtual_stages": par.virtual_stages, "recompute": par.recompute,
-                         "zero": par.zero, "sequence_parallel": par.sequence_parallel},
+                         "zero": par.zero, "sequence_parallel": par.sequence_parallel,
+                         **({"cp": par.cp} if par.cp > 1 else {})},
             "stages": [{"stage": s.stage, "rank": s.rank, "layers": [s.first, s.last],
                         "recompute": s.recompute, "time_s": _round(s.time_s),
                         "fwd_s": _round(s.fwd_s), "bwd_s": _round(s.bwd_s),
@@ -95,7 +96,8 @@ class Plan:
                         "bubble_fraction": _round(self.metrics.bubble_fraction),
                         "peak_memory_bytes": int(self.metrics.peak_memory_bytes)},
             "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node, cp=par.cp,
-                                   ep=par.ep, etp=par.etp).to_dict()
+                                   ep=par.ep, etp=par.etp,
+                                   nvlink_domain=cl.nvlink_domain).to_dict()
             if with_layout else None,
             "notes": list(self.notes),
             "stack": self.stack.to_dict() if self.stack is not None else None,

@@ -20,7 +20,7 @@ from planner.cost import comm
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
-from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
+from planner.layout.ranks import blocks_cross, dp_group_crosses_nodes, stage_hop_crosses_nodes
 from planner.cost.memory import ACT_BYTES, Shape
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
@@ -39,7 +39,7 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
                 profile=None) -> list[LayerCost]:
     """The cost of every layer of the model under one parallel shape and recompute mode."""
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
-                  seq_len=model.seq_length)
+                  seq_len=model.seq_length // par.cp, cp=par.cp, cp_cross=cp_crosses(par, hw))
     cache: dict = {}
     out = []
     for i, layer in enumerate(model.layers):
@@ -49,6 +49,19 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
             cache[key] = layer_cost(layer, shape, recompute, hw, opts, measured)
         out.append(cache[key])
     return out
+
+
+def nvlink_domain(hw) -> int:
+    """GPUs on one NVLink fabric for this hardware (Cluster.nvlink_domain, from the profile the
+    cluster's node size was set on)."""
+    domain = hw.nvlink_domain or hw.gpus_per_node
+    return domain if domain % hw.gpus_per_node == 0 else hw.gpus_per_node
+
+
+def cp_crosses(par: Parallel, hw) -> bool:
+    """Whether a CP group leaves its NVLink domain (tp-cp order: each is tp·cp consecutive
+    ranks), so its K/V exchange runs on the network."""
+    return par.cp > 1 and blocks_cross(par.tp * par.cp, par.dp * par.pp, nvlink_domain(hw))
 
 
 def even_block_bounds(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
@@ -147,13 +160,13 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     parts = memory_parts(model, par, stages, inflight, opts, held)
     rank_mem = sum(parts.values())
     dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
-    owned = stages.by_rank(stages.params, p).max() / (par.dp if par.zero >= 1 else 1)
+    owned = stages.by_rank(stages.params, p).max() / (par.dp * par.cp if par.zero >= 1 else 1)
     # with cached FP8 weights, the step also recasts them once (cost/precision.py)
     step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM + step_cast_bytes(
         float(stages.by_rank(stages.cached_bytes, p).max()), opts)
     optimizer_s = step_bytes / (
         hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY))
-    replicas = par.tp * par.dp * par.num_microbatches  # per-GPU microbatch FLOPs -> whole step
+    replicas = par.tp * par.cp * par.dp * par.num_microbatches  # per-GPU FLOPs -> whole step
     return Prediction(step_s=float(pipeline_s + dp_exposed + optimizer_s), bubble=float(bubble),
                       rank_memory_bytes=rank_mem, chunk_memory_bytes=chunk_mem,
                       model_flops=float(stages.model_flops.sum()) * replicas,
@@ -238,14 +251,17 @@ MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "t
 def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
                      opts: Stack) -> list[float]:
     """One microbatch's activations across each chunk boundary (chunk k to k + 1), on NVLink or
-    the network depending on where the two stages' ranks live (tp-dp-pp order). With Megatron's
+    the network depending on where the two stages' ranks live (tp-cp-dp-pp order: a stage is
+    tp·cp·dp consecutive ranks; NVLink reaches across its domain). With Megatron's
     scatter/gather each GPU sends 1/tp of the tensor and the receiver re-gathers it over NVLink
-    (Narayanan et al. 2021 §4.1); with sequence parallelism the tensor is already sharded."""
+    (Narayanan et al. 2021 §4.1); with sequence parallelism the tensor is already sharded; a CP
+    rank sends its own seq/cp tokens."""
     chunks = par.num_chunks
     if chunks == 1:
         return []
     intra, inter = comm.links(cluster.hardware)
-    full = ACT_BYTES * par.micro_batch * model.seq_length * model.hidden_size
+    domain = cluster.nvlink_domain
+    full = ACT_BYTES * par.micro_batch * model.seq_length // par.cp * model.hidden_size
     sharded = par.sequence_parallel or opts.p2p_scatter_gather
     nbytes = full / par.tp if sharded else full
     regather = (comm.all_gather_s(full, par.tp, intra)
@@ -253,8 +269,8 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
     out = []
     for k in range(chunks - 1):
         a, b = k % par.pp, (k + 1) % par.pp
-        crosses = cluster.nodes > 1 and stage_hop_crosses_nodes(a, b, par.tp, par.dp,
-                                                                 cluster.gpus_per_node)
+        crosses = cluster.gpus > domain and stage_hop_crosses_nodes(a, b, par.tp * par.cp,
+                                                                     par.dp, domain)
         out.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
     return out
 
@@ -272,21 +288,21 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     which of the two it overlaps). Hidden is not
     free: while a collective runs beside compute it holds SMs the compute cannot use, so the step
     pays that share of the hidden time (comm.overlap_interference) on top of the exposed part."""
-    p = par.pp
-    if par.dp == 1:
+    p, n = par.pp, par.dp * par.cp  # Megatron reduces gradients over the DP x CP ranks
+    if n == 1:
         return np.zeros(p)
-    # tp-dp-pp rank order: a DP group has gpus_per_node / tp members on each node it spans.
-    per_node = max(1, min(par.dp, cluster.gpus_per_node // par.tp))
-    spans = cluster.nodes > 1 and dp_group_crosses_nodes(par.tp, par.dp, par.pp,
-                                                         cluster.gpus_per_node)
+    # tp-cp-dp-pp order: a DP-CP group has domain / tp members in each NVLink domain it spans.
+    domain = cluster.nvlink_domain
+    per_node = max(1, min(n, domain // par.tp))
+    spans = cluster.gpus > domain and dp_group_crosses_nodes(par.tp, n, par.pp, domain)
     link = comm.group_link(cluster.hardware, per_node, spans)
     params = stages.by_rank(stages.params, p)
     grads = params * opts.reduced_grad_bytes(par.zero)
     if par.zero == 0:
-        reduce_s, gather_s = comm.all_reduce_s(grads, par.dp, link), np.zeros(p)
+        reduce_s, gather_s = comm.all_reduce_s(grads, n, link), np.zeros(p)
     else:
-        reduce_s = comm.reduce_scatter_s(grads, par.dp, link)
-        gather_s = comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+        reduce_s = comm.reduce_scatter_s(grads, n, link)
+        gather_s = comm.all_gather_s(params * ACT_BYTES, n, link)
     m = par.num_microbatches
     per_microbatch = par.zero >= 3 or (par.zero == 2 and opts.zero2_shards_grads())
     if per_microbatch:  # only a gradient shard is kept: reduce-scatter after every microbatch
@@ -295,7 +311,7 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     if par.zero >= 3:
         # Weights gathered for every microbatch's forward and again for its backward (FSDP
         # FULL_SHARD reshards after the forward); nothing is gathered after the optimizer step.
-        gather_s = m * comm.all_gather_s(params * ACT_BYTES, par.dp, link)
+        gather_s = m * comm.all_gather_s(params * ACT_BYTES, n, link)
         bwd_gather_s = gather_s
     # Each per-microbatch collective hides behind its own pass: forward gathers behind the
     # forwards, backward gathers and gradient reduce-scatters (one link) behind the backwards;

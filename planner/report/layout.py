@@ -80,9 +80,13 @@ def render_layout(layout: RankLayout, console: Console) -> None:
                  ("expert TP", layout.expert_tp_groups), ("expert DP", layout.expert_dp_groups)]
     for name, groups in dims + [("embedding", layout.embedding_groups)]:
         console.print(f"[bold]{name} groups[/bold] ({len(groups)}): {_group_line(groups)}")
-    tp_note = ("TP within nodes" if layout.tp_within_node
-               else "[red]TP crosses nodes: TP traffic leaves NVLink[/red]")
-    pp_note = (f"PP boundaries crossing nodes: {list(layout.cross_node_pp_boundaries)}"
-               if layout.cross_node_pp_boundaries else "no PP boundary crosses nodes")
-    dp_note = "DP groups cross nodes" if layout.dp_crosses_nodes else "DP groups within nodes"
+    where = "nodes" if layout.domain == layout.gpus_per_node else \
+        f"NVLink domains of {layout.domain}"
+    tp_note = (f"TP within {where}" if layout.tp_within_node
+               else f"[red]TP crosses {where}: TP traffic leaves NVLink[/red]")
+    short = "nodes" if layout.domain == layout.gpus_per_node else "NVLink domains"
+    pp_note = (f"PP boundaries crossing {short}: {list(layout.cross_node_pp_boundaries)}"
+               if layout.cross_node_pp_boundaries else f"no PP boundary crosses {short}")
+    dp_note = f"DP groups cross {short}" if layout.dp_crosses_nodes else \
+        f"DP groups within {short}"
     console.print(f"{tp_note}; {pp_note}; {dp_note}")

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable
 
 from rich import box
@@ -47,6 +47,9 @@ class Column:
 COLUMNS = (
     Column("#", lambda p: ""),  # filled with the rank
     Column("tp·pp·dp", lambda p: f"{p.parallel.tp}·{p.parallel.pp}·{p.parallel.dp}"),
+    # shown instead of tp·pp·dp when a plan splits the sequence (context parallelism)
+    Column("tp·cp·pp·dp", lambda p: f"{p.parallel.tp}·{p.parallel.cp}·{p.parallel.pp}·"
+                                    f"{p.parallel.dp}"),
     Column("mb×M", lambda p: f"{p.parallel.micro_batch}×{p.parallel.num_microbatches}"),
     Column("batch", lambda p: str(p.parallel.global_batch)),
     Column("schedule", lambda p: p.parallel.schedule + (f" v{p.parallel.virtual_stages}"
@@ -63,7 +66,7 @@ COLUMNS = (
     Column("blocks", lambda p: blocks_per_stage(p), left=True),
 )
 # The order the columns appear in, whichever are shown.
-ORDER = ("#", "tp·pp·dp", "mb×M", "batch", "schedule", "blocks", "recomp", "ZeRO", "SP", "step s",
+ORDER = ("#", "tp·pp·dp", "tp·cp·pp·dp", "mb×M", "batch", "schedule", "blocks", "recomp", "ZeRO", "SP", "step s",
          "tokens/s", "MFU", "mem GiB", "bubble")
 
 
@@ -113,7 +116,9 @@ def plans_view(plans, width: int | None) -> PlansView:
     wide, the remaining columns go too, a row then showing the same configuration as one above is
     folded into it, and the caption says so."""
     batches = {p.parallel.global_batch for p in plans}
-    candidates = [c for c in COLUMNS if c.header != "batch" or len(batches) > 1]
+    degrees = "tp·cp·pp·dp" if any(p.parallel.cp > 1 for p in plans) else "tp·pp·dp"
+    candidates = [c for c in COLUMNS if (c.header != "batch" or len(batches) > 1)
+                  and c.header not in {"tp·pp·dp", "tp·cp·pp·dp"} - {degrees}]
     shown = list(candidates)
 
     def layout(cols):
@@ -194,14 +199,29 @@ def hardware_table(gpus: dict[str, Hardware]) -> Table:
     table = Table(title="Bundled GPUs (plan solve --gpu NAME, or --hardware FILE)",
                   title_justify="left")
     for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s", "NVLink GB/s",
-                "network GB/s", "GPUs/node"):
+                "network GB/s", "GPUs/node", "NVLink domain"):
         table.add_column(col, justify="left" if col == "name" else "right")
     for name, hw in gpus.items():
         fp8 = f"{hw.peak_fp8_tflops:g}" if hw.peak_fp8_tflops else "-"  # no FP8 tensor cores
         table.add_row(name, f"{hw.peak_tflops:g}", fp8, f"{hw.memory_gib:g}",
                       f"{hw.memory_bandwidth_gbps:g}", f"{hw.intra_node_gbps:g}",
-                      f"{hw.inter_node_gbps:g}", str(hw.gpus_per_node))
+                      f"{hw.inter_node_gbps:g}", str(hw.gpus_per_node),
+                      str(hw.nvlink_domain or hw.gpus_per_node))
     return table
+
+
+def hardware_sources_lines(sources: dict[str, dict]) -> list[str]:
+    """Under the GPU table: the document each profile's figures are read from."""
+    lines = ["sources (every field's: plan hardware --json):"]
+    for name, src in sources.items():
+        lines.append(f"  {for_rich(name)}: {for_rich(src.get('datasheet', 'not given'))}")
+    return lines
+
+
+def hardware_dict(gpus: dict[str, Hardware], sources: dict[str, dict]) -> dict:
+    """``plan hardware --json``: each profile's values and the source of each."""
+    return {name: {"values": {f.name: getattr(hw, f.name) for f in fields(hw)},
+                   "sources": sources.get(name, {})} for name, hw in gpus.items()}
 
 
 def search_title(result, model: ModelSpec, cluster) -> str:

@@ -65,7 +65,8 @@ def batch_hint(req, plan: Plan, search) -> str | None:
             return (f"the pipeline idles {m.bubble_fraction:.1%} of the step: global batch "
                     f"{par.global_batch} is only {par.num_microbatches} microbatches per "
                     f"pipeline. At --global-batch {batch} the best plan "
-                    f"({q.tp}·{q.pp}·{q.dp}, {q.micro_batch}×{q.num_microbatches}) is predicted "
+                    f"({q.tp}·{f'{q.cp}·' if q.cp > 1 else ''}{q.pp}·{q.dp}, "
+                    f"{q.micro_batch}×{q.num_microbatches}) is predicted "
                     f"to idle {b.bubble_fraction:.1%} at MFU {b.mfu:.1%} (a larger batch also "
                     "changes the optimisation)")
         need *= 2

@@ -266,7 +266,7 @@ def step_bound(par: Parallel, cluster, opts, layers: LayerTimes, problem=None) -
             families += memory_families(problem, m, layers.fwd_s if par.schedule == "zb-h1"
                                         else layers.time_s)
     hw = cluster.hardware
-    owned = layers.params / p / (par.dp if par.zero >= 1 else 1)
+    owned = layers.params / p / (par.dp * par.cp if par.zero >= 1 else 1)
     optimizer = owned * OPTIMIZER_BYTES_PER_PARAM / (
         hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency or constants.MEMORY_EFFICIENCY))
     rest = dp_bound(par, cluster, opts, layers.params) + optimizer

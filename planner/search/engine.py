@@ -17,7 +17,8 @@ from dataclasses import dataclass, field, replace
 
 from planner.cost import constants
 from planner.core.errors import NoFeasiblePlan, PlanInputError
-from planner.predict.step import evaluate, even_block_bounds, model_layer_costs, predict, predict_plan
+from planner.predict.step import (cp_crosses, evaluate, even_block_bounds, model_layer_costs,
+                                  predict, predict_plan)
 from planner.predict.chunks import CostTable, ChunkArrays, split_stages
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
@@ -103,7 +104,7 @@ class _Costs:
         modes = allowed_modes(par, r.options, r.pins.recompute is not None)
         key = (par, with_memory)
         if key not in self.bounds:
-            times_key = (par.tp, par.sequence_parallel, par.micro_batch, modes)
+            times_key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, modes)
             if times_key not in self.layer_times:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
             self.bounds[key] = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
@@ -134,8 +135,13 @@ class _Costs:
                 return True
         return False
 
+    def cp_key(self, par: Parallel) -> tuple:
+        """What a layer's cost depends on besides SP, micro-batch and recompute: tp, cp and
+        whether the CP group leaves the NVLink domain."""
+        return par.tp, par.cp, cp_crosses(par, self.req.cluster.hardware)
+
     def table(self, par: Parallel, mode: str) -> CostTable:
-        key = (par.tp, par.sequence_parallel, par.micro_batch, mode)
+        key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, mode)
         if key not in self.tables:
             r = self.req
             self.tables[key] = CostTable(model_layer_costs(r.model, par, r.cluster.hardware, r.options,
@@ -149,7 +155,8 @@ class _Costs:
                                                               r.pins.recompute is not None)}
 
     def even_stages(self, par: Parallel) -> ChunkArrays:
-        key = (par.tp, par.sequence_parallel, par.micro_batch, par.recompute, par.num_chunks)
+        key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, par.recompute,
+               par.num_chunks)
         if key not in self.stages:
             bounds = even_block_bounds(self.req.model, par.num_chunks)
             self.stages[key] = split_stages({par.recompute: self.table(par, par.recompute)},
@@ -369,13 +376,13 @@ def explain(req: Request) -> Explanation:
     validate_pins(req)
     pins, gpus = req.pins, req.cluster.gpus
     capacity = capacity_bytes(req.cluster)
-    tp, pp = pins.tp or 1, pins.pp or 1
-    dp = pins.dp or gpus // (tp * pp)
+    tp, pp, cp = pins.tp or 1, pins.pp or 1, pins.cp or 1
+    dp = pins.dp or gpus // (tp * cp * pp)
     mb = pins.micro_batch or 1
-    if tp * pp * dp != gpus:
+    if tp * cp * pp * dp != gpus:
         return Explanation(None, None, capacity,
-                           f"tp {tp} x pp {pp} x dp {dp} != {gpus} GPUs: pin two of them or all "
-                           "three consistently")
+                           f"tp {tp} x cp {cp} x pp {pp} x dp {dp} != {gpus} GPUs: pin them "
+                           "consistently")
     rule = tp_rule(req.model, req.cluster, tp)
     m = microbatches(req, mb * dp)
     if m is None:
@@ -386,14 +393,16 @@ def explain(req: Request) -> Explanation:
                    recompute=pins.recompute or "none",
                    zero=1 if pins.zero is None else pins.zero,
                    sequence_parallel=tp > 1 if pins.sequence_parallel is None
-                   else pins.sequence_parallel)
+                   else pins.sequence_parallel, cp=cp)
     if rule is None:
         rule = stack_rule(req.options, par) or schedule_rule(req.model, par)
     if rule is None and req.launcher:
         rule = launcher_rule(req, par)
     if rule is not None and rule.startswith("TP across"):
-        rule = (f"TP {tp} crosses nodes: it must divide the {req.cluster.gpus_per_node} GPUs "
-                "of a node")
+        domain = req.cluster.nvlink_domain
+        rule = (f"TP {tp} crosses nodes: it must divide the {domain} GPUs of a node"
+                if domain == req.cluster.gpus_per_node else
+                f"TP {tp} crosses NVLink domains: it must divide the {domain} GPUs of a domain")
     if rule is not None:
         return Explanation(par, None, capacity, rule)
     plan = _Costs(req).refined(par)
@@ -410,7 +419,7 @@ def explain(req: Request) -> Explanation:
     return Explanation(par, plan, capacity, None, no_split, parts)
 
 
-STRUCTURAL = ("TP across nodes", "more stages than layers", "schedule rule", "uneven interleaving", "heads not divisible",
+STRUCTURAL = ("TP across", "more stages than layers", "schedule rule", "uneven interleaving", "heads not divisible",
               "KV heads not divisible", "FFN not divisible", "vocabulary not divisible")
 
 

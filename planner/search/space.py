@@ -16,6 +16,7 @@ from itertools import product
 from planner.core.divisors import divisors
 from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.core.errors import PlanInputError
+from planner.cost import context
 from planner.launchers import LAUNCHERS, Facts, launcher_allows
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
@@ -41,6 +42,7 @@ class Pins:
     recompute: str | None = None
     zero: int | None = None
     sequence_parallel: bool | None = None
+    cp: int | None = None  # context parallel (cost/context.py)
 
 
 @dataclass(frozen=True)
@@ -70,17 +72,28 @@ def default_global_batch(seq_len: int) -> int:
 def validate_pins(req: Request) -> None:
     """Pins that contradict each other or the GPU count: one line, before any search."""
     pins, gpus = req.pins, req.cluster.gpus
-    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages"):
+    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages", "cp"):
         value = getattr(pins, name)
         if value is not None and value < 1:
             raise PlanInputError(f"--{name.replace('_', '-')} must be positive, got {value}")
     fixed = [v for v in (pins.tp, pins.pp, pins.dp) if v is not None]
-    prod = 1
+    prod = pins.cp or 1
     for v in fixed:
         prod *= v
     if len(fixed) == 3 and prod != gpus:
-        raise PlanInputError(f"--tp {pins.tp} x --pp {pins.pp} x --dp {pins.dp} = {prod}, but "
-                             f"there are {gpus} GPUs; the three must multiply to the GPU count")
+        cp = f" x --cp {pins.cp}" if pins.cp else ""
+        raise PlanInputError(f"--tp {pins.tp}{cp} x --pp {pins.pp} x --dp {pins.dp} = {prod}, "
+                             f"but there are {gpus} GPUs; they must multiply to the GPU count")
+    if pins.cp and pins.cp > 1:
+        problem = context_problem(req.options, req.model.seq_length, pins.cp)
+        if problem:
+            raise PlanInputError(f"--cp {pins.cp}: {problem}")
+        if pins.tp:
+            problem = context.heads_problem(req.model.num_attention_heads, req.model.num_kv_heads,
+                                            pins.tp, pins.cp, req.options.cp_comm)
+            if problem:
+                raise PlanInputError(f"--cp {pins.cp}: {problem}; choose another --cp or --tp")
+        fixed = fixed or [1]
     if fixed and gpus % prod:
         raise PlanInputError(f"the pinned degrees multiply to {prod}, which does not divide "
                              f"{gpus} GPUs")
@@ -120,9 +133,12 @@ def validate_pins(req: Request) -> None:
 
 
 def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
-    """Why tensor parallelism of this degree cannot run here (None when it can)."""
-    if tp > cluster.gpus_per_node or cluster.gpus_per_node % tp:
-        return "TP across nodes"
+    """Why tensor parallelism of this degree cannot run here (None when it can). TP groups stay
+    inside an NVLink domain: a node on HGX boards, the 72-GPU rack on GB200 NVL72."""
+    domain = cluster.nvlink_domain
+    if tp > domain or domain % tp:
+        return "TP across nodes" if domain == cluster.gpus_per_node else \
+            "TP across NVLink domains"
     # No rule for the vocabulary: it is padded to a multiple of TP as Megatron-LM pads it
     # (ModelSpec.padded_vocab_size).
     for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
@@ -140,11 +156,18 @@ def enumerate_configs(req: Request, rejected: Counter):
     considered are exactly the rejected ones plus the ones yielded (``space_size``)."""
     model, cluster, pins = req.model, req.cluster, req.pins
     for cp in context_degrees(req):
+        cp_reason = context_rule(req.options, model.seq_length, cp)
+        if cp_reason:
+            rejected[cp_reason] += _context_size(req, cp)
+            continue
         gpus = cluster.gpus // cp
         for tp in [pins.tp] if pins.tp else divisors(gpus):
             if gpus % tp:
                 continue
-            tp_reason = tp_rule(model, cluster, tp)
+            tp_reason = tp_rule(model, cluster, tp) or (
+                "heads per TP rank not divisible by cp (all-to-all CP)" if context.heads_problem(
+                    model.num_attention_heads, model.num_kv_heads, tp, cp, req.options.cp_comm)
+                else None)
             for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
                 if (gpus // tp) % pp:
                     continue
@@ -165,9 +188,52 @@ def enumerate_configs(req: Request, rejected: Counter):
                                                     num_microbatches=m, cp=cp), rejected)
 
 
+# Context parallelism is searched from this sequence length up: Megatron-Bridge's long-context
+# recipes start there (llama3_8b_16k: SEQ_LENGTH 16384, context_parallelism 2). A space limit
+# chosen, not derived: shorter runs use CP too (NeMo's 8K Llama 3 recipes set CP 2), and --cp
+# pins it for them; searching it everywhere would multiply every short-sequence search.
+CP_SEARCH_MIN_SEQ = 16384
+# ... and down to this many tokens per CP rank: a space limit chosen for search time (each
+# further halving adds a degree to every search), not a cost; --cp pins beyond it.
+CP_MIN_LOCAL_TOKENS = 1024
+
+
 def context_degrees(req: Request) -> tuple[int, ...]:
-    """The context-parallel degrees the search tries (cp divides the GPU count)."""
-    return (1,)
+    """The context-parallel degrees the search tries: the pin, or 1 and (for sequences of at
+    least CP_SEARCH_MIN_SEQ tokens) every divisor of the GPU count leaving each rank at least
+    CP_MIN_LOCAL_TOKENS tokens."""
+    if req.pins.cp:
+        return (req.pins.cp,)
+    seq = req.model.seq_length
+    if seq < CP_SEARCH_MIN_SEQ:
+        return (1,)
+    return tuple(cp for cp in divisors(req.cluster.gpus)
+                 if cp == 1 or seq // cp >= CP_MIN_LOCAL_TOKENS)
+
+
+def context_problem(stack: Stack, seq_len: int, cp: int) -> str | None:
+    """Why cp > 1 cannot run on this stack and sequence (None when it can), in full."""
+    if cp <= 1:
+        return None
+    if stack.cp_comm is None:
+        return (f"the {stack.name} stack runs no context parallelism (`plan stacks`); use "
+                "--stack megatron-core or torchtitan, or drop --cp")
+    if not stack.flash_attention:
+        return ("context parallelism needs flash attention (Transformer Engine / SDPA ring "
+                "attention): drop --no-flash")
+    return context.sequence_problem(seq_len, cp)
+
+
+def context_rule(stack: Stack, seq_len: int, cp: int) -> str | None:
+    """:func:`context_problem` as the search counts it (one reason per rule)."""
+    problem = context_problem(stack, seq_len, cp)
+    if problem is None:
+        return None
+    if "runs no context" in problem:
+        return f"{stack.name} runs no context parallelism"
+    if "flash" in problem:
+        return "context parallelism needs flash attention"
+    return "sequence not divisible by 2*cp"
 
 
 def expert_degrees(req: Request, shape: Parallel) -> tuple[int, ...]:
@@ -178,14 +244,18 @@ def expert_degrees(req: Request, shape: Parallel) -> tuple[int, ...]:
 def space_size(req: Request) -> int:
     """How many configurations the pins allow, before any rule: the sum of knob_count over every
     (tp, pp, dp, mb) shape. enumerate_configs accounts for each one exactly once."""
+    return sum(_context_size(req, cp) for cp in context_degrees(req))
+
+
+def _context_size(req: Request, cp: int) -> int:
+    """Configurations of one context-parallel degree (a rule on cp rejects all of them)."""
     pins, total = req.pins, 0
-    for cp in context_degrees(req):
-        gpus = req.cluster.gpus // cp
-        for tp in [pins.tp] if pins.tp else divisors(gpus):
-            for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
-                if gpus % (tp * pp) or (pins.dp and gpus // (tp * pp) != pins.dp):
-                    continue
-                total += knob_count(req, tp, pp) * (1 if pins.micro_batch else len(MICRO_BATCHES))
+    gpus = req.cluster.gpus // cp
+    for tp in [pins.tp] if pins.tp else divisors(gpus):
+        for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
+            if gpus % (tp * pp) or (pins.dp and gpus // (tp * pp) != pins.dp):
+                continue
+            total += knob_count(req, tp, pp) * (1 if pins.micro_batch else len(MICRO_BATCHES))
     return total
 
 

@@ -69,6 +69,9 @@ class Stack:
     schedules: tuple[str, ...]
     # fixed cost of each pipeline action (one forward or backward of a chunk), seconds
     pipeline_action_overhead_s: float
+    # context parallelism's K/V exchange (cost/context.py): "p2p" ring, "a2a" all-to-all
+    # (Ulysses), "allgather"; None: the stack runs no context parallelism (cp > 1 refused)
+    cp_comm: str | None
     # --- FP8 (planner/cost/precision.py; read only when precision is "fp8") ---
     # the transformer blocks' linear layers (QKV, output projection, MLP) run "bf16" or "fp8"
     # GEMMs; attention, embedding and output head stay 16-bit
@@ -157,6 +160,7 @@ _CHOICES = {
     "grad_dtype": tuple(DTYPE_BYTES),
     "zero2_reduce_scatter": ("microbatch", "step"),
     "zero3_gather": ("layer", "stage"),
+    "cp_comm": (None, "p2p", "a2a", "allgather"),
     "precision": ("bf16", "fp8"),
     "fp8_recipe": ("delayed", "current", "rowwise", "blockwise"),
 }

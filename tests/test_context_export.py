@@ -1,0 +1,78 @@
+"""Context parallelism in the exports: Megatron's --context-parallel-size (and --cp-comm-type when
+the stack exchanges K/V another way), torchtitan 0.3.0's parallelism.context_parallel_degree,
+DeepSpeed refusing (Ulysses is a separate API)."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from planner.core.parallel import Parallel
+from planner.hardware.profiles import load_hardware, make_cluster
+from planner.launchers import ExportError, render_all
+from planner.launchers.megatron import parse_megatron_args
+from planner.model.presets import PRESETS
+from planner.predict.step import evaluate
+from planner.stack import load_stack, with_overrides
+
+
+def _plan(stack: str = "megatron-core", zero: int = 1, **stack_changes):
+    model = replace(PRESETS["llama3-8b"], seq_length=32768)
+    cluster = make_cluster(load_hardware("h100"), 16, 2)
+    par = Parallel(tp=2, pp=2, dp=2, micro_batch=1, num_microbatches=4, cp=2,
+                   sequence_parallel=True, zero=zero)
+    return evaluate(model, cluster, par, with_overrides(load_stack(stack), **stack_changes))
+
+
+def test_megatron_carries_cp_and_reads_it_back():
+    files = render_all(_plan(), ["megatron"])
+    text = files["megatron_args.sh"]
+    assert "--context-parallel-size 2" in text
+    assert "--cp-comm-type" not in text  # p2p is Megatron's default
+    parsed = parse_megatron_args(text + "\nPLAN3D_WORLD_SIZE=16\n")
+    assert (parsed["tp"], parsed["cp"], parsed["pp"], parsed["dp"]) == (2, 2, 2, 2)
+
+
+def test_megatron_names_the_all_to_all_variant():
+    text = render_all(_plan(cp_comm="a2a"), ["megatron"])["megatron_args.sh"]
+    assert "--cp-comm-type a2a" in text
+    assert parse_megatron_args(text)["cp_comm"] == "a2a"
+
+
+def test_megatron_refuses_a_sequence_it_cannot_balance():
+    plan = _plan()
+    odd = replace(plan, model=replace(plan.model, seq_length=32766))
+    with pytest.raises(ExportError, match=r"divisible by 2\*cp = 4"):
+        render_all(odd, ["megatron"])
+
+
+def test_torchtitan_030_sets_context_parallel_degree():
+    plan = _plan("torchtitan", zero=2)
+    text = render_all(plan, ["torchtitan"])["torchtitan_args.sh"]
+    assert "--parallelism.context_parallel_degree 2" in text
+    with pytest.raises(ExportError, match="0.2.x: context parallelism"):
+        render_all(plan, ["torchtitan"], torchtitan_version="0.2")
+
+
+def test_deepspeed_refuses_cp():
+    plan = _plan("deepspeed", cp_comm="p2p")  # priced as if it could: the exporter's own rule
+    with pytest.raises(ExportError, match="no context parallelism in this export"):
+        render_all(plan, ["deepspeed"])
+
+
+def test_torchtitan_parses_context_parallel_degree():
+    """Where torchtitan 0.3.0 is installed, its own ConfigManager reads the exported degree."""
+    from conftest import engine_module
+
+    engine_module("torchtitan", reason="torchtitan is not installed; the field name is checked "
+                  "against torchtitan/config/configs.py 0.3.0 by hand")
+    import shlex
+
+    from torchtitan.config.manager import ConfigManager
+
+    text = render_all(_plan("torchtitan", zero=2), ["torchtitan"])["torchtitan_args.sh"]
+    body = text.split("TORCHTITAN_ARGS=(", 1)[1].split(")\n", 1)[0]
+    tail = text.split("TORCHTITAN_TAIL=(", 1)[1].split(")", 1)[0]
+    cfg = ConfigManager().parse_args(shlex.split(body) + shlex.split(tail))
+    assert cfg.parallelism.context_parallel_degree == 2
