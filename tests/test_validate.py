@@ -33,8 +33,9 @@ def test_step_time_error(result):
     assert s.mean_abs_time_error <= 0.10  # issue target: mean |error| <= 10%
     assert s.mean_abs_time_error == pytest.approx(0.061, abs=0.01)
     assert s.max_abs_time_error <= 0.25  # issue target: no case worse than 25%
-    # the worst case is BLOOM's TP8/DP4 run, 19.2% slower than predicted
-    assert s.max_abs_time_error == pytest.approx(0.192, abs=0.015)
+    # the worst case is BLOOM's TP8/DP4 run, 20.9% slower than predicted (19.2% before the NICs
+    # ran at their measured 0.95 of line rate, constants.NIC_EFFICIENCY)
+    assert s.max_abs_time_error == pytest.approx(0.209, abs=0.015)
 
 
 def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
@@ -48,7 +49,10 @@ def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
     assert all(r.stack for r in rows)
     bloom = {r.case: r for r in rows}["bloom-176B-production"]
     assert bloom.stack.startswith("deepspeed") and "attention=unfused" in bloom.stack
-    assert s.mean_abs_time_error <= 0.06068
+    # 6.07% before; 6.30% since the NICs run at their measured 0.95 of line rate (issue #15,
+    # constants.NIC_EFFICIENCY): BLOOM's Omni-Path transfers got faster, its rows 1.2-1.7 points
+    # further under; Megatron's DP-bound Table 1 rows improved.
+    assert s.mean_abs_time_error <= 0.0631
 
 
 def test_groups_outside_bloom_are_within_twelve_percent(result):
@@ -151,13 +155,15 @@ def test_modern_step_time_error(both):
     # Issue targets (mean <= 10%, max <= 25%) are NOT met on the modern set: the model is still
     # optimistic on every FSDP run (A100 -5..-21%, H100 -17..-40%) even though overlapped
     # collectives now cost the SMs they hold (1-5 points), and the Llama 3 405B rows
-    # (micro-batch, recompute and interleaving unpublished) are pessimistic (+36%, +43%).
+    # (micro-batch, recompute and interleaving unpublished) are pessimistic (+24%, +38%: their
+    # megatron-core stack reduce-scatters ZeRO-2 gradients once per step since issue #15, which
+    # keeps whole fp32 gradients, so the 16K row's unpublished recompute is guessed full).
     # Pinned at today's values so an improvement shows up as an easy tightening.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.207, abs=0.02)
-    assert modern.max_abs_time_error == pytest.approx(0.428, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.120, abs=0.015)
+    assert modern.mean_abs_time_error == pytest.approx(0.175, abs=0.02)
+    assert modern.max_abs_time_error == pytest.approx(0.372, abs=0.03)
+    assert s.mean_abs_time_error == pytest.approx(0.115, abs=0.015)
 
 
 def test_modern_memory(both):

@@ -22,27 +22,66 @@ class Link:
     latency_s: float
 
 
+def efficiencies(hw: Hardware) -> tuple[float, float]:
+    """(NVLink, NIC) achieved fractions of the datasheet bandwidth at large messages.
+
+    The defaults are measured per link class (constants.NETWORK_EFFICIENCY for NVLink,
+    constants.NIC_EFFICIENCY for the NICs). A profile's own ``network_efficiency`` (a measured
+    or ``plan calibrate``d value) replaces the NVLink figure and scales the NIC figure by the
+    same factor, capped at 1, so one network factor still moves both link classes together."""
+    if hw.network_efficiency is None:
+        return constants.NETWORK_EFFICIENCY, constants.NIC_EFFICIENCY
+    scale = hw.network_efficiency / constants.NETWORK_EFFICIENCY
+    return hw.network_efficiency, min(1.0, constants.NIC_EFFICIENCY * scale)
+
+
 def links(hw: Hardware) -> tuple[Link, Link]:
-    """The (intra-node, inter-node) links of a GPU kind, derated by the network efficiency."""
-    eff = hw.network_efficiency or constants.NETWORK_EFFICIENCY
-    intra = Link(hw.intra_node_gbps * 1e9 * eff, constants.INTRA_NODE_LATENCY_S)
-    inter = Link(hw.inter_node_gbps * 1e9 * eff, constants.INTER_NODE_LATENCY_S)
+    """The (intra-node, inter-node) links of a GPU kind, per GPU, each derated by its measured
+    efficiency. The inter-node link is the GPU's share of its node's NICs (node_nic_gbps)."""
+    nvlink, nic = efficiencies(hw)
+    intra = Link(hw.intra_node_gbps * 1e9 * nvlink, constants.INTRA_NODE_LATENCY_S)
+    inter = Link(node_nic_gbps(hw) / hw.gpus_per_node * 1e9 * nic,
+                 constants.INTER_NODE_LATENCY_S)
     return intra, inter
 
 
-def group_link(hw: Hardware, members_per_node: int, spans_nodes: bool) -> Link:
-    """The link a collective over one process group runs at, per member.
+def node_nic_gbps(hw: Hardware) -> float:
+    """GB/s one direction through all the NICs of one node: ``nics_per_node`` x ``nic_gbps``
+    where the profile describes its NICs, else ``inter_node_gbps`` (per GPU) x GPUs per node."""
+    if hw.nics_per_node and hw.nic_gbps:
+        return hw.nics_per_node * hw.nic_gbps
+    return hw.inter_node_gbps * hw.gpus_per_node
 
-    Within a node it is NVLink. Across nodes, NCCL runs one ring (channel) per NIC, and on
-    rail-optimised nodes (one NIC per GPU: DGX A100/H100 reference architecture, NVIDIA DGX
-    SuperPOD RA) a group with L members on a node drives L NICs at once, so each member's share
-    of the node-crossing traffic moves at L x the per-GPU NIC bandwidth, capped by NVLink.
-    ``inter_node_gbps`` is per GPU, so a node with fewer NICs than GPUs is already averaged in."""
-    intra, inter = links(hw)
+
+def group_link(hw: Hardware, members_per_node: int, spans_nodes: bool,
+               groups_per_node: int | None = None) -> Link:
+    """The bus bandwidth a collective over one process group runs at, per member.
+
+    Within a node it is NVLink. Across nodes it is set by the bytes each NIC carries. A ring
+    (NCCL runs one per channel, its channels spread over the NICs) sends (n-1)/n of the buffer
+    out of every node it crosses whatever the members per node, so when ``groups_per_node``
+    groups of the node run the same collective at once (all DP groups of a pipeline stage do),
+    each group moves its buffer through 1/groups of the node's NIC bandwidth. On a
+    rail-optimised fabric (``rail_optimized``, DGX SuperPOD reference architecture: NIC k of
+    every node on rail switch k) a group's traffic stays on the rails of its own members, so it
+    also gets no more than their share of the NICs, members / GPUs per node; elsewhere (one
+    switch per node, shared NICs) any NIC carries it. NVLink carries the ring's other hops:
+    with L members on a node each channel enters and leaves the node once, so L - 1 of every L
+    sends of a member go over NVLink, capping the rate at NVLink x L / (L - 1) (no cap for one
+    member per node). Default: every GPU of the node in one of the concurrently running groups
+    (groups = GPUs per node / members)."""
+    intra, _ = links(hw)
     if not spans_nodes:
         return intra
-    rails = max(1, members_per_node)
-    return Link(min(intra.bytes_per_s, inter.bytes_per_s * rails), inter.latency_s)
+    members = max(1, members_per_node)
+    groups = max(1, groups_per_node or hw.gpus_per_node // members)
+    _, nic_eff = efficiencies(hw)
+    node = node_nic_gbps(hw) * 1e9 * nic_eff
+    share = node / groups
+    if hw.rail_optimized is not False:
+        share = min(share, node * min(1.0, members / hw.gpus_per_node))
+    nvlink = intra.bytes_per_s * members / (members - 1) if members > 1 else float("inf")
+    return Link(min(nvlink, share), constants.INTER_NODE_LATENCY_S)
 
 
 def all_reduce_s(nbytes: float, n: int, link: Link) -> float:

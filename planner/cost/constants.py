@@ -24,14 +24,28 @@ ATTENTION_EFFICIENCY = 0.6
 # bandwidth tests report 88-92% of peak).
 MEMORY_EFFICIENCY = 0.9
 
-# Achieved fraction of the per-GPU link bandwidth by NCCL ring collectives at large message sizes:
-# nccl-tests bus bandwidth reaches ~230-240 GB/s of 300 GB/s on DGX A100 NVLink and ~23 GB/s per
-# 25 GB/s HDR rail (NVIDIA nccl-tests performance notes; Megatron-LM 2021 §5.9 reports 892 GB/s
-# bidirectional all-reduce bandwidth per node pair). 0.8 is the rounded ratio.
+# Achieved fraction of the per-GPU NVLink bandwidth by NCCL ring collectives at large message
+# sizes: nccl-tests bus bandwidth reaches ~230-240 GB/s of 300 GB/s on DGX A100 NVLink (NVIDIA
+# nccl-tests performance notes; Megatron-LM 2021 §5.9 reports 892 GB/s bidirectional all-reduce
+# bandwidth per node pair), and NCCL's own topology model rates an NVLink at 20 GB/s for SM80 and
+# 20.6 for SM90 of the 25 GB/s each way a link carries (NVIDIA/nccl src/graph/topo.h
+# "#define SM80_NVLINK_BW 20.0", "#define SM90_NVLINK_BW 20.6"): 0.80-0.82. 0.8 is the rounded
+# ratio. (Until issue #15 this figure derated the NICs as well; see NIC_EFFICIENCY.)
 NETWORK_EFFICIENCY = 0.8
 
+# Achieved fraction of the NICs' line rate by NCCL collectives at large message sizes, all NICs of
+# a node busy. "on DGX with 8 NICs and a top speed of 190 GB/s" (S. Jeaugey, NVIDIA/nccl issue
+# #689: eight 200 Gb/s HDR NICs = 200 GB/s, 0.95); nccl-tests all_reduce_perf on 2 x 8 A100-80GB
+# with 8 HDR HCAs per node reads 194.06 GB/s bus bandwidth at 2 GiB (dstackai/dstack
+# examples/clusters/crusoe/README.md @33be4e79: 0.97) and on 2 x 8 H100 with 8 x 400 Gb/s 392.29
+# GB/s at 4 GiB (wutz/k8s-in-action ai/nccl-tests/README.md @aed28ba: 0.98). NCCL's own model
+# takes a NIC at its line rate. 0.95, the lowest of the three. A profile's network_efficiency
+# scales it by the same factor (comm.efficiencies).
+NIC_EFFICIENCY = 0.95
+
 # Latency of one NCCL ring step (per hop): ~5 us within a node, ~10 us across InfiniBand
-# (nccl-tests small-message latency on DGX A100).
+# (nccl-tests small-message latency on DGX A100). Used for tensor-parallel collectives and
+# pipeline transfers; data-parallel collectives take NCCL's own latency model (cost/nccl.py).
 INTRA_NODE_LATENCY_S = 5e-6
 INTER_NODE_LATENCY_S = 10e-6
 

@@ -84,14 +84,17 @@ def case_cluster(case: dict, hardware: Hardware | None = None) -> tuple[Cluster,
     inter = cl.get("inter_node_GBps")
     per_node = int(cl["gpus_per_node"])
     gpus = int(cl["gpus"])
+    nics = {}
     if inter is None:
         inter = base.inter_node_gbps
         if gpus > per_node:
             notes.append(f"inter-node bandwidth unpublished: bundled {profile} {inter:g} GB/s")
+    else:  # the source's per-GPU figure replaces the bundled profile's NICs
+        nics = dict(nics_per_node=None, nic_gbps=None)
     hw = replace(base, name=cl.get("gpu", base.name), peak_tflops=float(cl["peak_tflops_bf16"]),
                  memory_gib=float(cl.get("hbm_gb") or base.memory_gib),
                  intra_node_gbps=float(cl["intra_node_GBps"]), inter_node_gbps=float(inter),
-                 gpus_per_node=per_node)
+                 gpus_per_node=per_node, **nics)
     return Cluster(hardware=hw, nodes=max(1, gpus // per_node), gpus_per_node=min(per_node, gpus)), \
         tuple(notes)
 

@@ -47,6 +47,14 @@ class Hardware:
     # Streaming multiprocessors: what an overlapped NCCL collective takes a share of
     # (calibration.NCCL_SMS; comm.overlap_interference).
     sm_count: int | None = None
+    # The node's NICs as installed, when the profile describes them: how many, and GB/s one
+    # direction each. Without them a node has ``inter_node_gbps`` x ``gpus_per_node`` (one NIC
+    # per GPU). Collectives price the bytes each NIC carries (comm.group_link).
+    nics_per_node: int | None = None
+    nic_gbps: float | None = None
+    # NIC k of every node on the same leaf switch (DGX SuperPOD rail-optimised fabric): a
+    # group's traffic stays on its members' rails. None (unstated) is read as rail-optimised.
+    rail_optimized: bool | None = None
     # Dense FP8 tensor-core peak and the fraction of it large FP8 GEMMs reach; None on a GPU
     # without FP8 tensor cores (A100), where FP8 training is refused (cost/precision.py).
     peak_fp8_tflops: float | None = None
@@ -97,15 +105,18 @@ def hardware_from_dict(data: dict, origin: str) -> Hardware:
     known = {f.name for f in fields(Hardware)}
     values = {k: v for k, v in data.items() if k in known}
     for key, value in values.items():
-        if key == "name":
+        if key in ("name", "rail_optimized"):
             continue
         if value is None:
             continue
         if isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0:
             raise PlanInputError(f"{origin}: '{key}' must be a positive number, got {value!r}")
-    for key in ("gpus_per_node", "sm_count", "nvlink_domain"):
+    for key in ("gpus_per_node", "sm_count", "nvlink_domain", "nics_per_node"):
         if not isinstance(values.get(key) or 1, int):
             raise PlanInputError(f"{origin}: '{key}' must be a whole number")
+    if (values.get("nics_per_node") is None) != (values.get("nic_gbps") is None):
+        raise PlanInputError(f"{origin}: 'nics_per_node' and 'nic_gbps' describe the node's NICs "
+                             "together; give both or neither")
     return Hardware(**values)
 
 

@@ -5,7 +5,7 @@ sizes are positive and below caps no device comes near, so that a typo is not pl
 
 from __future__ import annotations
 
-from planner.core.schema import Free, Int, Name, Num, check_object
+from planner.core.schema import Bool, Free, Int, Name, Num, check_object
 
 MAX_TFLOPS = 1e6  # a GB200 NVL72 rack is ~2.5e3 dense BF16 TFLOP/s per GPU
 MAX_GBPS = 1e6  # GB/s; HBM3e is ~8e3
@@ -25,6 +25,9 @@ HARDWARE_JSON = {
     "memory_efficiency": Num(0, 1, low_open=True, nullable=True),
     "network_efficiency": Num(0, 1, low_open=True, nullable=True),
     "sm_count": Int(1, 2**16, nullable=True),
+    "nics_per_node": Int(1, MAX_GPUS_PER_NODE, nullable=True),
+    "nic_gbps": Num(0, MAX_GBPS, low_open=True, nullable=True),
+    "rail_optimized": Bool(nullable=True),
     "peak_fp8_tflops": Num(0, MAX_TFLOPS, low_open=True, nullable=True),
     "fp8_matmul_efficiency": Num(0, 1, low_open=True, nullable=True),
     "nvlink_domain": Int(1, MAX_GPUS_PER_NODE, nullable=True),

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import constants
-from planner.cost import comm
+from planner.cost import comm, nccl, zero
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
@@ -282,7 +282,10 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     step; ZeRO-2 reduce-scatters after every microbatch where the stack keeps only the shard
     (DeepSpeed), once per step where it reduces once (``zero2_reduce_scatter``); gradients move
     in the dtype the stack reduces them in (an fp32 accumulation buffer where it keeps one);
-    ZeRO-3 also gathers the weights for every forward and backward (Rajbhandari et al. 2020).
+    ZeRO-3 gathers and reduce-scatters unit by unit inside every forward and backward
+    (cost/zero.py). Every collective is priced by NCCL's own algorithm and protocol choice for
+    its size on the DP group's ring (cost/nccl.py), whose node-crossing rate is the group's share
+    of the node's NICs (comm.group_link).
     With overlap the reduce hides behind the last microbatch's backward and the gather behind the
     first forward (Megatron-Core --overlap-grad-reduce / --overlap-param-gather; the stack says
     which of the two it overlaps). Hidden is not
@@ -291,44 +294,75 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     p, n = par.pp, par.dp * par.cp  # Megatron reduces gradients over the DP x CP ranks
     if n == 1:
         return np.zeros(p)
-    # tp-cp-dp-pp order: a DP-CP group has domain / tp members in each NVLink domain it spans.
-    domain = cluster.nvlink_domain
-    per_node = max(1, min(n, domain // par.tp))
-    spans = cluster.gpus > domain and dp_group_crosses_nodes(par.tp, n, par.pp, domain)
-    link = comm.group_link(cluster.hardware, per_node, spans)
+    group = _dp_group(par, cluster)
     params = stages.by_rank(stages.params, p)
     grads = params * opts.reduced_grad_bytes(par.zero)
-    if par.zero == 0:
-        reduce_s, gather_s = comm.all_reduce_s(grads, n, link), np.zeros(p)
-    else:
-        reduce_s = comm.reduce_scatter_s(grads, n, link)
-        gather_s = comm.all_gather_s(params * ACT_BYTES, n, link)
     m = par.num_microbatches
-    per_microbatch = par.zero >= 3 or (par.zero == 2 and opts.zero2_shards_grads())
+    interference = comm.overlap_interference(cluster.hardware)
+    if par.zero >= 3:
+        return _zero3_exposed_s(par, opts, stages, group, grads, interference)
+    if par.zero == 0:
+        reduce_s = nccl.collective_s("all_reduce", grads, group)
+        gather_s = np.zeros(p)
+    else:
+        reduce_s = nccl.collective_s("reduce_scatter", grads, group)
+        gather_s = nccl.collective_s("all_gather", params * ACT_BYTES, group)
+    per_microbatch = par.zero == 2 and opts.zero2_shards_grads()
     if per_microbatch:  # only a gradient shard is kept: reduce-scatter after every microbatch
         reduce_s = reduce_s * m
-    bwd_gather_s = np.zeros(p)
-    if par.zero >= 3:
-        # Weights gathered for every microbatch's forward and again for its backward (FSDP
-        # FULL_SHARD reshards after the forward); nothing is gathered after the optimizer step.
-        gather_s = m * comm.all_gather_s(params * ACT_BYTES, n, link)
-        bwd_gather_s = gather_s
-    # Each per-microbatch collective hides behind its own pass: forward gathers behind the
-    # forwards, backward gathers and gradient reduce-scatters (one link) behind the backwards;
-    # what the stack does not overlap is exposed whole.
+    # The reduce hides behind the backwards (the last one, or each microbatch's own), the
+    # weights' gather behind the first forward; what the stack does not overlap is exposed.
     reduce_hidden = opts.overlap_grad_reduce
     gather_hidden = opts.overlap_param_gather
-    exposed = (0.0 if reduce_hidden else reduce_s) + (
-        0.0 if gather_hidden else gather_s + bwd_gather_s)
+    exposed = (0.0 if reduce_hidden else reduce_s) + (0.0 if gather_hidden else gather_s)
     if not (reduce_hidden or gather_hidden):
         return exposed
     windows = m if per_microbatch else 1
     bwd, fwd = stages.by_rank(stages.bwd_s, p), stages.by_rank(stages.fwd_s, p)
-    interference = comm.overlap_interference(cluster.hardware)
-    bwd_comm = (reduce_s if reduce_hidden else 0.0) + (bwd_gather_s if gather_hidden else 0.0)
+    bwd_comm = reduce_s if reduce_hidden else np.zeros(p)
     fwd_comm = gather_s if gather_hidden else np.zeros(p)
     return exposed + _overlapped_cost_s(bwd_comm, windows * bwd, interference) + \
-        _overlapped_cost_s(fwd_comm, (m if par.zero >= 3 else 1) * fwd, interference)
+        _overlapped_cost_s(fwd_comm, fwd, interference)
+
+
+def _dp_group(par: Parallel, cluster: Cluster) -> nccl.Group:
+    """The group gradients are reduced over, as NCCL sees it: DP x CP ranks (Megatron reduces
+    over both). In tp-cp-dp-pp rank order it has domain / tp members in each NVLink domain it
+    spans, and the tp groups of its stage in a node run the same collectives at once, sharing
+    the node's NICs (comm.group_link)."""
+    n, domain = par.dp * par.cp, cluster.nvlink_domain
+    per_domain = max(1, min(n, domain // par.tp))
+    spans = cluster.gpus > domain and dp_group_crosses_nodes(par.tp, n, par.pp, domain)
+    per_node = max(1, min(n, cluster.gpus_per_node // par.tp))
+    link = comm.group_link(cluster.hardware, per_node, spans)
+    domains = -(-n // per_domain) if spans else 1
+    return nccl.Group(ranks=n, nodes=domains, bus_bytes_per_s=link.bytes_per_s)
+
+
+def _zero3_exposed_s(par: Parallel, opts: Stack, stages: ChunkArrays, group: nccl.Group,
+                     grads: np.ndarray, interference: float) -> np.ndarray:
+    """ZeRO-3 / FSDP, unit by unit (cost/zero.py): a unit is one layer (FSDP per-block
+    wrapping) or a whole chunk (``zero3_gather``), each gathered for every microbatch's forward
+    and, FULL_SHARD resharding after the forward, again for its backward, and its gradients
+    reduce-scattered after every microbatch's backward. A chunk of no layers (the search's
+    ideal chunk) has no known layering: priced as one transfer, all of it hideable."""
+    p, m = par.pp, par.num_microbatches
+    layers = (stages.last - stages.first).astype(float)
+    per_chunk = layers if opts.zero3_gather == "layer" else np.minimum(layers, 1.0)
+    units = stages.by_rank(per_chunk, p)
+    priced = np.maximum(units, 1.0)
+    params = stages.by_rank(stages.params, p)
+    gather = nccl.collective_s("all_gather", params * ACT_BYTES / priced, group)
+    reduce = nccl.collective_s("reduce_scatter", grads / priced, group)
+    times = zero.UnitTimes(
+        units=units, fwd_s=stages.by_rank(stages.fwd_s, p) / priced,
+        bwd_s=stages.by_rank(stages.bwd_s, p) / priced,
+        gather_s=np.atleast_1d(gather), bwd_gather_s=np.atleast_1d(gather),
+        reduce_s=np.atleast_1d(reduce))
+    exposed, total = zero.exposed_per_microbatch_s(
+        times, opts.zero3_prefetch, opts.overlap_param_gather, opts.overlap_grad_reduce)
+    total = np.where(units > 0, total, priced * (times.gather_s * 2 + times.reduce_s))
+    return m * (exposed + interference * (total - exposed))
 
 
 def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,

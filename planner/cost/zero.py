@@ -1,0 +1,77 @@
+"""ZeRO-3 / FSDP: each unit's weights gathered and its gradients reduce-scattered as the pass
+reaches it, and what of those collectives the compute of the pass cannot hide.
+
+A ZeRO-3 rank keeps 1/dp of every weight. Before a unit (one FSDP-wrapped block, or a whole
+stage) runs it all-gathers the unit's 16-bit weights; after the unit's backward it
+reduce-scatters the unit's gradients (Rajbhandari et al. 2020, ZeRO, §5.3, the parameter
+partitioning P_os+g+p; Zhao et al. 2023, PyTorch FSDP, §3, one FlatParameter per wrapped unit).
+With FULL_SHARD the weights are freed after the forward and gathered again for the backward. The stack's prefetch window (``zero3_prefetch``: FSDP's forward/backward
+prefetch, FSDP2's implicit prefetch, DeepSpeed's stage3_prefetch_bucket_size) issues the next
+unit's gather while the current unit computes, so one pass over u equal units is a two-stage
+pipeline of collectives and compute:
+
+    forward   gather(1) | gather(k+1) beside compute(k) | compute(u)
+    backward  gather(1) | gather(k+1) + reduce-scatter(k-1) beside compute(k) | reduce-scatter(u)
+
+Its length is  head + (u - 1)·max(c, x) + c + tail  with x the collectives each step runs and c
+the compute of one unit: what is exposed is the first gather, the last reduce-scatter and, on
+every step where the unit's compute is shorter than its collectives, the difference. Short
+compute per unit (small micro-batches, many GPUs at a fixed batch) therefore leaves the step
+bound by the collectives, each priced with its own latency (planner/cost/nccl.py), instead of
+hiding one bulk transfer behind the whole pass. Without prefetch every gather is exposed; a
+collective the stack does not overlap at all is exposed whole.
+
+Units are taken as equal within a rank (the rank's parameters and compute divided by its unit
+count); a rank's largest unit (an embedding or head wider than a block) is not singled out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True)
+class UnitTimes:
+    """Per rank (arrays), for one microbatch: the number of units, and per unit the forward and
+    backward compute, the all-gather of its weights for the forward and again for the backward
+    (0 where the weights stay gathered) and the reduce-scatter of its gradients."""
+
+    units: np.ndarray
+    fwd_s: np.ndarray
+    bwd_s: np.ndarray
+    gather_s: np.ndarray
+    bwd_gather_s: np.ndarray
+    reduce_s: np.ndarray
+
+
+def _pipelined(units, per_step_s, compute_s, head_s, tail_s):
+    """Exposed seconds of a pass whose ``units`` steps each run ``per_step_s`` of collectives
+    beside ``compute_s`` of compute, after a ``head_s`` nothing hides and before a ``tail_s``."""
+    return head_s + tail_s + np.maximum(units - 1, 0) * np.maximum(0.0, per_step_s - compute_s)
+
+
+def exposed_per_microbatch_s(t: UnitTimes, prefetch: int, overlap_gather: bool,
+                             overlap_reduce: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(exposed, total) seconds of ZeRO-3 collectives in one microbatch's forward and backward,
+    per rank. ``prefetch`` is the stack's window (0: each gather waits for its own unit);
+    ``overlap_gather`` / ``overlap_reduce`` say whether the stack runs gathers / reduce-scatters
+    beside compute at all. A rank with 0 units (the layering unknown: the search's lower bound)
+    exposes nothing."""
+    u = np.asarray(t.units, dtype=float)
+    total = u * (t.gather_s + t.bwd_gather_s + t.reduce_s)
+    hide_gather = overlap_gather and prefetch >= 1
+    # forward: gathers only
+    if hide_gather:
+        fwd = _pipelined(u, t.gather_s, t.fwd_s, t.gather_s, 0.0)
+    else:
+        fwd = u * t.gather_s
+    # backward: the next unit's gather and the previous unit's reduce-scatter share each step
+    step = (t.bwd_gather_s if hide_gather else 0.0) + (t.reduce_s if overlap_reduce else 0.0)
+    head = t.bwd_gather_s if hide_gather else 0.0
+    tail = t.reduce_s if overlap_reduce else 0.0
+    always = u * ((0.0 if hide_gather else t.bwd_gather_s) + (0.0 if overlap_reduce else t.reduce_s))
+    bwd = always + _pipelined(u, step, t.bwd_s, head, tail)
+    exposed = np.where(u > 0, fwd + bwd, 0.0)
+    return np.minimum(exposed, total), total
