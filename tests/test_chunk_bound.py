@@ -24,12 +24,13 @@ def _splits(layers: int, chunks: int):
 
 
 @settings(max_examples=30, deadline=None)
-@given(data=st.data(), p=st.integers(2, 3), v=st.integers(2, 3), groups=st.integers(1, 3),
+@given(data=st.data(), p=st.integers(2, 3), v=st.integers(1, 3), groups=st.integers(1, 3),
        modes=st.integers(1, 2), extra_layers=st.integers(0, 3), tight=st.booleans())
 def test_below_the_best_split_by_brute_force(data, p, v, groups, modes, extra_layers, tight):
     """Random layer times (a mode may be slower), memory and transfers: the bound, linear and
-    mixed-integer, is at most the least simulated pipeline time of every split into p·v chunks
-    with a mode per chunk whose ranks fit (inf only when none fits)."""
+    mixed-integer, is at most the least simulated pipeline time (interleaved, or 1F1B for
+    v = 1) of every split into p·v chunks with a mode per chunk whose ranks fit (inf only when
+    none fits)."""
     K, m = p * v, p * groups
     L = K + extra_layers
     floats = lambda lo, hi, n: np.array(data.draw(st.lists(st.floats(lo, hi), min_size=n,
@@ -54,8 +55,9 @@ def test_below_the_best_split_by_brute_force(data, p, v, groups, modes, extra_la
             bw = [bwd[a:b, mu].sum() for (a, b), mu in zip(split, chosen)]
             if sum(m * (x + y) for x, y in zip(f, bw)) / p >= best:
                 continue  # cannot beat the best (the busiest rank runs at least this)
-            best = min(best, simulate("interleaved", p, m, v, fwd_s=f, bwd_s=bw, comm_s=comm,
-                                      method="full", timeline=False).makespan_s)
+            best = min(best, simulate("interleaved" if v > 1 else "1f1b", p, m, v, fwd_s=f,
+                                      bwd_s=bw, comm_s=comm, method="full",
+                                      timeline=False).makespan_s)
     for integer in (False, True):
         got = interleaved_bound(p, v, m, fwd, bwd, act, state, inflight, capacity, None, comm,
                                 integer=integer)
@@ -88,12 +90,12 @@ def _request(model, nodes, per_node, batch, gpu):
        batch=st.sampled_from([32, 128]), gpu=st.sampled_from(["a100-80gb", "a100-40gb"]),
        seed=st.integers(0, 10**6))
 def test_below_every_refined_interleaved_step(model, per_node, batch, gpu, seed):
-    """Interleaved configurations of random cases: the refined plan's step is never proven
-    slower than itself, by the linear or the mixed-integer bound."""
+    """Interleaved and 1F1B configurations of random cases: the refined plan's step is never
+    proven slower than itself, by the linear or the mixed-integer bound."""
     req = _request(model, 2, per_node, batch, gpu)
     costs = _Costs(req)
     kept = [par for par in screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
-            if par.virtual_stages > 1]
+            if par.schedule in ("interleaved", "1f1b")]
     random.Random(seed).shuffle(kept)
     for par in kept[:5]:
         plan = costs.refined(par)
@@ -104,9 +106,33 @@ def test_below_every_refined_interleaved_step(model, per_node, batch, gpu, seed)
 
 
 def test_the_default_solve_is_proven():
-    """`plan solve --gpus 16 --nodes 2`: the configurations the cap leaves below plan 1 are all
-    interleaved, and their chunks' bound rules every one out."""
+    """`plan solve --gpus 16 --nodes 2`: the configurations the cap leaves below plan 1 are
+    interleaved or 1F1B, and their chunks' bound rules every one out."""
     req = Request(model=PRESETS["llama3-8b"], cluster=make_cluster(load_hardware("a100-80gb"),
                                                                    16, 2), global_batch=512)
     notes = search(req).notes
     assert any(n.startswith("plan 1 is proven the fastest") for n in notes), notes
+
+
+def test_the_partitioner_still_solves_after_the_bound():
+    """HiGHS sizes one task scheduler per process at its first run: the chunk bound runs it
+    with the partitioner's one thread, so a stage split solved after it is still the MILP's (a
+    fresh process, since an earlier test may have run the partitioner first)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import numpy as np\n"
+        "from planner.search.chunk_bound import interleaved_bound\n"
+        "from planner.partitioning.problem import PartitionProblem\n"
+        "from planner.partitioning.solve import partition\n"
+        "one = np.ones((6, 1))\n"
+        "interleaved_bound(2, 2, 4, one, one, one, np.ones(6), np.ones(4), 100.0, None,"
+        " np.zeros(3))\n"
+        "t = np.arange(1.0, 9.0)[:, None]\n"
+        "prob = PartitionProblem(time_s=t, state_bytes=np.zeros(8), act_bytes=np.zeros((8, 1)),"
+        " inflight=np.ones(4), capacity_bytes=1.0)\n"
+        "print(partition(prob, 4, 2).method)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True).stdout
+    assert out.strip().splitlines()[-1] == "ilp-highs", out

@@ -23,7 +23,9 @@ down to 0.  So for local chunks j and j' (global chunks jp + r and j'p + r):
 - after that, microbatch m-1's backwards run back through every earlier chunk (Tail_j') and
   rank r runs its p backwards of each earlier local chunk (p·B_<j').
 So the pipeline takes at least max(H_j, S_r + p·F_<j) + m·T_r - p·F_<j - p·B_<j'
-+ max(Tail_j', p·B_<j') for every r, j, j': four linear inequalities each.  The least such time
++ max(Tail_j', p·B_<j') for every r, j, j': four linear inequalities each.  1F1B (v = 1) is
+the case j = j' = 0: rank r's first op is F(0, r) and its last B(m-1, r) (not so for GPipe,
+whose last backward is microbatch 0's, nor ZB-H1, which ends with W ops).  The least such time
 over the set is a mixed-integer program (layer counts integer), solved by HiGHS; its dual bound
 is a lower bound on the pipeline time of every split the refinement may choose (with the
 per-action overheads, >= 0, left out).  `tests/test_chunk_bound.py` checks it against refined
@@ -40,6 +42,7 @@ from planner.partitioning.problem import TIE_RTOL
 # bound keeps this much below what it reports (its dual bound) so that rounding cannot lift it
 # above a true step.
 SAFETY = 1e-5
+MIP_GAP = 1e-6  # HiGHS's default 1e-4 would leave its dual bound up to that far below the optimum
 TIME_LIMIT_S = 0.1  # per configuration: past it the dual bound found so far is still a bound
 
 
@@ -143,7 +146,12 @@ def interleaved_bound(p: int, v: int, m: int, fwd: np.ndarray, bwd: np.ndarray, 
     with _quiet_stdout():  # HiGHS prints a banner at its first construction
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
+    # one thread, as the partitioner runs HiGHS (partitioning/lexicographic.py): HiGHS's task
+    # scheduler is one per process, sized by the first run, and a later run asking for another
+    # size fails (the partitioner's MILPs then found no split at all)
+    h.setOptionValue("threads", 1)
     h.setOptionValue("time_limit", float(time_limit_s))
+    h.setOptionValue("mip_rel_gap", MIP_GAP)
     cut = integer and np.isfinite(cutoff)
     if cut:  # prune every node whose bound is past the cutoff (with room for the safety)
         h.setOptionValue("objective_bound", float(cutoff) / (1 - 2 * SAFETY))

@@ -120,10 +120,10 @@ class _Costs:
         return self.problems[par]
 
     def chunks_exceed(self, par: Parallel, value: float) -> bool:
-        """Whether the interleaved chunks' bound (planner/search/chunk_bound.py: its linear
-        relaxation, then the mixed-integer program) proves every split of ``par`` slower than
-        ``value``."""
-        if par.virtual_stages == 1 or par.schedule != "interleaved" or value == float("inf"):
+        """Whether the chunks' bound (planner/search/chunk_bound.py: its linear relaxation,
+        then the mixed-integer program; interleaved and 1F1B) proves every split of ``par``
+        slower than ``value``."""
+        if par.schedule not in ("interleaved", "1f1b") or value == float("inf"):
             return False
         rest = self.bound(par).rest_s
         for whole in (False, True):
@@ -284,20 +284,28 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
                      "configurations whose lower bound is below plan 1 were not refined, so a "
                      "faster plan may exist (raise --refine)")
     elif capped:
-        notes.append(f"plan 1 is proven the fastest of all screened configurations; the rest "
-                     f"of the list is the best of the {req.refine} refined (--refine)")
+        notes.append(f"plan 1 is proven the fastest of all screened configurations (to "
+                     f"{TIE_RTOL:.2%}); the rest of the list is the best of the {req.refine} "
+                     "refined (--refine)")
     return refined, notes
 
 
+# A configuration the chunk bound puts within this share of plan 1 counts as a tie, not as
+# faster: the bound is a solver's (chunk_bound.MIP_GAP, and chunk_bound.SAFETY kept below its
+# answer), so a configuration that refines to plan 1 itself (a recompute mode allowed but
+# unused) is bounded just under it.
+TIE_RTOL = 1e-4
+
+
 def _unproven(costs: "_Costs", open_best: list[Parallel], best: float) -> list[Parallel]:
-    """What the cap left below plan 1, bounded once more: interleaved chunks by their own
-    relaxation (planner/search/chunk_bound.py: a linear, then a mixed-integer program, a few
+    """What the cap left below plan 1, bounded once more: interleaved and 1F1B chunks by their
+    own relaxation (planner/search/chunk_bound.py: a linear, then a mixed-integer program, a few
     to a hundred milliseconds each, so spent on what the cap leaves rather than on every
     candidate).  Lowest bound first, and only until one stays below plan 1: from there plan 1
     is unproven whatever the rest give, and the rest are counted with the bounds they have."""
     ordered = sorted(open_best, key=lambda par: costs.bound(par, with_memory=True).cheap_s)
     for n, par in enumerate(ordered):
-        if not costs.chunks_exceed(par, best):
+        if not costs.chunks_exceed(par, best * (1 - TIE_RTOL)):
             return ordered[n:]
     return []
 
