@@ -21,6 +21,7 @@ import platform
 import statistics
 import time
 from dataclasses import replace
+from pathlib import Path
 
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.load import load_model
@@ -37,7 +38,26 @@ CASES = [  # (model, gpus, nodes, global batch, target seconds on a 2-core machi
     # phase's cluster (issue #18's "plan solve --seq-len 131072 --gpus 16384 --gpu h100")
     ("llama3-405b", 16384, 2048, 32, 4.0, 131072, "h100"),
     ("llama3-8b", 16, 2, 999_983, 2.0),
+    # mixture of experts: ep is searched over the divisors of a stage's ranks (issue #18)
+    ("mixtral-8x7b", 64, 8, 512, 2.0, None, "h100"),
+    ("deepseek-v3", 2048, 256, 15360, 2.0, None, "h800"),
 ]
+
+# MoE models are HuggingFace configs (tests/hf_configs/moe/), planned at 4,096 tokens; the
+# DeepSeek-V3 one without its multi-token-prediction module (not modelled).
+MOE = Path(__file__).resolve().parent.parent / "tests" / "hf_configs" / "moe"
+
+
+def _model(name: str):
+    if name == "mixtral-8x7b":
+        return load_model(MOE / "mixtral-8x7b-v0.1.json").with_seq_length(4096)
+    if name == "deepseek-v3":
+        from planner.model.load import model_from_dict
+        import json
+        data = dict(json.loads((MOE / "deepseek-v3.json").read_text()),
+                    num_nextn_predict_layers=0)
+        return model_from_dict(data, "deepseek-v3").with_seq_length(4096)
+    return load_model(name)
 
 
 def long_batch_check(plan) -> str:
@@ -71,7 +91,7 @@ def main() -> None:
     long_plan = None
     for name, gpus, nodes, batch, target, *more in CASES:
         seq, gpu = (more + [None, None])[:2]
-        model = load_model(name) if seq is None else replace(load_model(name), seq_length=seq)
+        model = _model(name) if seq is None else replace(_model(name), seq_length=seq)
         req = Request(model=model, global_batch=batch,
                       cluster=make_cluster(load_hardware(gpu) if gpu else hw, gpus, nodes))
         times, cpu, result = [], [], None

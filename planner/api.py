@@ -29,6 +29,7 @@ from planner.core.parallel import Parallel
 from planner.fidelity.cases import DEFAULT_FILES
 from planner.fidelity.published import validate_file
 from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
+from planner.launchers import refuse_unbuildable
 from planner.model.spec import ModelSpec
 from planner.model.load import load_model
 from planner.partitioning.problem import PartitionError
@@ -207,6 +208,7 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
              pins: dict):
 
     spec = _model(model, seq_len)
+    refuse_unbuildable(launcher, spec)  # e.g. torchtitan builds only its own flavors
     measured = profile
     if isinstance(profile, (str, Path)):
 
@@ -238,7 +240,7 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
           schedule: str | None = None, virtual_stages: int | None = None,
           recompute: str | None = None, zero: int | None = None,
           sequence_parallel: bool | None = None, cp: int | None = None,
-          progress=None) -> Solution:
+          ep: int | None = None, etp: int | None = None, progress=None) -> Solution:
     """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
     return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension; ``stack``
     is a stack name, file or Stack (default: the launcher's, else megatron-core), ``flash`` ...
@@ -246,7 +248,7 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
-                sequence_parallel=sequence_parallel, cp=cp)
+                sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
                    max_bubble, top, refine, launcher, partition, profile,
                    _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)
@@ -265,12 +267,13 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
             dp: int | None = None, micro_batch: int | None = None, schedule: str | None = None,
             virtual_stages: int | None = None, recompute: str | None = None,
             zero: int | None = None, sequence_parallel: bool | None = None,
-            cp: int | None = None) -> Explanation:
+            cp: int | None = None, ep: int | None = None,
+            etp: int | None = None) -> Explanation:
     """Predict one pinned configuration (`plan solve --explain`): fits or not, by how much."""
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
-                sequence_parallel=sequence_parallel, cp=cp)
+                sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, None, seq_len, None, 10, 20,
                    launcher, "ilp", None,
                    _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)

@@ -8,7 +8,7 @@ from planner.search.engine import search
 from planner.pipeline.simulate import closed_form_bubble
 
 
-@given(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb-h1"]), st.integers(2, 64),
+@given(st.sampled_from(["gpipe", "1f1b", "interleaved", "zb-h1", "zb-2p"]), st.integers(2, 64),
        st.integers(1, 8), st.floats(0.01, 0.9))
 def test_microbatches_for_is_the_fewest_that_bring_the_closed_form_under(schedule, p, v, bubble):
     m = microbatches_for(schedule, p, v, bubble)

@@ -52,6 +52,30 @@ def test_bound_is_below_every_refined_step(model, nodes, per_node, batch, gpu, s
             assert not b.exceeds(step * (1 + 1e-9)), par
 
 
+@pytest.mark.parametrize("post_validation", [False, True])
+@settings(max_examples=3, deadline=None)
+@given(model=st.sampled_from(MODELS), batch=st.sampled_from([32, 64]),
+       seed=st.integers(0, 10**6))
+def test_bound_holds_for_zero_bubble_schedules_and_overlapping_steps(post_validation, model,
+                                                                     batch, seed):
+    """A stack that runs every schedule (zb-h1 and zb-2p too), with and without optimizer
+    post-validation (a step costs the longest rank span): the bound stays below the step."""
+    from planner.pipeline.schedule import SCHEDULES
+    from planner.stack import load_stack, with_overrides
+    stack = with_overrides(load_stack("torchtitan"), schedules=list(SCHEDULES),
+                           optimizer_post_validation=post_validation)
+    req = _request(model, 1, 8, batch, "a100-80gb")
+    req = Request(model=req.model, cluster=req.cluster, global_batch=batch, options=stack)
+    costs, screened = _screened(req)
+    random.Random(seed).shuffle(screened)
+    for par, _ in screened[:15]:
+        plan = costs.refined(par)
+        if isinstance(plan, str):
+            continue
+        b = costs.bound(par, with_memory=True)
+        assert b.value() <= plan.metrics.step_time_s * (1 + 1e-9), (par, b.value())
+
+
 def test_the_screen_is_not_a_lower_bound():
     """Why the stop rule needs its own bound: the screen charges every stage the
     configuration's recompute and Megatron's even split, so the refinement beats it."""

@@ -1,9 +1,13 @@
 import json
 
+import jsonschema
 import pytest
 from typer.testing import CliRunner
 
 from cli import app
+from planner.launchers import plan_json
+
+VALIDATOR = jsonschema.Draft202012Validator(plan_json.schema())
 
 runner = CliRunner()
 
@@ -26,13 +30,21 @@ def test_json_follows_the_plan_schema_and_invariants():
     times = [p["metrics"]["step_time_s"] for p in doc["plans"]]
     assert times == sorted(times)
     for plan in doc["plans"]:
-        assert plan["schema"] == "plan3d/plan/v1"
+        assert plan["schema"] == "plan3d/plan/v2"  # what plan.json holds (one writer)
+        VALIDATOR.validate(plan)
         par = plan["parallel"]
         assert par["tp"] * par["pp"] * par["dp"] == 16
         assert par["micro_batch"] * par["num_microbatches"] * par["dp"] == par["global_batch"]
-        layers = [s["layers"] for s in plan["stages"]]
+        layers = [(s["layers"]["start"], s["layers"]["stop"]) for s in plan["stages"]]
         assert layers[0][0] == 0 and layers[-1][1] == plan["model"]["num_layers"] + 2
         assert all(a[1] == b[0] and a[0] < a[1] for a, b in zip(layers, layers[1:]))
+
+
+def test_json_plan_is_the_exported_plan_json(tmp_path):
+    args = ("solve", "--gpus", "16", "--nodes", "2", "--top", "1")
+    shown = json.loads(run(*args, "--json").output)["plans"][0]
+    assert run(*args, "--export", "json", "--out", str(tmp_path)).exit_code == 0
+    assert shown == json.loads((tmp_path / "plan.json").read_text())
 
 
 def test_same_inputs_same_bytes():

@@ -87,6 +87,31 @@ def test_torchtitan_refuses_unmatched_flavor(tmp_path):
         export_plan(titan(), ["torchtitan"], tmp_path, torchtitan_version="0.1")
 
 
+def test_solve_for_torchtitan_refuses_a_model_without_flavor_before_searching(tmp_path,
+                                                                              monkeypatch):
+    """No configuration of llama2-7b runs on torchtitan (no flavor has its shape): the solve
+    says so in one line before any search, writes nothing, and the API refuses alike."""
+    from typer.testing import CliRunner
+
+    import planner
+    import planner.cli.solve as solve_mod
+    from cli import app
+
+    def no_search(*a, **k):
+        raise AssertionError("searched a model torchtitan cannot build")
+
+    monkeypatch.setattr(solve_mod, "search", no_search)
+    out = tmp_path / "out"
+    for args in (["--export", "torchtitan", "--out", str(out)], ["--launcher", "torchtitan"]):
+        res = CliRunner().invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--model",
+                                       "llama2-7b", *args])
+        assert res.exit_code == 2 and "no Llama 3 flavor" in res.output, res.output
+        assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
+    assert not out.exists()
+    with pytest.raises(ExportError, match="no Llama 3 flavor"):
+        planner.solve(gpus=16, nodes=2, model="llama2-7b", launcher="torchtitan")
+
+
 def test_torchtitan_schedule_classes():
     inter = titan(bounds=(0, 5, 9, 13, 17, 21, 25, 29, 34), virtual_stages=2,
                   schedule="interleaved")

@@ -13,7 +13,7 @@ from planner.core.parallel import Parallel
 from planner.pipeline.simulate import simulate
 from planner.predict.stages import usable_bytes
 
-CASES = [(name, p, m, v) for name in ("gpipe", "1f1b", "zb-h1", "interleaved")
+CASES = [(name, p, m, v) for name in ("gpipe", "1f1b", "zb-h1", "zb-2p", "interleaved")
          for p in (1, 2, 4, 8) for m in (1, 4, 8, 16, 32)
          for v in ((2, 3, 4) if name == "interleaved" else (1,))
          if not (name == "interleaved" and (m % p or p == 1))]

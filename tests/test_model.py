@@ -83,8 +83,12 @@ def test_hf_neox_and_falcon():
     assert falcon.params == pytest.approx(6.92e9, rel=0.02)  # Falcon-7B
 
 
-def test_moe_is_refused():
+def test_moe_of_a_family_we_do_not_import_is_refused():
+    """Mixtral, Qwen-MoE and DeepSeek import (tests/test_moe_model.py); experts on any other
+    family are refused, never planned as a dense model."""
     with pytest.raises(PlanInputError, match="mixture-of-experts"):
+        model_from_dict({"model_type": "llama", "num_local_experts": 8, "hidden_size": 4096})
+    with pytest.raises(PlanInputError, match="missing 'num_attention_heads'"):
         model_from_dict({"model_type": "mixtral", "num_local_experts": 8, "hidden_size": 4096})
 
 

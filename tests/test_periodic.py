@@ -49,7 +49,7 @@ def test_steady_period_equals_full_simulation(data, name, p, v, equal):
 
 
 @pytest.mark.parametrize("name,p,m,v", [("1f1b", 5, 200, 1), ("zb-h1", 4, 150, 1),
-                                        ("interleaved", 3, 120, 2)])
+                                        ("zb-2p", 4, 150, 1), ("interleaved", 3, 120, 2)])
 def test_repeated_squaring_is_exact(monkeypatch, name, p, m, v):
     """Near-tied slow stages delay the steady state; past STEP_LIMIT steps T^k is taken by
     repeated squaring, which must give the same step."""
@@ -64,7 +64,8 @@ def test_repeated_squaring_is_exact(monkeypatch, name, p, m, v):
     assert products  # T^k was taken by squaring
 
 
-@pytest.mark.parametrize("name,v", [("1f1b", 1), ("zb-h1", 1), ("interleaved", 2), ("gpipe", 1)])
+@pytest.mark.parametrize("name,v", [("1f1b", 1), ("zb-h1", 1), ("zb-2p", 1), ("interleaved", 2),
+                                    ("gpipe", 1)])
 def test_a_million_microbatches_on_16_ranks(name, v):
     """10**6 microbatches: the step is what two full simulations at smaller M give, extended by
     their per-microbatch slope (the steady period is reached well before M = 1,024)."""
@@ -95,12 +96,13 @@ def test_gpipe_closed_form_by_hand():
 
 
 def test_steady_cuts_found_for_every_schedule():
-    for name, p, v, m in (("1f1b", 4, 1, 12), ("zb-h1", 4, 1, 12), ("interleaved", 4, 2, 24)):
+    for name, p, v, m in (("1f1b", 4, 1, 12), ("zb-h1", 4, 1, 12), ("zb-2p", 4, 1, 24),
+                          ("interleaved", 4, 2, 24)):
         group = p if name == "interleaved" else 1
         ops = build_schedule(name, p, m, v)
         labels = periodic.group_labels(ops, group, v)
         keys = periodic.cut_keys(ops, labels, p, v, group)
-        release = "W" if name == "zb-h1" else "B"
+        release = "W" if name in ("zb-h1", "zb-2p") else "B"
         cuts = periodic.steady_cuts(ops, build_schedule(name, p, m + group, v), labels, keys,
                                     group, release)
         assert cuts, name

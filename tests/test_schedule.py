@@ -52,7 +52,7 @@ def test_bad_arguments_raise_one_line(name, p, m, v, msg):
 
 def owned(name, p, m, v):
     """Expected multiset of compute ops for rank r."""
-    kinds_ = ("F", "B", "W") if name == "zb-h1" else ("F", "B")
+    kinds_ = ("F", "B", "W") if name in ("zb-h1", "zb-2p") else ("F", "B")
     return [Counter((k, mb, c * p + r) for k in kinds_ for mb in range(m) for c in range(v))
             for r in range(p)]
 
@@ -142,17 +142,32 @@ def test_every_generated_schedule_is_deadlock_free_sampled(name, p, m, v):
 
 def test_the_whole_issue_grid_is_deadlock_free():
     """Every generated schedule for all p <= 16, M <= 64 and v in {1, 2, 4} (interleaved needs
-    M divisible by p): 3,366 schedules under blocking send/receive, about 13 s."""
+    M divisible by p): 4,390 schedules under blocking send/receive, about 17 s."""
     from planner.pipeline.schedule import build_schedule, find_deadlock, with_communication
 
     checked = 0
     for p in range(1, 17):
         for m in range(1, 65):
-            runs = [(name, 1) for name in ("gpipe", "1f1b", "zb-h1")]
+            runs = [(name, 1) for name in ("gpipe", "1f1b", "zb-h1", "zb-2p")]
             if p > 1 and m % p == 0:
                 runs += [("interleaved", 2), ("interleaved", 4)]
             for name, v in runs:
                 ops = with_communication(build_schedule(name, p, m, v))
                 assert find_deadlock(ops) is None, (name, p, m, v)
                 checked += 1
-    assert checked == 3366
+    assert checked == 3366 + 16 * 64
+
+
+@pytest.mark.parametrize("p,m", [(2, 8), (4, 4), (4, 24), (8, 24), (8, 100)])
+def test_zb_2p_warms_up_to_the_returning_gradient_and_holds_at_most_2p(p, m):
+    """Rank r runs min(m, 2(p - r) - 1) forwards before its first B (those that fit before
+    microbatch 0's input gradient returns when F = B = W) and never holds more than 2p
+    microbatches' activations (F run, W not yet)."""
+    for r, ops in enumerate(build_schedule("zb-2p", p, m)):
+        kinds = [op.kind for op in ops]
+        assert kinds.index("B") == min(m, 2 * (p - r) - 1)
+        live = peak = 0
+        for kind in kinds:
+            live += {"F": 1, "W": -1}.get(kind, 0)
+            peak = max(peak, live)
+        assert peak == min(m, 2 * p)

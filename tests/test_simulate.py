@@ -134,3 +134,74 @@ def test_dependencies_hold_for_random_times(data, name, p, mult, v):
     eff_comm = [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
     _check_dependencies(r, fwd, bwd, wgrad, eff_comm)
 
+
+
+@pytest.mark.parametrize("name,v,actions", [("gpipe", 1, 2), ("1f1b", 1, 2), ("interleaved", 2, 2),
+                                            ("zb-h1", 1, 3)])
+def test_engine_costs_are_charged_once_per_action(name, v, actions):
+    """One rank has no bubble: its step is its compute plus one charge per action it runs (F, B
+    and, split, W), and a split backward costs split_backward x the backward more."""
+    m, a, x = 6, 0.25, 0.5
+    plain = simulate(name, 1, m, v, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0).makespan_s
+    charged = simulate(name, 1, m, v, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0, action_s=a,
+                       split_backward=x).makespan_s
+    extra_backward = x * 2.0 * m if name == "zb-h1" else 0.0
+    assert charged == pytest.approx(plain + actions * m * v * a + extra_backward)
+
+
+@pytest.mark.parametrize("name,p,v", [("gpipe", 4, 1), ("1f1b", 4, 1), ("interleaved", 4, 2),
+                                      ("zb-h1", 4, 1)])
+def test_engine_costs_agree_between_full_and_periodic_runs(name, p, v):
+    """The steady-period extrapolation (periodic.py) charges the same costs as op-by-op."""
+    times = dict(fwd_s=[1.0 + 0.1 * k for k in range(p * v)], bwd_s=2.0, wgrad_s=0.8,
+                 comm_s=0.05, action_s=0.03, split_backward=0.2)
+    full = simulate(name, p, 200, v, method="full", **times)
+    fast = simulate(name, p, 200, v, **times)
+    assert fast.makespan_s == pytest.approx(full.makespan_s, rel=1e-9)
+    assert fast.busy_s == pytest.approx(full.busy_s, rel=1e-9)
+
+
+@pytest.mark.parametrize("p", [2, 4, 8])
+@pytest.mark.parametrize("m", [9, 24, 64])
+def test_zb_2p_reaches_the_start_offset_bound_when_f_b_w_are_equal(p, m):
+    """With F = B = W and free transfers no schedule beats 3m + p - 1 (the last rank starts
+    after p - 1 forwards and runs 3m actions): zb-2p reaches it, as zb-h1 does."""
+    r = simulate("zb-2p", p, m, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0)
+    assert r.makespan_s == pytest.approx(3 * m + p - 1)
+    assert r.bubble_fraction == pytest.approx(closed_form_bubble("zb-2p", p, m))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.integers(2, 8), st.integers(0, 3), st.floats(0.3, 2.0), st.floats(0.3, 2.0),
+       st.floats(0.0, 0.5))
+def test_zb_2p_never_slower_than_zb_h1_from_2p_microbatches(p, extra, b, w, comm):
+    """The memory zb-2p spends (2p microbatches instead of p) buys time: with m >= 2p it is
+    never slower than zb-h1 whatever B, W and the transfers cost (F = 1)."""
+    m = 2 * p + extra
+    times = dict(fwd_s=1.0, bwd_s=b + w, wgrad_s=w, comm_s=comm)
+    two = simulate("zb-2p", p, m, **times).makespan_s
+    assert two <= simulate("zb-h1", p, m, **times).makespan_s + 1e-9
+
+
+def test_zb_2p_beats_zb_h1_when_transfers_cost_time():
+    times = dict(fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0, comm_s=0.2)
+    assert simulate("zb-2p", 8, 24, **times).makespan_s < \
+        simulate("zb-h1", 8, 24, **times).makespan_s * 0.96
+
+
+@pytest.mark.parametrize("name,v", [("gpipe", 1), ("1f1b", 1), ("interleaved", 2), ("zb-h1", 1),
+                                    ("zb-2p", 1)])
+def test_rank_span_is_the_step_except_where_ranks_finish_in_turn(name, v):
+    """A step that overlaps the next one costs the longest rank span. Where rank 0 starts first
+    and ends last (GPipe, 1F1B, interleaved, ZB-H1) that is the makespan; zb-2p's parallelogram
+    ends rank by rank, so its spans are shorter. The steady-period run gives the same span."""
+    times = dict(fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0, comm_s=0.05)
+    full = simulate(name, 4, 200, v, method="full", **times)
+    fast = simulate(name, 4, 200, v, **times)
+    assert fast.span_s == pytest.approx(full.span_s, rel=1e-9)
+    spans = [rank[-1].end_s - rank[0].start_s for rank in full.timeline]
+    assert full.span_s == pytest.approx(max(spans))
+    if name == "zb-2p":
+        assert full.span_s < full.makespan_s - 1.0
+    else:
+        assert full.span_s == pytest.approx(full.makespan_s)

@@ -22,10 +22,19 @@ def result():
 def test_every_case_is_evaluated_or_explicitly_skipped(result):
     rows, s = result
     assert s.cases == 41
-    assert s.evaluated == 35
-    # ZB-2p (activation limit 2p) has no equivalent schedule: skipped, said so in the note.
-    assert all("ZB-2p" in name for name in s.skipped) and len(s.skipped) == 6
+    assert s.evaluated == 41  # ZB-2p runs as zb-2p since #15 (it was skipped before)
+    assert not s.skipped
     assert all(r.note.startswith("skipped") for r in rows if not r.supported)
+
+
+def test_zero_bubble_2p_runs_within_eight_percent(result):
+    """Qi et al. 2023 Table 4's ZB-2p runs (1.5B on 8 GPUs, 14.6B on 16) as zb-2p with the
+    fork's optimizer post-validation: predicted within 8% of the published step (measured
+    +0.8% to +7.9% when it landed; the bound is that, rounded up)."""
+    rows, _ = result
+    zb2p = [r for r in rows if "ZB-2p" in r.case]
+    assert len(zb2p) == 6 and all(r.supported for r in zb2p)
+    assert all(abs(r.time_error) <= 0.08 for r in zb2p), [(r.case, r.time_error) for r in zb2p]
 
 
 def test_step_time_error(result):
@@ -64,7 +73,7 @@ def test_groups_outside_bloom_are_within_twelve_percent(result):
 
 def test_memory_error(result):
     rows, s = result
-    assert s.memory_cases == 23
+    assert s.memory_cases == 29  # 23 before the six ZB-2p runs were evaluated
     # zero-bubble Table 4: never under-estimated by more than 3% (issue target), over <= 15%
     zb = [r.memory_error for r in rows if r.group == "zero_bubble_table4" and r.supported]
     assert min(zb) >= -0.03 and max(zb) <= 0.15
@@ -136,9 +145,9 @@ def both():
 
 def test_default_validation_reads_both_files_and_summarises_each(both):
     rows, s = both
-    assert {r.dataset for r in rows} == {"old", "modern"}
+    assert {r.dataset for r in rows} == {"old", "modern", "moe"}
     groups = dict(s.groups)
-    assert (groups["old"].cases, groups["old"].evaluated) == (41, 35)
+    assert (groups["old"].cases, groups["old"].evaluated) == (41, 41)
     # modern: 3 skipped, each with its reason: the torchtitan Float8 runs (FP8 on FSDP2 not
     # checked yet); FP8 itself is priced (cost/precision.py), the CP rows (cp=16, cp=2) too
     # (cost/context.py), and the torch.compile runs are evaluated on their stack with fused
@@ -146,9 +155,13 @@ def test_default_validation_reads_both_files_and_summarises_each(both):
     assert (groups["modern"].cases, groups["modern"].evaluated) == (34, 31)
     assert sorted(set(groups["modern"].skip_reasons)) == [
         "torchtitan Float8 (FSDP2 float8 all-gather, AsyncTP) not modelled"]
-    assert (s.cases, s.evaluated) == (75, 66)
+    # moe: 7 published MoE runs; the DeepSeek-V3 report's (DualPipe) skipped
+    assert (groups["moe"].cases, groups["moe"].evaluated) == (7, 6)
+    assert groups["moe"].skip_reasons == (
+        "DualPipe: no equivalent schedule (its all-to-all overlap is not modelled)",)
+    assert (s.cases, s.evaluated) == (82, 78)
     text = "\n".join(summary_lines(s))
-    assert "old:" in text and "modern:" in text and "all cases:" in text
+    assert "old:" in text and "modern:" in text and "moe:" in text and "all cases:" in text
 
 
 def test_modern_step_time_error(both):
@@ -163,7 +176,22 @@ def test_modern_step_time_error(both):
     modern = dict(s.groups)["modern"]
     assert modern.mean_abs_time_error == pytest.approx(0.175, abs=0.02)
     assert modern.max_abs_time_error == pytest.approx(0.372, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.115, abs=0.015)
+    assert s.mean_abs_time_error == pytest.approx(0.131, abs=0.015)  # with the MoE rows
+
+
+def test_moe_step_time_error(both):
+    # The MoE rows as first priced (cost/moe.py, no constant fitted to them): mean 30%, max 51%.
+    # Optimistic on the intra-node EP8 Qwen3-235B rows (-25%, -33%: grouped-GEMM efficiency,
+    # router and permutation kernels priced at the dense rates), pessimistic on the cross-node
+    # EP32 row (+24%: DeepEP sends a token once per node, the all-to-all priced here once per
+    # expert) and on the NeMo Automodel rows, whose recompute is unpublished: none does not fit,
+    # so full recompute is priced (+17% .. +51%). Pinned at today's values so an improvement
+    # shows up as a tightening. (+2 points on the pipelined DeepSeek-V3 rows since the torchtitan
+    # stack charges its measured per-action engine cost.)
+    _, s = both
+    moe = dict(s.groups)["moe"]
+    assert moe.mean_abs_time_error == pytest.approx(0.312, abs=0.02)
+    assert moe.max_abs_time_error == pytest.approx(0.537, abs=0.03)
 
 
 def test_modern_memory(both):
@@ -206,7 +234,8 @@ def test_fp8_runs_are_summarised_apart(both):
     # Pinned at today's values.
     rows, s = both
     fp8 = dict(s.groups)["fp8 runs"]
-    assert (fp8.cases, fp8.evaluated) == (7, 4)
+    # 8 cases: the DeepSeek-V3 report's FP8 MoE run (moe_runs.json) is skipped for DualPipe
+    assert (fp8.cases, fp8.evaluated) == (8, 4)
     assert fp8.mean_abs_time_error == pytest.approx(0.119, abs=0.02)
     assert all(r.precision == "fp8" and "precision=fp8" in r.stack
                for r in rows if r.case.endswith(("-fp8", "-float8")))

@@ -93,7 +93,8 @@ def simulate(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline ranks."),
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step (M)."),
-    schedule: str = typer.Option("1f1b", "--schedule", help="gpipe | 1f1b | interleaved | zb-h1."),
+    schedule: str = typer.Option("1f1b", "--schedule",
+                                 help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
     stage_times: Optional[str] = typer.Option(None, "--stage-times",
                                               help="Forward time per chunk, comma list "
@@ -105,7 +106,7 @@ def simulate(
     force: bool = _flag(False, "--force", "Overwrite the SVG file."),
     stack: Optional[str] = typer.Option(None, "--stack",
                                         help="Check the schedule runs on this stack NAME or FILE "
-                                             "and add its per-action overhead."),
+                                             "and charge its per-action costs."),
 ):
     """Run a pipeline schedule op by op and draw it.
 
@@ -118,7 +119,7 @@ def simulate(
         job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                              plan_file)
         if stack is not None:
-            job = on_stack(job, resolve_stack(stack), from_plan=plan_file is not None)
+            job = on_stack(job, resolve_stack(stack))
         result = run_simulation(job)
         if svg is not None:
             write_text(svg, to_svg(result), force=force)

@@ -13,14 +13,15 @@ from planner.core.files import write_text
 from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import export_plan, implied_launcher, parse_targets, precision_allows
+from planner.launchers import (export_plan, implied_launcher, parse_targets, plan_document,
+                               precision_allows, refuse_unbuildable)
 from planner.profiling.record import load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
 from planner.search.advice import batch_hint
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
 from planner.search.space import Pins, Request
-from planner.stack import resolve_stack
+from planner.stack import resolve_stack, with_overrides
 from planner.cli.common import (LIMITS, OUTPUT, PINS, PLAN, _flag, app, err, out, parse_range,
                                 planned_model, print_json, progress_bar, stack_options, user_errors)
 
@@ -71,7 +72,7 @@ def solve(
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Micro-batch size.",
                                               rich_help_panel=PINS),
     schedule: Optional[str] = typer.Option(None, "--schedule",
-                                           help="gpipe | 1f1b | interleaved | zb-h1.",
+                                           help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p.",
                                            rich_help_panel=PINS),
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
                                                  help="Chunks per rank (interleaved).",
@@ -87,6 +88,16 @@ def solve(
                                                      show_default="searched",
                                                      help="Sequence parallelism on or off.",
                                                      rich_help_panel=PINS),
+    ep: Optional[int] = typer.Option(None, "--ep", help="Expert-parallel size (MoE models).",
+                                     rich_help_panel=PINS),
+    etp: Optional[int] = typer.Option(None, "--etp", show_default="tp",
+                                      help="Expert tensor-parallel size (MoE models).",
+                                      rich_help_panel=PINS),
+    expert_load: Optional[float] = typer.Option(None, "--expert-load",
+                                                show_default="the stack's (1.0)",
+                                                help="MoE: busiest GPU's routed tokens over "
+                                                     "the mean (a capacity factor caps it).",
+                                                rich_help_panel=PLAN),
     max_bubble: Optional[float] = typer.Option(None, "--max-bubble",
                                                help="Reject plans idling more than this "
                                                     "fraction of the step.",
@@ -140,8 +151,9 @@ def solve(
         cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
-                    sequence_parallel=sequence_parallel, cp=cp)
+                    sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
         launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
+        refuse_unbuildable(launcher, spec)
         if targets and out_dir is None:
             raise PlanInputError("--export needs --out DIR for the files")
         measured = load_profile(profile_file) if profile_file is not None else None
@@ -151,8 +163,11 @@ def solve(
                       batch_range=parse_range(batch_range), max_bubble=max_bubble,
                       profile=measured, pins=pins, top=top, refine=refine,
                       launcher=launcher, partition_method=partition_solver,
-                      options=resolve_stack(stack, launcher, flash, overlap, tp_overlap,
-                                            grad_dtype, precision))
+                      options=with_overrides(
+                          resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype,
+                                        precision),
+                          "--expert-load", **({} if expert_load is None
+                                              else {"moe_expert_load": expert_load})))
         check_fp8(cluster.hardware, req.options)
         rule = precision_allows(launcher, spec, req.options, torchtitan_version)
         if rule:  # no configuration changes the precision: refused before the search
@@ -177,7 +192,8 @@ def solve(
                                   torchtitan_version=torchtitan_version)
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
-            doc = {"plans": [p.to_dict() for p in result.plans], "rejected": result.rejected,
+            doc = {"plans": [plan_document(p) for p in result.plans],  # plan.json v2 each
+                   "rejected": result.rejected,
                    "search": {"considered": result.considered, "screened": result.screened,
                               "not_refined": result.not_refined, "feasible": result.feasible,
                               "folded": result.folded, "returned": len(result.plans)}}

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from planner.core.errors import PlanInputError
 
 RECOMPUTE_MODES = ("none", "selective", "full")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1")
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-2p")
 
 
 @dataclass(frozen=True)

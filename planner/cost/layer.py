@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import constants
-from planner.cost import comm, context
+from planner.cost import comm, context, mla, moe
 from planner.cost import elementwise
 from planner.cost import gemm
 from planner.cost import precision
@@ -46,6 +46,8 @@ class LayerCost:
     act_bytes: float  # kept per in-flight microbatch
     work_bytes: float  # transient while this layer runs its backward
     cache_bytes: float = 0.0  # FP8 weight copies kept across the step's microbatches
+    expert_params: float = 0.0  # of params: routed-expert weights (sharded by ep x etp)
+    a2a_s: float = 0.0  # of the times: MoE dispatch/combine all-to-all, forward + backward
 
     @property
     def bwd_s(self) -> float:
@@ -72,10 +74,16 @@ class _Work:
 
 
 def block_forward_flops(layer: Layer, tokens: int, seq_len: int) -> tuple[float, float]:
-    """(weight-matmul FLOPs, attention FLOPs with full s×s) of one block's forward, whole model."""
+    """(weight-matmul FLOPs, attention FLOPs with full s×s) of one block's forward, whole model;
+    an MoE block's MLP counts its active experts (cost/moe.py), MLA its own shapes (cost/mla.py)."""
     h, f = layer.hidden_size, layer.ffn_hidden_size
     q, kv = layer.q_size, layer.num_kv_heads * layer.head_dim  # q = h unless head_dim is set
     mlp = (6 if layer.mlp == "swiglu" else 4) * tokens * h * f
+    if layer.is_moe:
+        mlp = moe.mlp_flops(layer, tokens)
+    if layer.is_mla:
+        return (float(mla.projection_flops(layer, tokens) + mlp),
+                float(mla.attention_flops(layer, tokens, seq_len)))
     gemm = 2 * tokens * h * (q + 2 * kv) + 2 * tokens * q * h + mlp
     attn = 4 * tokens * seq_len * q
     return float(gemm), float(attn)
@@ -111,6 +119,9 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
                      mem_bytes=2 * ACT_BYTES * T * h * rep + 12.0 * T * v / t + eager,
                      collectives=1 if shape.sp else 0, collectives_bwd=1)
     gemm, attn_full = block_forward_flops(layer, T, shape.context)  # cp: all keys, own queries
+    # The block's weight GEMMs: MLA's projections and an MoE block's per-expert and shared-expert
+    # GEMMs included (precision.block_gemms); an MoE block's routed GEMMs carry the busiest GPU's
+    # load (cost/moe.py routed_copies), its model FLOPs (gemm above) the balanced share.
     gemms = precision.block_gemms(layer, shape)
     gemm_bytes = precision.gemm_bytes(gemms)
     shapes = tuple((g.m, g.k, g.n) for g in gemms)
@@ -118,6 +129,16 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
     # mask), on the replicated hidden (22·sbh bytes; 20 without dropout: no mask); the activation
     # function on the sharded FFN hidden (GeLU reads and writes f, SwiGLU reads 2f and writes f).
     act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * T * layer.ffn_hidden_size / t
+    if layer.is_moe:
+        # The router's h x E matmul (16-bit: DeepSeek-V3 keeps "MoE gating modules" out of FP8),
+        # the activation function over this GPU's routed copies and the shared experts, and the
+        # token permutation (cost/moe.py).
+        f, sf = layer.ffn_hidden_size, layer.shared_ffn_hidden_size
+        shapes += ((T, h, layer.num_experts),)
+        gemm_bytes += _gemm_bytes((T, h, layer.num_experts))
+        act_fn = (3 if layer.mlp == "swiglu" else 2) * ACT_BYTES * (
+            moe.routed_copies(layer, shape) * f / moe.expert_tp(shape) + T * sf / t) + \
+            moe.permute_bytes(layer, shape)
     mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn \
         + elementwise.fused_rope_bytes(layer, T, t)
     if not fused:  # eager kernels: fp32 RMSNorm, RoPE, SwiGLU in two (cost/elementwise.py)
@@ -184,7 +205,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     # by the wgrad GEMM with beta=1 under --gradient-accumulation-fusion or by a separate add;
     # DeepSpeed's BF16_Optimizer fp32 accumulation buffer; 16-bit gradients otherwise). Memory-bound, and it scales with parameters, not
     # tokens: what makes small micro-batches of wide layers slower than their FLOPs.
-    params = sharded_params(layer, shape.tp)
+    params = sharded_params(layer, shape.tp, shape.ep, shape.etp)
     bwd_weight_s += 2 * opts.accumulation_bytes * params / mem_rate
 
     fwd_flops = w.gemm_flops + w.attn_model_flops
@@ -219,6 +240,14 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     if recompute == "full" and layer.kind == "block":
         recompute_s += w.collectives * one
 
+    # MoE token dispatch and combine (cost/moe.py): forward both, backward their transposes,
+    # full recompute the forward pair again.
+    a2a = 2 * moe.dispatch_s(layer, shape, hw)
+    fwd_s += a2a
+    bwd_input_s += a2a
+    if recompute == "full" and layer.kind == "block":
+        recompute_s += a2a
+
     return LayerCost(
         fwd_s=fwd_s, bwd_input_s=bwd_input_s, bwd_weight_s=bwd_weight_s, recompute_s=recompute_s,
         model_flops=model_flops,
@@ -234,6 +263,8 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
                                     layer.num_kv_heads * layer.head_dim / shape.tp)
             if layer.kind == "block" else 0.0),
         cache_bytes=fp8.cache_bytes if fp8 else 0.0,
+        expert_params=moe.local_expert_params(layer, shape),
+        a2a_s=2 * a2a + (a2a if recompute == "full" and layer.kind == "block" else 0.0),
     )
 
 

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import constants
+from planner.cost import constants, mla, moe
 from planner.model.spec import Layer
 
 ACT_BYTES = 2  # 16-bit activations
@@ -40,6 +40,12 @@ class Shape:
     seq_len: int
     cp: int = 1
     cp_cross: bool = False
+    # expert parallelism (cost/moe.py): EP and expert-TP degrees (etp 0: same as tp), the EP
+    # group's members in one NVLink domain (0: all), the busiest GPU's routed load over the mean
+    ep: int = 1
+    etp: int = 0
+    ep_in_domain: int = 0
+    expert_load: float = 1.0
 
     @property
     def tokens(self) -> int:
@@ -83,8 +89,10 @@ def _block_kept(layer: Layer, shape: Shape) -> float:
     # residual dropout mask (1, only with dropout) and the MLP's share (_mlp_kept).
     # Sharded by TP: Q and K (2h + 2kv), V (2kv), attention-output projection input (2h).
     replicated = (7 if layer.dropout else 6) * sb * h
-    sharded = sb * (2 * q + 2 * kv + 2 * kv + 2 * q)
-    return replicated * (1 / t if shape.sp else 1.0) + sharded / t + _mlp_kept(layer, shape)
+    sharded = sb * (2 * q + 2 * kv + 2 * kv + 2 * q) / t
+    if layer.is_mla:
+        sharded = mla.kept_bytes(layer, sb, t)
+    return replicated * (1 / t if shape.sp else 1.0) + sharded + _mlp_kept(layer, shape)
 
 
 def _mlp_kept(layer: Layer, shape: Shape) -> float:
@@ -93,6 +101,8 @@ def _mlp_kept(layer: Layer, shape: Shape) -> float:
     matmul's input (2f + 2f), SwiGLU gate, up and their product (2f + 2f + 2f), sharded by TP."""
     sb, h, t = shape.seq_len * shape.micro_batch, layer.hidden_size, shape.tp
     replicated = (3 if layer.dropout else 2) * sb * h
+    if layer.is_moe:  # router, routed copies and shared experts: cost/moe.py
+        return replicated * (1 / t if shape.sp else 1.0) + moe.kept_bytes(layer, shape)
     mlp = (6 if layer.mlp == "swiglu" else 4) * layer.ffn_hidden_size
     return replicated * (1 / t if shape.sp else 1.0) + sb * mlp / t
 
@@ -120,6 +130,9 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
     rebuilt = activation_bytes(layer, shape, "none", flash) if recompute != "none" else 0.0
     width = (2 if layer.mlp == "swiglu" else 1) * layer.ffn_hidden_size
     mlp_moment = ACT_BYTES * s * b * (2 * h * rep + 2 * width / t)
+    if layer.is_moe:  # the gradients of the routed copies' inputs and FC1 outputs
+        mlp_moment = ACT_BYTES * (2 * s * b * h * rep + moe.routed_copies(layer, shape) * (
+            2 * h + 2 * width / moe.expert_tp(shape)))
     attention_moment = 0.0
     if not flash:
         scores = layer.num_attention_heads * s * shape.context * b / t
@@ -127,10 +140,11 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
     return rebuilt + max(mlp_moment, attention_moment)
 
 
-def sharded_params(layer: Layer, tp: int) -> float:
+def sharded_params(layer: Layer, tp: int, ep: int = 1, etp: int = 0) -> float:
     """Parameters this layer puts on one GPU of its TP group (Megatron column/row parallel:
     matmul weights and the column-parallel biases split by tp; norms and row-parallel biases
-    replicated; vocab-parallel embedding and output head)."""
+    replicated; vocab-parallel embedding and output head; routed experts split over ep x etp,
+    etp 0 meaning tp)."""
     h = layer.hidden_size
     if layer.kind == "embedding":
         return layer.padded_vocab(tp) * h / tp + (layer.params - layer.vocab_size * h)
@@ -140,7 +154,9 @@ def sharded_params(layer: Layer, tp: int) -> float:
         return layer.params / tp
     norms = layer.norm_params
     replicated_bias = 2 * h if layer.bias else 0
-    return (layer.params - norms - replicated_bias) / tp + norms + replicated_bias
+    experts = layer.expert_params
+    return ((layer.params - experts - norms - replicated_bias) / tp + norms + replicated_bias
+            + experts / (ep * (etp or tp)))
 
 
 def model_state_parts(params, dp: int, zero: int, grad_bytes: float = 4,

@@ -28,7 +28,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.core.errors import PlanInputError
-from planner.cost import constants
+from planner.cost import constants, mla, moe
 from planner.cost.memory import ACT_BYTES, Shape
 from planner.hardware.profiles import Hardware
 from planner.model.spec import Layer
@@ -58,12 +58,17 @@ class Gemm:
 
 def block_gemms(layer: Layer, shape: Shape) -> tuple[Gemm, ...]:
     """The weight GEMMs of one block's forward on one GPU of its TP group (Megatron's column-
-    then row-parallel pairs): QKV, output projection, MLP up (with the gate for SwiGLU), down."""
+    then row-parallel pairs): QKV, output projection, MLP up (with the gate for SwiGLU), down.
+    MLA's projections replace QKV and the output projection (cost/mla.py); an MoE block's MLP is
+    one up/down pair per local expert and the shared experts' pair (cost/moe.py; its router
+    stays 16-bit and is priced apart)."""
     t, T, h, f = shape.tp, shape.tokens, layer.hidden_size, layer.ffn_hidden_size
     q, kv = layer.q_size, layer.num_kv_heads * layer.head_dim
     up = (2 if layer.mlp == "swiglu" else 1) * f
-    return (Gemm(T, h, (q + 2 * kv) / t), Gemm(T, q / t, h), Gemm(T, h, up / t),
-            Gemm(T, f / t, h))
+    attention = mla.projection_shapes(layer, T, t) if layer.is_mla else (
+        (T, h, (q + 2 * kv) / t), (T, q / t, h))
+    mlp = moe.mlp_gemm_shapes(layer, shape) if layer.is_moe else ((T, h, up / t), (T, f / t, h))
+    return tuple(Gemm(m, k, n) for m, k, n in (*attention, *mlp))
 
 
 def gemm_bytes(gemms, operand_bytes: float = ACT_BYTES) -> float:
@@ -179,7 +184,13 @@ def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Sta
         return 0.0
     sb, t, h = shape.seq_len * shape.micro_batch, shape.tp, layer.hidden_size
     rep = 1 / t if shape.sp else 1.0
-    values = 2 * sb * h * rep + sb * layer.q_size / t + sb * layer.ffn_hidden_size / t
+    mlp = sb * h * rep + sb * layer.ffn_hidden_size / t
+    if layer.is_moe:  # each routed copy's up and down inputs (cost/moe.py), and shared experts'
+        sf = layer.shared_ffn_hidden_size
+        mlp = moe.routed_copies(layer, shape) * (h + layer.ffn_hidden_size / moe.expert_tp(shape))
+        mlp += (sb * h * rep + sb * sf / t) if sf else 0.0
+    # MLA: the latent up-projections' inputs are not counted (left 16-bit: conservative)
+    values = sb * h * rep + sb * layer.v_size / t + mlp
     return (ACT_BYTES - FP8_BYTES) * values
 
 

@@ -63,9 +63,9 @@ def reference_grads(doc: dict, seed: int = 0) -> dict[str, torch.Tensor]:
 
 
 def pipeline_step(doc: dict, rank: int, seed: int = 0, steps: int = 1,
-                  emulate: bool = False) -> tuple[dict, float]:
+                  emulate: bool = False) -> tuple[dict, list[float]]:
     """One rank's share of ``steps`` pipeline steps: its stages' gradients after the first step
-    (a dict by parameter name) and the wall time of the last step in seconds. ``emulate`` runs
+    (a dict by parameter name) and the wall time of every step in seconds. ``emulate`` runs
     sleep stages with the plan's per-action times instead of the decoder (sleep_model.py)."""
     entry = engine_entry(doc)
     cls = getattr(schedules, entry["schedule_class"])
@@ -89,7 +89,7 @@ def pipeline_step(doc: dict, rank: int, seed: int = 0, steps: int = 1,
                    loss_fn=step_loss, scale_grads=False)
     args = (tokens,) if 0 in mine else ()
     target = targets if num_stages - 1 in mine else None
-    grads, elapsed = {}, 0.0
+    grads, elapsed = {}, []
     for step in range(steps):
         for m in modules:
             m.zero_grad(set_to_none=True)
@@ -97,7 +97,7 @@ def pipeline_step(doc: dict, rank: int, seed: int = 0, steps: int = 1,
         start = time.perf_counter()
         schedule.step(*args, target=target)
         dist.barrier()
-        elapsed = time.perf_counter() - start
+        elapsed.append(time.perf_counter() - start)
         if step == 0:
             grads = {name: p.grad.detach().clone() for m in modules
                      for name, p in m.named_parameters() if p.grad is not None}
@@ -117,9 +117,10 @@ def _worker(rank: int, docs: list[dict], workdir: str, world: int, steps: int,
 
 
 def run_pipeline(docs: list[dict], workdir: str | Path, steps: int = 1,
-                 emulate: bool = False) -> list[tuple[dict, float]]:
+                 emulate: bool = False) -> list[tuple[dict, list[float]]]:
     """Run every plan in ``docs`` on pp processes (all plans must share pp); per plan, the
-    gradients of all stages merged by parameter name and the slowest rank's last-step time."""
+    gradients of all stages merged by parameter name and each step's time on the slowest rank
+    (the ranks meet at a barrier before and after a step, so they differ by the barrier only)."""
     world = docs[0]["parallel"]["pp"]
     for doc in docs:
         engine_entry(doc)
@@ -133,5 +134,6 @@ def run_pipeline(docs: list[dict], workdir: str | Path, steps: int = 1,
         grads: dict = {}
         for rank_results in per_rank:
             grads.update(rank_results[i][0])
-        merged.append((grads, max(rank_results[i][1] for rank_results in per_rank)))
+        times = [max(step) for step in zip(*(rank_results[i][1] for rank_results in per_rank))]
+        merged.append((grads, times))
     return merged

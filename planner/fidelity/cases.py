@@ -17,6 +17,7 @@ from planner.core.parallel import Parallel
 from planner.core.units import DATA_DIR
 from planner.fidelity.runs_schema import check_runs_document
 from planner.hardware.profiles import Cluster, Hardware, load_hardware
+from planner.model.load import load_model
 from planner.model.spec import ModelSpec
 from planner.model.presets import _gpt
 from planner.stack import Stack, load_stack, with_overrides
@@ -26,7 +27,10 @@ VALIDATION_DIR = DATA_DIR / "validation"
 # (flash attention, FSDP / ZeRO-3, Megatron-Core, torchtitan); ``validate_file`` reads both.
 DEFAULT_FILE = VALIDATION_DIR / "published_runs.json"
 MODERN_FILE = VALIDATION_DIR / "modern_runs.json"
-DEFAULT_FILES = (DEFAULT_FILE, MODERN_FILE)
+# Mixture-of-experts runs (Megatron-Core and PyTorch-native MoE); their models are HuggingFace
+# configs under VALIDATION_DIR / "configs".
+MOE_FILE = VALIDATION_DIR / "moe_runs.json"
+DEFAULT_FILES = (DEFAULT_FILE, MODERN_FILE, MOE_FILE)
 # Zero-bubble cases publish no vocabulary: GPT-2 BPE padded to 51,200 as in Megatron-LM's GPT
 # runs (Narayanan et al. 2021, Table 1). It is 2-4% of the parameters of the 1.5B/14.6B models.
 GPT2_PADDED_VOCAB = 51200
@@ -65,7 +69,7 @@ def base_profile(gpu: str) -> str:
     """The bundled profile of the case's GPU kind: its HBM bandwidth and measured efficiencies
     are the part's, whatever the source publishes about the cluster."""
     text = gpu.lower()
-    if "h100" in text:
+    if "h100" in text or "h800" in text:  # H800: the H100 die, its own NVLink figure per case
         return "h100-sxm-80gb"
     if "a100" in text and "40" in text:
         return "a100-40gb"
@@ -209,22 +213,29 @@ def case_setup(case: dict, hardware: Hardware | None = None,
         sweep = f"{group}:{m['params_b']}B"
         mb = int(cf["micro_batch"])
         sched = str(cf["schedule"])
-        schedule, v = {"1F1B": ("1f1b", 1), "ZB-1p": ("zb-h1", 1)}.get(sched, (None, 1))
+        schedule, v = {"1F1B": ("1f1b", 1), "ZB-1p": ("zb-h1", 1),
+                       "ZB-2p": ("zb-2p", 1)}.get(sched, (None, 1))
         if sched == "1F1B-I":
             schedule, v = "interleaved", len(model.layers) // pp  # one layer per chunk
             notes.append(f"v={v}: one layer per chunk")
         if schedule is None:
             return CaseSetup(name, group, sweep, None, None, None, None, None, tuple(notes),
-                             unsupported=f"{sched}: no equivalent schedule (ZB-2p's 2p "
-                                         "activation limit is not modelled)")
+                             unsupported=f"{sched}: no equivalent schedule")
         if sched == "ZB-1p":
             notes.append("ZB-1p as zb-h1")
+        # The ZB rows' stack_overrides set optimizer_post_validation: the fork's
+        # examples/pretrain_zero_bubble.sh passes --enable-optimizer-post-validation with every
+        # 16-bit zero-bubble run (no sync before the optimizer step; steps overlap).
+        if sched == "ZB-2p":  # the paper searched its order with profiled times
+            notes.append("ZB-2p as zb-2p (its F = B = W order under the 2p activation limit)")
         par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=gb // (mb * dp),
                        schedule=schedule, virtual_stages=v, recompute="none", zero=0,
                        sequence_parallel=False)
         bounds = _uniform_bounds(model, pp * v)
     elif _is_modern(group):
         return _modern_setup(case, cluster, notes, opts)
+    elif group.startswith("moe"):
+        return _moe_setup(case, cluster, notes, opts)
     else:
         return CaseSetup(name, group, sweep, None, None, None, None, None, tuple(notes),
                          unsupported=f"unknown group {group!r}: no documented stack")
@@ -264,6 +275,42 @@ def _modern_model(case: dict) -> ModelSpec:
                      norm="rmsnorm" if m.get("mlp", "swiglu") == "swiglu" else "layernorm",
                      bias=False, tie_embeddings=False, dropout=False,
                      rope_theta=theta)
+
+
+def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
+    """An MoE run: the model from its HuggingFace config (profiles/validation/configs/), the
+    published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split."""
+    name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
+    skip = ""
+    if "dualpipe" in str(cf.get("techniques") or "").lower():
+        # as ZB-2p: a schedule plan3d has no equivalent of (DeepSeek-V3 report sec. 3.2.1:
+        # bidirectional, each chunk's all-to-all hidden behind another's compute)
+        skip = "DualPipe: no equivalent schedule (its all-to-all overlap is not modelled)"
+    elif opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
+        skip = f"FP8 run on {cluster.hardware.name}, a profile without an FP8 peak"
+    if skip:
+        return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
+                         unsupported=skip)
+    if opts.precision == "fp8":  # set by run_options
+        notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
+    model = load_model(VALIDATION_DIR / "configs" / m["hf_config"]).with_seq_length(
+        int(m["seq_len"]))
+    tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
+    gb, mb = int(cf["global_batch"]), int(cf.get("micro_batch") or 1)
+    v = int(cf.get("virtual_stages") or 1)
+    recompute = "full" if str(cf.get("recompute") or "").lower().startswith("full") else "none"
+    if cf.get("recompute") is None:
+        notes.append("recompute unpublished: none")
+    elif str(cf["recompute"]).lower() not in ("none", "full"):
+        notes.append(f"recompute '{cf['recompute']}' (selected modules) priced as none")
+    etp = cf.get("etp")
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
+                   schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
+                   recompute=recompute, zero=int(cf.get("zero") or 0),
+                   sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
+                   etp=None if etp in (None, tp) else int(etp))
+    return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
+                     recompute_guessed=cf.get("recompute") is None)
 
 
 def _recompute_mode(text) -> tuple[str, bool]:

@@ -24,7 +24,7 @@ from planner.predict.step import evaluate
 from planner.stack import Stack
 
 # How each file is named in the summary's per-group lines.
-DATASET_LABELS = {"published_runs": "old", "modern_runs": "modern"}
+DATASET_LABELS = {"published_runs": "old", "modern_runs": "modern", "moe_runs": "moe"}
 
 # Published memory is read as GiB (2^30 bytes): BLOOM's chronicles quote nvidia-smi, which reports
 # MiB, and the zero-bubble Table 4 comes from PyTorch's allocator statistics, also binary units.

@@ -22,6 +22,8 @@ MODEL = {
     "seq_len": Int(1, MAX_SEQ, required=True),
     "params_b": Num(0, 1e6, low_open=True, nullable=True),
     "mlp": Text(nullable=True),
+    # an MoE case's model: a HuggingFace config under profiles/validation/configs/ (moe_runs.json)
+    "hf_config": Name(nullable=True),
 }
 
 CLUSTER = {
@@ -40,6 +42,8 @@ CONFIG = {
     "pp": Int(1, 4096, required=True),
     "dp": Int(1, _COUNT, required=True),
     "cp": Int(1, 4096, nullable=True),
+    "ep": Int(1, 4096, nullable=True),
+    "etp": Int(1, 4096, nullable=True),
     "micro_batch": Int(1, 2**20, nullable=True),
     "global_batch": Int(1, _COUNT, required=True),
     "batch_size_per_dp": Int(1, _COUNT, nullable=True),

@@ -19,7 +19,10 @@ from planner.core.fileset import OutFile, write_set
 from planner.launchers import deepspeed, megatron, plan_json, torchrun, torchtitan
 from planner.launchers.common import ExportError, Facts, plan_digest
 from planner.launchers.megatron import parse_megatron_args
+from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
+
+plan_document = plan_json.document  # the plan.json v2 document: export and `solve --json` alike
 
 EXPORTERS: dict[str, ModuleType] = {
     "json": plan_json,
@@ -31,8 +34,8 @@ EXPORTERS: dict[str, ModuleType] = {
 LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
 __all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "implied_launcher",
-           "launcher_allows", "parse_megatron_args", "parse_targets", "precision_allows",
-           "render_all"]
+           "launcher_allows", "model_problems", "parse_megatron_args", "parse_targets",
+           "plan_document", "precision_allows", "refuse_unbuildable", "render_all"]
 
 
 def _exporter(target: str) -> ModuleType:
@@ -47,6 +50,22 @@ def launcher_allows(launcher: str, facts: Facts) -> str | None:
     """None when ``launcher`` can run this configuration, else the first rule it breaks."""
     problems = _exporter(launcher).parallel_rules(facts)
     return problems[0] if problems else None
+
+
+def model_problems(launcher: str | None, model: ModelSpec) -> list[str]:
+    """The rules of ``launcher`` on the model alone (torchtitan builds only its own flavors).
+    A solve for that launcher checks them before it searches: no configuration can pass them,
+    so refusing up front beats picking a plan and refusing its export."""
+    rules = getattr(EXPORTERS.get(launcher or ""), "model_rules", None)
+    return rules(model) if rules else []
+
+
+def refuse_unbuildable(launcher: str | None, model: ModelSpec) -> None:
+    """Raise ExportError (one line) when ``launcher`` cannot build ``model`` at all."""
+    problems = model_problems(launcher, model)
+    if problems:
+        raise ExportError(f"{problems[0]}; choose a model {launcher} builds or another "
+                          "--launcher")
 
 
 def precision_allows(launcher: str | None, model, stack, torchtitan_version: str | None = None

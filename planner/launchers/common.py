@@ -68,9 +68,24 @@ def strongest_recompute(plan: Plan) -> str:
 
 def is_standard_gpt(plan: Plan) -> bool:
     """Embedding, then only transformer blocks, then the head: the model the launchers build."""
-    kinds = [layer.kind for layer in plan.model.layers]
+    return is_standard_gpt_model(plan.model)
+
+
+def is_standard_gpt_model(model: ModelSpec) -> bool:
+    kinds = [layer.kind for layer in model.layers]
     return (len(kinds) >= 3 and kinds[0] == "embedding" and kinds[-1] == "head"
             and all(k == "block" for k in kinds[1:-1]))
+
+
+def moe_problems(plan: Plan, launcher: str, instead: str) -> list[str]:
+    """A mixture-of-experts plan on a launcher whose export builds dense models only: refused in
+    one line (exporting it would train a dense model), with what to use ``instead``."""
+    m = plan.model
+    if not m.is_moe and not any(layer.is_mla for layer in m.layers):
+        return []
+    what = "mixture-of-experts" if m.is_moe else "multi-head latent attention"
+    return [f"{launcher}: plan3d's export builds dense models only; this {what} model "
+            f"({m.name}) is not written for it: {instead}"]
 
 
 def structure_problems(plan: Plan) -> list[str]:

@@ -24,8 +24,8 @@ from __future__ import annotations
 
 import json
 
-from planner.launchers.common import (Facts, header, schedule_basics, strongest_recompute,
-                                   structure_problems, tp_divisibility)
+from planner.launchers.common import (Facts, header, moe_problems, schedule_basics,
+                                      strongest_recompute, structure_problems, tp_divisibility)
 from planner.predict.plan import Plan
 
 TARGET = "DeepSpeed 0.19.8 (deepspeed.initialize config, deepspeed.pipe.PipelineModule)"
@@ -63,7 +63,7 @@ def parallel_rules(f: Facts) -> list[str]:
 def check(plan: Plan) -> list[str]:
     par, m = plan.parallel, plan.model
     return structure_problems(plan) + parallel_rules(Facts.of(par, m)) + precision_rules(
-        m, plan.stack)
+        m, plan.stack) + moe_problems(plan, NAME, "export it with --export megatron")
 
 
 def precision_rules(model, stack) -> list[str]:

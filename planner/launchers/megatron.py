@@ -40,8 +40,9 @@ def parallel_rules(f: Facts) -> list[str]:
     if f.pp > 1 and f.schedule == "gpipe":
         out.append(f"{NAME} has no GPipe schedule (it runs 1F1B or interleaved 1F1B); "
                    "choose --schedule 1f1b")
-    if f.pp > 1 and f.schedule == "zb-h1":
-        out.append(f"{NAME}: zero-bubble ZB-H1 is not in stock Megatron-LM; choose 1f1b or "
+    if f.pp > 1 and f.schedule in ("zb-h1", "zb-2p"):
+        label = {"zb-h1": "ZB-H1", "zb-2p": "ZB-2p"}[f.schedule]
+        out.append(f"{NAME}: zero-bubble {label} is not in stock Megatron-LM; choose 1f1b or "
                    "interleaved")
     if f.schedule == "interleaved" and f.pp > 1 and f.num_microbatches % f.pp:
         out.append(f"{NAME}: the interleaved schedule needs microbatches ({f.num_microbatches}) "
@@ -93,11 +94,64 @@ def architecture_problems(m) -> list[str]:
     if m.block_norms != 2:
         out.append(f"{NAME}: blocks with {m.block_norms} norms (Gemma 2/3 style) have no "
                    "Megatron GPT flag")
+    if any(layer.shared_expert_gate for layer in m.layers):
+        out.append(f"{NAME}: a gated shared expert (Qwen2-MoE) is not written by plan3d's "
+                   "export (its flag is unchecked here)")
+    if m.is_moe and m.mlp != "swiglu":
+        out.append(f"{NAME}: plan3d writes MoE experts as SwiGLU MLPs only")
     kind = (m.rope_scaling or {}).get("rope_type") or (m.rope_scaling or {}).get("type")
     if m.rope_scaling and kind != "llama3":
         out.append(f"{NAME}: RoPE scaling '{kind}' has no flag here (--use-rope-scaling is "
                    "Llama 3's)")
     return out
+
+
+def moe_flags(plan: Plan) -> list[tuple[str, str | None]]:
+    """Mixture-of-experts and multi-head latent attention, as Megatron-Core names them
+    (megatron/training/arguments.py _add_moe_args, _add_mla_args): experts, top-k, expert FFN,
+    shared experts, which blocks are MoE (--moe-layer-freq takes a Python list expression, 1 for
+    an MoE block), the expert split, grouped GEMMs and the all-to-all dispatcher the plan priced;
+    DeepSeek-V3's sigmoid router with its expert bias; MLA's ranks and head widths."""
+    par, m = plan.parallel, plan.model
+    out: list[tuple[str, str | None]] = []
+    if any(layer.is_mla for layer in m.layers):
+        first = next(layer for layer in m.layers if layer.is_mla)
+        out.append(("--multi-latent-attention", None))
+        if first.q_lora_rank:
+            out.append(("--q-lora-rank", str(first.q_lora_rank)))
+        out += [("--kv-lora-rank", str(first.kv_lora_rank)),
+                ("--qk-head-dim", str(first.qk_nope_head_dim)),
+                ("--qk-pos-emb-head-dim", str(first.qk_rope_head_dim)),
+                ("--v-head-dim", str(first.v_head_dim))]
+    if not m.is_moe:
+        return out
+    blocks = [layer for layer in m.layers if layer.kind == "block"]
+    expert = next(layer for layer in blocks if layer.is_moe)
+    out += [("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.moe_top_k)),
+            ("--moe-ffn-hidden-size", str(expert.ffn_hidden_size))]
+    if expert.shared_ffn_hidden_size:
+        out.append(("--moe-shared-expert-intermediate-size",
+                    str(expert.shared_ffn_hidden_size)))
+    if not all(layer.is_moe for layer in blocks):
+        out.append(("--moe-layer-freq", _run_length([int(b.is_moe) for b in blocks])))
+    if m.router_bias:  # DeepSeek-V3: sigmoid scores, auxiliary-loss-free expert bias
+        out += [("--moe-router-score-function", "sigmoid"),
+                ("--moe-router-enable-expert-bias", None)]
+    out += [("--expert-model-parallel-size", str(par.ep)),
+            ("--expert-tensor-parallel-size", str(par.expert_tp)),
+            ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", "alltoall")]
+    return out
+
+
+def _run_length(flags: list[int]) -> str:
+    """[0, 0, 0, 1, 1] -> '([0]*3+[1]*2)', the form Megatron's --moe-layer-freq evaluates."""
+    runs: list[list[int]] = []
+    for f in flags:
+        if runs and runs[-1][0] == f:
+            runs[-1][1] += 1
+        else:
+            runs.append([f, 1])
+    return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
 
 
 def pipeline_flags(plan: Plan) -> list[tuple[str, str | None]]:
@@ -160,6 +214,7 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
         out.append(("--add-qkv-bias", None))
     if m.qk_norm == "head":
         out.append(("--qk-layernorm", None))
+    out += moe_flags(plan)
     out += [("--ffn-hidden-size", str(m.ffn_hidden_size)),
             ("--seq-length", str(m.seq_length)),
             ("--max-position-embeddings", str(max(m.seq_length, m.position_embeddings)))]
@@ -286,7 +341,8 @@ def parse_megatron_args(text: str) -> dict:
     Returns tp, pp, dp (when PLAN3D_WORLD_SIZE is given), micro_batch, global_batch,
     num_microbatches (when dp is known), sequence_parallel, virtual_stages, schedule, recompute,
     zero (1 with the distributed optimizer, else 0), first/last stage block counts, the layout
-    string if any, and ``stage_blocks``: transformer blocks per chunk in model order.
+    string if any, ``stage_blocks``: transformer blocks per chunk in model order, and the expert
+    split (ep, etp: 1 and tp where not given; num_experts and moe_top_k: None for a dense model).
     """
     tokens = _tokens(text)
     flags: dict[str, str | None] = {}
@@ -349,6 +405,9 @@ def parse_megatron_args(text: str) -> dict:
         "overlap_grad_reduce": "--overlap-grad-reduce" in flags,
         "overlap_param_gather": "--overlap-param-gather" in flags,
         "tp_comm_overlap": "--tp-comm-overlap" in flags,
+        "ep": num("--expert-model-parallel-size", 1),
+        "etp": num("--expert-tensor-parallel-size", tp),
+        "num_experts": num("--num-experts"), "moe_top_k": num("--moe-router-topk"),
         "attention": flags.get("--attention-backend"),
         "param_dtype": "bf16" if "--bf16" in flags else "fp16" if "--fp16" in flags else None,
         "fp8_format": flags.get("--fp8-format"), "fp8_recipe": flags.get("--fp8-recipe"),

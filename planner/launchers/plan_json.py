@@ -20,7 +20,8 @@ from planner.launchers.deepspeed import entry as deepspeed_entry
 from planner.launchers.megatron import entry as megatron_entry
 from planner.launchers.torch_pipelining import entry as torch_pipelining_entry
 from planner.launchers.torchtitan import entry as torchtitan_entry
-from planner.launchers.common import Facts, plan_digest, structure_problems
+from planner.launchers.common import (Facts, is_standard_gpt_model, plan_digest,
+                                      structure_problems)
 from planner.model.spec import Layer, ModelSpec
 from planner.predict.plan import Plan, _round
 
@@ -64,7 +65,26 @@ def architecture(model: ModelSpec) -> dict:
             "norm": model.norm, "bias": model.bias, "tie_embeddings": model.tie_embeddings,
             "position_embeddings": model.position_embeddings,
             "position_embedding": position_embedding(model), "dropout": model.dropout,
-            "embedding_norm": model.embedding_norm}
+            "embedding_norm": model.embedding_norm, **moe_architecture(model)}
+
+
+MOE_FIELDS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "shared_ffn_hidden_size",
+              "shared_expert_gate", "router_bias", "dense_layers")
+MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
+              "v_head_dim")
+
+
+def moe_architecture(model: ModelSpec) -> dict:
+    """A mixture of experts' fields (with its active parameters) and MLA's, where the model has
+    them; nothing for a dense model with standard attention."""
+    out = {}
+    if model.is_moe:
+        out["active_params"] = model.active_params
+        out.update({k: getattr(model, k) for k in MOE_FIELDS})
+        out["dense_layers"] = list(model.dense_layers)
+    if model.kv_lora_rank:
+        out.update({k: getattr(model, k) for k in MLA_FIELDS})
+    return out
 
 
 def layer_modules(model: ModelSpec) -> list[list[str]]:
@@ -82,12 +102,6 @@ def layer_modules(model: ModelSpec) -> list[list[str]]:
         names.append([f"{layer.kind}.{seen.get(layer.kind, 0)}"])
         seen[layer.kind] = seen.get(layer.kind, 0) + 1
     return names
-
-
-def is_standard_gpt_model(model: ModelSpec) -> bool:
-    kinds = [layer.kind for layer in model.layers]
-    return (len(kinds) >= 3 and kinds[0] == "embedding" and kinds[-1] == "head"
-            and all(k == "block" for k in kinds[1:-1]))
 
 
 def _overrides(layer: Layer, model: ModelSpec) -> dict:

@@ -14,7 +14,7 @@ takes).
 
 from __future__ import annotations
 
-from planner.launchers.common import Facts, schedule_basics, structure_problems
+from planner.launchers.common import Facts, moe_problems, schedule_basics, structure_problems
 from planner.predict.plan import Plan
 
 TARGET = "torch.distributed.pipelining (torch 2.13)"
@@ -43,7 +43,8 @@ def parallel_rules(f: Facts) -> list[str]:
 
 
 def check(plan: Plan) -> list[str]:
-    return structure_problems(plan) + parallel_rules(Facts.of(plan.parallel, plan.model))
+    return structure_problems(plan) + parallel_rules(Facts.of(plan.parallel, plan.model)) + \
+        moe_problems(plan, NAME, "plan3d's torch model builds dense blocks only")
 
 
 def stage_ids_per_rank(pp: int, num_stages: int) -> list[list[int]]:

@@ -32,8 +32,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
-from planner.launchers.common import (ExportError, Facts, header, is_standard_gpt, schedule_basics,
-                                      strongest_recompute, structure_problems, tp_divisibility)
+from planner.launchers.common import (ExportError, Facts, header, is_standard_gpt_model,
+                                      moe_problems,
+                                      schedule_basics, strongest_recompute, structure_problems,
+                                      tp_divisibility)
 from planner.launchers.quoting import comment, sh_word, toml_str
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
@@ -119,7 +121,8 @@ def parallel_rules(f: Facts, version: str = DEFAULT_VERSION) -> list[str]:
 
 def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     par, m = plan.parallel, plan.model
-    out = structure_problems(plan) + parallel_rules(Facts.of(par, m), version)
+    out = structure_problems(plan) + parallel_rules(Facts.of(par, m), version) + moe_problems(
+        plan, NAME, "export it with --export megatron")
     stack = plan.stack
     if stack is not None and stack.param_dtype != "bf16":
         out.append(f"{NAME}: training.mixed_precision_param is bfloat16 or float32; the plan's "
@@ -128,15 +131,23 @@ def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
         out.append(f"{NAME}: training.mixed_precision_reduce is float32 only; the plan's "
                    f"{stack.name} stack reduces gradients in {stack.grad_dtype}")
     out += precision_rules(plan.model, plan.stack, version)
-    if not is_standard_gpt(plan):
-        out.append(f"{NAME}: model parts name tok_embeddings / layers.i / norm + the output; "
-                   "this model has other layer kinds")
-    elif flavor(m) is None:
-        out.append(f"{NAME}: no Llama 3 flavor has this model's shape ({m.num_layers} blocks, "
-                   f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.num_kv_heads} KV, "
-                   f"FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}); torchtitan builds only "
-                   f"{', '.join(f.flavor for f in FLAVORS)}")
-    return out
+    if m.is_moe:  # refused above (moe_problems); its flavor check would only repeat it
+        return out
+    return out + model_rules(m)
+
+
+def model_rules(m: ModelSpec) -> list[str]:
+    """The rules on the model alone: torchtitan builds only its own Llama 3 flavors, so a solve
+    for torchtitan checks them before searching (planner/launchers/__init__.py model_problems)."""
+    if not is_standard_gpt_model(m):
+        return [f"{NAME}: model parts name tok_embeddings / layers.i / norm + the output; "
+                "this model has other layer kinds"]
+    if flavor(m) is None:
+        return [f"{NAME}: no Llama 3 flavor has this model's shape ({m.num_layers} blocks, "
+                f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.num_kv_heads} KV, "
+                f"FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}); torchtitan builds only "
+                f"{', '.join(f.flavor for f in FLAVORS)}"]
+    return []
 
 
 # torchtitan 0.3.0 has no Float8 option on the command line: the config_registry function picks

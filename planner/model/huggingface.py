@@ -8,8 +8,8 @@ through one table of what each family adds, GPT-2, GPT-NeoX and Falcon by their 
 changes the planned cost is carried (``head_dim``, Q/K norms, extra block norms, QKV biases, tied
 embeddings); what an exporter needs is carried as declared (``rope_theta``, ``rope_scaling``,
 ``max_position_embeddings``); what the cost model cannot represent is refused in one line naming
-the feature (mixture of experts in spec.py, vision towers, attention or MLP biases on a family
-planned without them), and a sliding window is refused where it is shorter than the planned
+the feature (vision towers, attention or MLP biases on a family planned without them; MoE
+families: moe_import.py), and a sliding window is refused where it is shorter than the planned
 sequence (``ModelSpec.with_seq_length``).
 """
 
@@ -55,6 +55,10 @@ FAMILIES: dict[str, _Family] = {
                            sliding_window=4096),
 }
 
+# Mixture-of-experts families: model/moe_import.py reads them (on top of _llama_layout) and
+# model/load.py sends them there.
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
+
 _MULTIMODAL_KEYS = ("vision_config", "audio_config")
 
 
@@ -81,7 +85,7 @@ def huggingface_fields(data: dict, origin: str) -> dict:
         return _OTHERS[kind](data, origin)
     raise PlanInputError(
         f"{origin}: model_type '{kind}' is not supported; supported HuggingFace families: "
-        f"{', '.join([*FAMILIES, *_OTHERS])} (or write a plan3d model.json)")
+        f"{', '.join([*FAMILIES, *MOE_FAMILIES, *_OTHERS])} (or write a plan3d model.json)")
 
 
 def _name(data: dict, origin: str, kind: str) -> str:

@@ -10,7 +10,8 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.text import check_name
-from planner.model.huggingface import huggingface_fields
+from planner.model.huggingface import MOE_FAMILIES, huggingface_fields
+from planner.model.moe_import import moe_fields
 from planner.model.schema import check_model_document
 
 
@@ -39,12 +40,16 @@ def load_model(source: str | Path | None) -> ModelSpec:
 def model_from_dict(data: dict, origin: str = "model") -> ModelSpec:
     """Recognise our model.json or a HuggingFace config.json and build the spec."""
     check_model_document(data, origin)  # types, ranges, unknown keys: model/schema.py
-    moe = [k for k in _MOE_KEYS if data.get(k) not in (None, 0, 1)]
-    if moe:
-        raise PlanInputError(
-            f"{origin}: a mixture-of-experts model ({moe[0]}={data[moe[0]]}); plan3d plans dense "
-            "models only and will not plan it as dense")
     if "model_type" in data or "architectures" in data:
+        moe = [k for k in _MOE_KEYS if data.get(k) not in (None, 0, 1)]
+        kind = str(data.get("model_type", "")).lower()
+        if moe and kind not in MOE_FAMILIES:
+            raise PlanInputError(
+                f"{origin}: a mixture-of-experts model ({moe[0]}={data[moe[0]]}) of model_type "
+                f"'{kind}'; plan3d imports MoE configs of {', '.join(MOE_FAMILIES)} only and will "
+                "not plan it as dense (or write a plan3d model.json with num_experts)")
+        if kind in MOE_FAMILIES:
+            return _checked(ModelSpec(**moe_fields(data, origin, kind)), origin)
         return _checked(ModelSpec(**huggingface_fields(data, origin)), origin)
     return _from_ours(data, origin)
 
@@ -94,6 +99,16 @@ def _checked(spec: ModelSpec, origin: str, explicit: bool = False) -> ModelSpec:
             spec.rope_theta, (int, float)) or spec.rope_theta <= 0):
         raise PlanInputError(f"{origin}: 'rope_theta' must be a positive number or null, "
                              f"got {spec.rope_theta!r}")
+    if spec.dense_layers and max(spec.dense_layers) >= max(spec.num_layers, 1):
+        raise PlanInputError(f"{origin}: dense_layers names block {max(spec.dense_layers)}; "
+                             f"the model has {spec.num_layers} blocks (0 to {spec.num_layers - 1})")
+    if not spec.num_experts and (spec.moe_top_k or spec.moe_ffn_hidden_size or spec.dense_layers
+                                 or spec.shared_ffn_hidden_size or spec.router_bias
+                                 or spec.shared_expert_gate):
+        raise PlanInputError(f"{origin}: moe_top_k, moe_ffn_hidden_size, dense_layers, shared "
+                             "experts and router_bias need num_experts > 0")
+    for layer in dict.fromkeys(spec.layers):
+        check_moe(layer, origin)
     if spec.rope_scaling is not None and not isinstance(spec.rope_scaling, dict):
         raise PlanInputError(f"{origin}: 'rope_scaling' must be an object or null, "
                              f"got {spec.rope_scaling!r}")
@@ -126,12 +141,47 @@ def _from_ours(data: dict, origin: str) -> ModelSpec:
         max_position_embeddings=data.get("max_position_embeddings", 0),
         sliding_window=data.get("sliding_window", 0),
         make_vocab_size_divisible_by=data.get("make_vocab_size_divisible_by", 128),
+        **{k: data.get(k, 0) for k in _MOE_INTS}, dense_layers=_dense_layers(data, origin),
+        shared_expert_gate=bool(data.get("shared_expert_gate", False)),
+        router_bias=bool(data.get("router_bias", False)),
     )
     if "layers" not in data:
         return _checked(ModelSpec(**base), origin)
     layers = _explicit_layers(data["layers"], base, origin)
     base["num_layers"] = sum(1 for layer in layers if layer.kind == "block")
     return _checked(ModelSpec(**base, layers=layers), origin, explicit=True)
+
+
+_MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "shared_ffn_hidden_size",
+              "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+
+
+def _dense_layers(data: dict, origin: str) -> tuple[int, ...]:
+    value = data.get("dense_layers", [])
+    if not isinstance(value, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
+        raise PlanInputError(f"{origin}: 'dense_layers' must be a list of block indices (from 0)")
+    return tuple(sorted(set(value)))
+
+
+def check_moe(layer: Layer, where: str) -> None:
+    """One line for an MoE or MLA block that cannot exist."""
+    if layer.kind != "block":
+        return
+    if layer.num_experts and not 1 <= layer.moe_top_k <= layer.num_experts:
+        raise PlanInputError(f"{where}: moe_top_k must be between 1 and num_experts "
+                             f"({layer.num_experts}), got {layer.moe_top_k}")
+    if not layer.num_experts and (layer.moe_top_k or layer.shared_ffn_hidden_size
+                                  or layer.shared_expert_gate or layer.router_bias):
+        raise PlanInputError(f"{where}: moe_top_k, shared experts and router_bias need "
+                             "num_experts > 0")
+    if layer.kv_lora_rank and not (layer.qk_nope_head_dim and layer.qk_rope_head_dim
+                                   and layer.v_head_dim):
+        raise PlanInputError(f"{where}: multi-head latent attention (kv_lora_rank) needs "
+                             "qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
+    if not layer.kv_lora_rank and (layer.q_lora_rank or layer.qk_nope_head_dim
+                                   or layer.qk_rope_head_dim or layer.v_head_dim):
+        raise PlanInputError(f"{where}: q_lora_rank and the MLA head dims need kv_lora_rank > 0")
 
 
 def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:

@@ -20,6 +20,7 @@ MAX_HEADS = 2**14
 MAX_FFN = 2**22
 MAX_VOCAB = 2**24  # 16.7M; the largest vocabularies in use are ~256k
 MAX_SEQ = 2**24  # 16.7M tokens per sequence
+MAX_EXPERTS = 2**14  # the most routed experts in a published model are 384 (Kimi K2)
 
 _LAYER_KINDS = ("embedding", "block", "head", "linear")
 _MLP_KINDS = ("gelu", "swiglu")
@@ -51,6 +52,19 @@ MODEL_JSON = {
     "max_position_embeddings": Int(0, MAX_SEQ),
     "sliding_window": Int(0, MAX_SEQ),
     "make_vocab_size_divisible_by": Int(1, 2**16),
+    # mixture of experts and multi-head latent attention (model/spec.py ModelSpec)
+    "num_experts": Int(0, MAX_EXPERTS),
+    "moe_top_k": Int(0, MAX_EXPERTS),
+    "moe_ffn_hidden_size": Int(0, MAX_FFN),
+    "shared_ffn_hidden_size": Int(0, MAX_FFN),
+    "shared_expert_gate": Bool(),
+    "router_bias": Bool(),
+    "dense_layers": Free(),  # a list of block indices, checked by model/load.py
+    "q_lora_rank": Int(0, MAX_HIDDEN),
+    "kv_lora_rank": Int(0, MAX_HIDDEN),
+    "qk_rope_head_dim": Int(0, MAX_HIDDEN),
+    "qk_nope_head_dim": Int(0, MAX_HIDDEN),
+    "v_head_dim": Int(0, MAX_HIDDEN),
     "layers": Free(),
 }
 
@@ -76,6 +90,16 @@ LAYER_ENTRY = {
     "block_norms": Int(0, 16),
     "rope": Bool(),
     "make_vocab_size_divisible_by": Int(1, 2**16),
+    "num_experts": Int(0, MAX_EXPERTS),
+    "moe_top_k": Int(0, MAX_EXPERTS),
+    "shared_ffn_hidden_size": Int(0, MAX_FFN),
+    "shared_expert_gate": Bool(),
+    "router_bias": Bool(),
+    "q_lora_rank": Int(0, MAX_HIDDEN),
+    "kv_lora_rank": Int(0, MAX_HIDDEN),
+    "qk_rope_head_dim": Int(0, MAX_HIDDEN),
+    "qk_nope_head_dim": Int(0, MAX_HIDDEN),
+    "v_head_dim": Int(0, MAX_HIDDEN),
 }
 
 # The HuggingFace keys plan3d reads (model/spec.py _from_huggingface); null means "not set".
@@ -121,6 +145,26 @@ HF_CONFIG = {
     "rotary_emb_base": Num(0, 1e12, low_open=True, nullable=True),
     "rope_scaling": Free(),
     "sliding_window": Int(0, 2**31, nullable=True),  # checked against the planned sequence
+    # mixture of experts (model/moe_import.py reads them by family)
+    "num_local_experts": Int(0, MAX_EXPERTS, nullable=True),
+    "num_experts": Int(0, MAX_EXPERTS, nullable=True),
+    "n_routed_experts": Int(0, MAX_EXPERTS, nullable=True),
+    "n_shared_experts": Int(0, MAX_EXPERTS, nullable=True),
+    "num_experts_per_tok": Int(0, MAX_EXPERTS, nullable=True),
+    "moe_intermediate_size": Int(1, MAX_FFN, nullable=True),
+    "shared_expert_intermediate_size": Int(0, MAX_FFN, nullable=True),
+    "first_k_dense_replace": Int(0, MAX_LAYERS, nullable=True),
+    "moe_layer_freq": Int(1, MAX_LAYERS, nullable=True),
+    "decoder_sparse_step": Int(1, MAX_LAYERS, nullable=True),
+    "mlp_only_layers": Free(),
+    "topk_method": Text(nullable=True),
+    "scoring_func": Text(nullable=True),
+    "num_nextn_predict_layers": Int(0, MAX_LAYERS, nullable=True),
+    "q_lora_rank": Int(0, MAX_HIDDEN, nullable=True),
+    "kv_lora_rank": Int(0, MAX_HIDDEN, nullable=True),
+    "qk_rope_head_dim": Int(0, MAX_HIDDEN, nullable=True),
+    "qk_nope_head_dim": Int(0, MAX_HIDDEN, nullable=True),
+    "v_head_dim": Int(0, MAX_HIDDEN, nullable=True),
 }
 
 

@@ -8,6 +8,7 @@ output head (final norm + projection + loss), or any explicit sequence of such l
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 
 from planner.core.errors import PlanInputError
 from planner.model.huggingface import PLANNING_SEQ_CAP
@@ -68,12 +69,48 @@ class Layer:
     rope: bool = False
     # Megatron-LM pads the vocabulary to a multiple of this times TP (see padded_vocab).
     make_vocab_size_divisible_by: int = 128
+    # Mixture of experts (a block whose MLP is num_experts routed experts): each expert is an MLP
+    # of ffn_hidden_size; a token goes to moe_top_k of them, chosen by a router (one h x E
+    # matrix; router_bias: DeepSeek-V3's per-expert e_score_correction_bias), and through
+    # shared_ffn_hidden_size of always-active shared experts (DeepSeek: n_shared_experts x the
+    # expert width; Qwen2-MoE: one shared expert, scaled by a sigmoid gate, shared_expert_gate).
+    # 0 experts: a dense MLP. See planner/cost/moe.py for what they cost.
+    num_experts: int = 0
+    moe_top_k: int = 0
+    shared_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False
+    router_bias: bool = False
+    # Multi-head latent attention (DeepSeek-V2 §2.1, DeepSeek-V3 §2.1.1), on when kv_lora_rank >
+    # 0: queries through a low-rank q_lora_rank bottleneck (0: a direct projection), keys and
+    # values through a compressed kv_lora_rank latent plus a shared qk_rope_head_dim RoPE key;
+    # heads of qk_nope_head_dim + qk_rope_head_dim for Q and K, v_head_dim for V.
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
 
     def __post_init__(self) -> None:
         h, heads = self.hidden_size, self.num_attention_heads
+        if self.kind == "block" and self.kv_lora_rank and not self.head_dim:
+            object.__setattr__(self, "head_dim", self.qk_nope_head_dim + self.qk_rope_head_dim)
         if (self.kind == "block" and not self.head_dim and isinstance(h, int)
                 and isinstance(heads, int) and heads > 0):
             object.__setattr__(self, "head_dim", self.hidden_size // self.num_attention_heads)
+
+    @property
+    def is_moe(self) -> bool:
+        return self.kind == "block" and self.num_experts > 0
+
+    @property
+    def is_mla(self) -> bool:
+        return self.kind == "block" and self.kv_lora_rank > 0
+
+    @property
+    def v_size(self) -> int:
+        """Width of the values and of the attention output: heads x v_head_dim under MLA, else
+        q_size."""
+        return self.num_attention_heads * self.v_head_dim if self.is_mla else self.q_size
 
     @property
     def q_size(self) -> int:
@@ -84,7 +121,7 @@ class Layer:
         """The vocabulary Megatron-LM trains at this TP (see megatron_padded_vocab)."""
         return megatron_padded_vocab(self.vocab_size, self.make_vocab_size_divisible_by, tp)
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def norm_params(self) -> int:
         """Weights of a block's norms (replicated across TP): its block_norms and any Q/K norm."""
         per_norm = 2 if self.norm == "layernorm" else 1
@@ -92,7 +129,7 @@ class Layer:
               "full": self.q_size + self.num_kv_heads * self.head_dim}[self.qk_norm]
         return per_norm * (self.block_norms * self.hidden_size + qk)
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def params(self) -> int:
         """Parameters this layer stores (a tied head counts its weight: the stage holding it stores it)."""
         h = self.hidden_size
@@ -104,17 +141,64 @@ class Layer:
             return norm + self.vocab_size * h
         if self.kind == "linear":
             return h * self.out_features + (self.out_features if self.bias else 0)
+        return self.attention_params + self.mlp_params(self.num_experts) + self.norm_params
+
+    @cached_property  # a Layer is frozen: computed once, read by every cost
+    def attention_params(self) -> int:
+        """Weights (and biases) of a block's attention, norms excluded."""
+        h = self.hidden_size
+        if self.is_mla:
+            return self.mla_matrix_params + (self.q_lora_rank + self.kv_lora_rank)
         q, kv = self.q_size, self.num_kv_heads * self.head_dim
         attn = h * (q + 2 * kv) + q * h
-        mlp_mats = 3 if self.mlp == "swiglu" else 2
-        mlp = mlp_mats * h * self.ffn_hidden_size
         if self.bias:
-            biases = q + 2 * kv + h + self.ffn_hidden_size * (mlp_mats - 1) + h
-        else:
-            biases = q + 2 * kv if self.qkv_bias else 0
-        return attn + mlp + biases + self.norm_params
+            return attn + q + 2 * kv + h
+        return attn + (q + 2 * kv if self.qkv_bias else 0)
 
-    @property
+    @cached_property  # a Layer is frozen: computed once, read by every cost
+    def mla_matrix_params(self) -> int:
+        """MLA's projection matrices, as DeepSeek-V2's modelling code declares them: q_a (h x
+        q_lora) and q_b (q_lora x heads(nope + rope)), or one q_proj without q_lora; kv_a
+        (h x kv_lora + rope) and kv_b (kv_lora x heads(nope + v)); o_proj (heads v x h). Its two
+        latent RMSNorms (q_lora + kv_lora weights) are counted by attention_params."""
+        h, heads = self.hidden_size, self.num_attention_heads
+        qk = heads * (self.qk_nope_head_dim + self.qk_rope_head_dim)
+        q = h * self.q_lora_rank + self.q_lora_rank * qk if self.q_lora_rank else h * qk
+        kv = (h * (self.kv_lora_rank + self.qk_rope_head_dim)
+              + self.kv_lora_rank * heads * (self.qk_nope_head_dim + self.v_head_dim))
+        return q + kv + self.v_size * h
+
+    def mlp_params(self, experts: int) -> int:
+        """The MLP's weights with ``experts`` routed experts in it (all of them: the layer's
+        parameters; moe_top_k: those one token uses), plus router and shared experts."""
+        mlp_mats = 3 if self.mlp == "swiglu" else 2
+        f = self.ffn_hidden_size
+        one = mlp_mats * self.hidden_size * f + (
+            f * (mlp_mats - 1) + self.hidden_size if self.bias else 0)
+        if not self.is_moe:
+            return one
+        shared = mlp_mats * self.hidden_size * self.shared_ffn_hidden_size
+        gate = self.hidden_size if self.shared_expert_gate else 0
+        return experts * one + shared + gate + self.router_params
+
+    @cached_property  # a Layer is frozen: computed once, read by every cost
+    def router_params(self) -> int:
+        return (self.hidden_size * self.num_experts
+                + (self.num_experts if self.router_bias else 0)) if self.is_moe else 0
+
+    @cached_property  # a Layer is frozen: computed once, read by every cost
+    def expert_params(self) -> int:
+        """Routed-expert weights: what expert parallelism shards (0 for a dense layer)."""
+        return self.mlp_params(self.num_experts) - self.mlp_params(0) if self.is_moe else 0
+
+    @cached_property  # a Layer is frozen: computed once, read by every cost
+    def active_params(self) -> int:
+        """Parameters one token passes through: all but the routed experts it is not sent to."""
+        if not self.is_moe:
+            return self.unique_params
+        return self.params - self.mlp_params(self.num_experts) + self.mlp_params(self.moe_top_k)
+
+    @cached_property  # a Layer is frozen: computed once, read by every cost
     def unique_params(self) -> int:
         """Parameters counted once for the whole model (a tied head adds only its norm)."""
         if self.kind == "head" and self.tied:
@@ -155,6 +239,22 @@ class ModelSpec:
     # block attends to the whole sequence. Planned only where it does not act: see with_seq_length.
     sliding_window: int = 0
     make_vocab_size_divisible_by: int = 128  # see Layer.padded_vocab; Megatron-LM's default
+    # Mixture of experts (see Layer.num_experts): every block but those in dense_layers (block
+    # indices from 0: DeepSeek's first_k_dense_replace, Qwen's mlp_only_layers) has num_experts
+    # routed experts of moe_ffn_hidden_size each; dense blocks keep ffn_hidden_size.
+    num_experts: int = 0
+    moe_top_k: int = 0
+    moe_ffn_hidden_size: int = 0
+    shared_ffn_hidden_size: int = 0
+    shared_expert_gate: bool = False
+    router_bias: bool = False
+    dense_layers: tuple[int, ...] = ()
+    # Multi-head latent attention (see Layer.kv_lora_rank); kv_lora_rank 0: not MLA
+    q_lora_rank: int = 0
+    kv_lora_rank: int = 0
+    qk_rope_head_dim: int = 0
+    qk_nope_head_dim: int = 0
+    v_head_dim: int = 0
     layers: tuple[Layer, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +273,17 @@ class ModelSpec:
     @property
     def params(self) -> int:
         return sum(layer.unique_params for layer in self.layers)
+
+    @property
+    def active_params(self) -> int:
+        """Parameters one token uses (= params for a dense model): a mixture of experts counts
+        only its moe_top_k routed experts per block. Embedding and output head are counted, as
+        Mistral (Mixtral 12.9B active) and Qwen (Qwen3-30B-A3B 3.3B) count them."""
+        return sum(layer.active_params for layer in self.layers)
+
+    @property
+    def is_moe(self) -> bool:
+        return any(layer.is_moe for layer in self.layers)
 
     @property
     def blocks(self) -> tuple[Layer, ...]:
@@ -218,15 +329,26 @@ def _standard_layers(spec: ModelSpec) -> tuple[Layer, ...]:
     common = dict(hidden_size=spec.hidden_size, norm=spec.norm, bias=spec.bias,
                   vocab_size=spec.vocab_size, dropout=spec.dropout,
                   make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by)
+    mla = dict(q_lora_rank=spec.q_lora_rank, kv_lora_rank=spec.kv_lora_rank,
+               qk_rope_head_dim=spec.qk_rope_head_dim, qk_nope_head_dim=spec.qk_nope_head_dim,
+               v_head_dim=spec.v_head_dim)
     block = Layer(kind="block", num_attention_heads=spec.num_attention_heads,
                   num_kv_heads=spec.num_kv_heads, ffn_hidden_size=spec.ffn_hidden_size,
                   mlp=spec.mlp, head_dim=spec.head_dim, qkv_bias=spec.qkv_bias,
                   qk_norm=spec.qk_norm, block_norms=spec.block_norms,
-                  rope=spec.rope_theta is not None, **common)
+                  rope=spec.rope_theta is not None, **mla, **common)
+    blocks = [block] * spec.num_layers
+    if spec.num_experts:
+        moe = replace(block, ffn_hidden_size=spec.moe_ffn_hidden_size or spec.ffn_hidden_size,
+                      num_experts=spec.num_experts, moe_top_k=spec.moe_top_k,
+                      shared_ffn_hidden_size=spec.shared_ffn_hidden_size,
+                      shared_expert_gate=spec.shared_expert_gate, router_bias=spec.router_bias)
+        dense = set(spec.dense_layers)
+        blocks = [block if i in dense else moe for i in range(spec.num_layers)]
     embedding = Layer(kind="embedding", position_embeddings=spec.position_embeddings,
                       embedding_norm=spec.embedding_norm, **common)
     head = Layer(kind="head", tied=spec.tie_embeddings, **common)
-    return (embedding, *([block] * spec.num_layers), head)
+    return (embedding, *blocks, head)
 
 
 # --- loading -------------------------------------------------------------------------------------

@@ -67,6 +67,28 @@ FIELDS: tuple[Field, ...] = (
     Field("dropout", "bool", "true", "Dropout masks and kernels (GPT, BLOOM); false as Llama "
           "trains."),
     Field("embedding_norm", "bool", "false", "A norm after the embedding (BLOOM)."),
+    Field("num_experts", "integer", "0",
+          "Routed experts per MoE block (Mixtral 8, DeepSeek-V3 256); 0 for a dense model."),
+    Field("moe_top_k", "integer", "0", "Experts each token is routed to (with num_experts)."),
+    Field("moe_ffn_hidden_size", "integer", "0",
+          "Width of one expert's MLP; 0 means ffn_hidden_size (which dense blocks keep)."),
+    Field("shared_ffn_hidden_size", "integer", "0",
+          "Total width of the always-active shared experts (DeepSeek: n_shared_experts x the "
+          "expert width; Qwen2-MoE: its one shared expert)."),
+    Field("shared_expert_gate", "bool", "false",
+          "A sigmoid gate (an h x 1 weight) on the shared expert (Qwen2-MoE)."),
+    Field("router_bias", "bool", "false",
+          "A per-expert routing bias (DeepSeek-V3's auxiliary-loss-free balancing)."),
+    Field("dense_layers", "list", "[]",
+          "Block indices (from 0) that keep a dense MLP of ffn_hidden_size (DeepSeek's first "
+          "first_k_dense_replace blocks)."),
+    Field("kv_lora_rank", "integer", "0",
+          "Multi-head latent attention (DeepSeek-V2/V3): the compressed KV latent; 0: not MLA."),
+    Field("q_lora_rank", "integer", "0", "MLA: the query bottleneck; 0: a direct projection."),
+    Field("qk_nope_head_dim", "integer", "0", "MLA: per-head Q/K width without RoPE."),
+    Field("qk_rope_head_dim", "integer", "0", "MLA: per-head Q/K width with RoPE (the shared "
+          "RoPE key has this width)."),
+    Field("v_head_dim", "integer", "0", "MLA: per-head value width."),
     Field("layers", "list", "none",
           "An explicit layer sequence instead of num_layers blocks: objects with a kind "
           "(embedding, block, head, linear), an optional repeat and any layer field to override."),

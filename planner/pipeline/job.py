@@ -14,6 +14,7 @@ from planner.core.plan_schema import check_plan_document
 from planner.pipeline.schedule import ScheduleError
 from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
 from planner.stack import Stack
+from planner.stack.spec import check_value
 
 __all__ = ["SimulationJob", "simulation_job", "on_stack", "run_simulation", "simulation_summary"]
 
@@ -28,6 +29,9 @@ class SimulationJob:
     bwd_s: tuple[float, ...]
     wgrad_s: tuple[float, ...]
     comm_s: float | tuple[float, ...]  # one for every boundary, or per boundary
+    # the engine's per-action costs (Stack.pipeline_action_overhead_s, split_backward_overhead)
+    action_s: float = 0.0
+    split_backward: float = 0.0
 
 
 def simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
@@ -60,19 +64,18 @@ def check_sizes(pp: int, microbatches: int, virtual_stages: int) -> None:
                              f"{MAX_CHUNKS} (a chunk holds at least one layer)")
 
 
-def on_stack(job: SimulationJob, stack: Stack, from_plan: bool) -> SimulationJob:
-    """The job as ``stack`` runs it: refused when the stack has no such schedule; stage times
-    from flags get the stack's per-action overhead on every forward and backward (a plan's
-    times already include it)."""
+def on_stack(job: SimulationJob, stack: Stack) -> SimulationJob:
+    """The job as ``stack`` runs it: refused when the stack has no such schedule; the stack's
+    per-action costs are charged on every action (they replace those of a plan's own stack:
+    a plan's stage times, like the flags', are compute only)."""
     if job.p > 1 and job.schedule not in stack.schedules:
         raise PlanInputError(f"the {stack.name} stack runs no {job.schedule} schedule (it runs "
                              f"{', '.join(stack.schedules)}); choose one of those or another "
                              "--stack")
-    extra = stack.pipeline_action_overhead_s
-    if from_plan or not extra:
-        return job
-    return replace(job, fwd_s=tuple(f + extra for f in job.fwd_s),
-                   bwd_s=tuple(b + extra for b in job.bwd_s))
+    if job.p == 1:  # one stage: no pipeline engine runs, so none of its costs
+        return replace(job, action_s=0.0, split_backward=0.0)
+    return replace(job, action_s=stack.pipeline_action_overhead_s,
+                   split_backward=stack.split_backward_overhead)
 
 
 def _times(text: str, chunks: int) -> tuple[float, ...]:
@@ -104,13 +107,25 @@ def _from_plan(path: Path) -> SimulationJob:
         schedule=par["schedule"], p=par["pp"], m=par["num_microbatches"],
         v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
         bwd_s=tuple(b for b, _ in backward), wgrad_s=tuple(w for _, w in backward),
-        comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]))
+        comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]), **_engine_costs(doc, str(path)))
+
+
+def _engine_costs(doc: dict, origin: str) -> dict:
+    """The per-action costs of the stack a plan was priced on (none for a plan without one, or
+    one written before the stack had them), checked like a stack file's."""
+    stack = doc.get("stack")
+    values = stack.get("values") if isinstance(stack, dict) else None
+    values = values if isinstance(values, dict) else {}
+    return {arg: check_value(key, values.get(key, 0.0), f"{origin}: stack values")
+            for arg, key in (("action_s", "pipeline_action_overhead_s"),
+                             ("split_backward", "split_backward_overhead"))}
 
 
 def run_simulation(job: SimulationJob) -> SimResult:
     try:
         return simulate(job.schedule, job.p, job.m, job.v, fwd_s=job.fwd_s, bwd_s=job.bwd_s,
-                        wgrad_s=job.wgrad_s, comm_s=job.comm_s)
+                        wgrad_s=job.wgrad_s, comm_s=job.comm_s, action_s=job.action_s,
+                        split_backward=job.split_backward)
     except ScheduleError as e:
         raise PlanInputError(str(e)) from None
 

@@ -13,6 +13,9 @@ Schedules (see DESIGN.md §3):
 - interleaved: Megatron's interleaved 1F1B with v chunks per rank (Narayanan et al. 2021 §2.2).
 - zb-h1: 1F1B with the backward split into B (input grad) and W (weight grad); rank i defers its
   W ops by i microbatches so they fill the cool-down bubble (Qi et al. 2023, ZB-H1).
+- zb-2p: zero bubble under the 2p activation limit (Qi et al. 2023's ZB-2p runs): rank i runs
+  2(p - i) - 1 warm-up forwards, then B and F alternately, a W before any F that would hold more
+  than 2p microbatches' activations, and in the cool-down a W before each B (see `_zb_2p`).
 """
 
 from __future__ import annotations
@@ -100,6 +103,42 @@ def _zb_h1(p: int, m: int, r: int) -> list[Op]:
     return ops
 
 
+ZB_2P_LIMIT = 2  # zb-2p holds at most 2p microbatches' activations (F run, W not yet) per rank
+
+
+def _zb_2p(p: int, m: int, r: int) -> list[Op]:
+    """The zero-bubble order within a 2p activation limit, from the parallelogram the paper
+    draws for its ZB-H2 schedule (Qi et al. 2023 §2.2: extra forwards in the warm-up fill the
+    bubble before the first B, W passes fill the tail) and the 1F-1B-1W steady state its
+    automatic scheduler settles in under a memory limit (§3).
+
+    Rank r runs w = min(m, 2(p - r) - 1) warm-up forwards: exactly the forwards that fit before
+    microbatch 0's input gradient comes back when F = B = W (rank r is free from time r, the
+    gradient arrives at 2p - 1 - r). Then B and F alternate; before an F that would make more
+    than 2p activations live (a microbatch's are held from its F to its W), the oldest pending
+    W runs. The cool-down runs one pending W before each remaining B (filling the wait for the
+    next gradient; not on the last rank, whose B waits only for its own F), then the rest of
+    the W ops. Same order for any stage times (the paper's
+    ZB-2p searches an order with the profiled times; this is its F = B = W shape).
+    """
+    limit = ZB_2P_LIMIT * p
+    warmup = min(m, 2 * (p - r) - 1)
+    ops = [Op("F", i, r) for i in range(warmup)]
+    live, next_w = warmup, 0
+    for i in range(m):
+        if warmup + i >= m and next_w < i and r < p - 1:  # cool-down: a W fills the wait
+            ops.append(Op("W", next_w, r))
+            next_w += 1
+        ops.append(Op("B", i, r))
+        if warmup + i < m:
+            if live == limit:
+                ops.append(Op("W", next_w, r))
+                next_w, live = next_w + 1, live - 1
+            ops.append(Op("F", warmup + i, r))
+            live += 1
+    return ops + [Op("W", i, r) for i in range(next_w, m)]
+
+
 def interleaved_order(p: int, m: int, v: int, r: int) -> list[Op]:
     """Megatron's interleaved 1F1B program for rank r.
 
@@ -136,7 +175,7 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Op, ...
     check_args(name, p, m, v)
     if name == "interleaved":
         return tuple(tuple(interleaved_order(p, m, v, r)) for r in range(p))
-    make = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1}[name]
+    make = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-2p": _zb_2p}[name]
     return tuple(tuple(make(p, m, r)) for r in range(p))
 
 

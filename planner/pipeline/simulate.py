@@ -12,6 +12,11 @@ that op's input finishes), so it is linear in the number of ops: `simulate_ops` 
 run instead and repeats its steady period exactly (planner/pipeline/periodic.py explains why that
 is exact), so its cost stops growing with the microbatch count once the pipeline is in steady
 state; the timeline it returns is then the short run's, a compressed picture of the step.
+
+What an engine adds to the compute (`charge_actions`): every action (F, B, W) costs the stack's
+``action_s`` more (dispatch, p2p setup: measured on torch.distributed.pipelining by
+benchmarks/bench_engine.py), and a backward split into B and W costs ``split_backward`` (a
+fraction) more than the fused one, spread over B and W in proportion.
 """
 
 from __future__ import annotations
@@ -54,17 +59,24 @@ class SimResult:
     # microbatches the timeline draws when it is a compressed picture of a longer run (the steady
     # period repeats in between); None when it draws all m
     timeline_m: int | None = None
+    # the longest time a rank spends from its first op's start to its last op's end: what a step
+    # costs when consecutive steps overlap (no global sync before the optimizer step, as in the
+    # zero-bubble fork's optimizer post-validation); None: the makespan
+    span_s: float | None = None
+    rank_start_s: tuple[float, ...] = ()  # per rank, when its first op starts
 
 
 def closed_form_bubble(name: str, p: int, m: int, v: int = 1) -> float:
     """Textbook idle share of the step with uniform stages and free communication.
 
     GPipe/1F1B: (p-1)/(m+p-1); interleaved: (p-1)/(v*m+p-1); zb-h1 with F = B = W:
-    (p-1)/(3m+p-1), i.e. a third of 1F1B's idle time (Qi et al. 2023).
+    (p-1)/(3m+p-1), i.e. a third of 1F1B's idle time (Qi et al. 2023). zb-2p reaches the same
+    with F = B = W once m > p (the last rank cannot start before p-1 forwards): its gain over
+    zb-h1 shows when B and W differ or transfers cost time (tests/test_simulate.py).
     """
     if name == "interleaved":
         return (p - 1) / (v * m + p - 1)
-    if name == "zb-h1":
+    if name in SPLIT_BACKWARD:
         return (p - 1) / (3 * m + p - 1)
     return (p - 1) / (m + p - 1)
 
@@ -93,11 +105,13 @@ def simulate(
     act_bytes: PerChunk | None = None,
     timeline: bool = True,
     method: str = "auto",
+    action_s: float = 0.0,
+    split_backward: float = 0.0,
 ) -> SimResult:
     """Simulate schedule `name` for p ranks, m microbatches, v chunks per rank.
 
     fwd_s, bwd_s, wgrad_s, act_bytes: a float for every chunk or a sequence of p*v indexed by
-    global chunk.  bwd_s is the full backward; in zb-h1, B takes bwd_s - wgrad_s and W takes
+    global chunk.  bwd_s is the full backward; in zb-h1 and zb-2p B takes bwd_s - wgrad_s, W takes
     wgrad_s (default half of bwd_s); other schedules ignore wgrad_s.  comm_s: one transfer across
     a chunk boundary, float or p*v-1 values (boundary k sits between chunks k and k+1).
     ``timeline=False`` skips building the per-op timeline (the planner needs only the summary).
@@ -105,10 +119,13 @@ def simulate(
     and, for long ones, times a short run and repeats its steady period (or, for GPipe, uses its
     exact closed form): the same step, busy, idle and peaks, at a cost that stops growing with m.
     The timeline is then the short run's (``timeline_m`` says how many microbatches it draws).
+    ``action_s`` and ``split_backward``: the engine's per-action costs (see `charge_actions`).
     """
     if method not in ("auto", "full"):
         raise ScheduleError(f"unknown simulation method {method!r}; choose auto or full")
     check_args(name, p, m, v)
+    fwd_s, bwd_s, wgrad_s = charge_actions(name in SPLIT_BACKWARD, p * v, fwd_s, bwd_s, wgrad_s,
+                                           action_s, split_backward)
     args = dict(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s, comm_s=comm_s, act_bytes=act_bytes)
     if method == "auto" and m > FULL_UP_TO:
         if name == "gpipe" and m > _gpipe_drawn(p):
@@ -138,6 +155,33 @@ def _effective_comm(comm_s: PerChunk, p: int, v: int) -> list[float]:
     chunks = p * v
     comm = _per_chunk(comm_s, chunks - 1, "comm_s") if chunks > 1 else []
     return [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
+
+
+# schedules whose backward runs as B (input gradient) and W (weight gradient) actions
+SPLIT_BACKWARD = ("zb-h1", "zb-2p")
+
+
+def charge_actions(split: bool, chunks: int, fwd_s: PerChunk, bwd_s: PerChunk,
+                   wgrad_s: PerChunk | None, action_s: float = 0.0,
+                   split_backward: float = 0.0) -> tuple[PerChunk, PerChunk, PerChunk | None]:
+    """Per-chunk (fwd_s, bwd_s, wgrad_s) with the engine's per-action costs charged.
+
+    Every action costs ``action_s`` more: F and a fused B once each; a split backward runs two
+    actions (B and W), so bwd_s gains 2 x action_s and wgrad_s one. A split backward also costs
+    ``split_backward`` x its compute more than the fused one (torch.distributed.pipelining's
+    stage_backward_input + stage_backward_weight against stage_backward, measured by
+    benchmarks/bench_engine.py --split), charged in proportion to B and W. Without either cost
+    the times come back as given."""
+    if not action_s and not (split and split_backward):
+        return fwd_s, bwd_s, wgrad_s
+    fwd = [f + action_s for f in _per_chunk(fwd_s, chunks, "fwd_s")]
+    bwd = _per_chunk(bwd_s, chunks, "bwd_s")
+    if not split:
+        return fwd, [b + action_s for b in bwd], wgrad_s
+    wgrad = _per_chunk(wgrad_s, chunks, "wgrad_s") or [b / 2 for b in bwd]
+    scale = 1.0 + split_backward
+    return (fwd, [b * scale + 2 * action_s for b in bwd],
+            [w * scale + action_s for w in wgrad])
 
 
 def _op_times(split: bool, chunks: int, fwd_s, bwd_s, wgrad_s) -> tuple[list[float], ...]:
@@ -176,7 +220,7 @@ def _steady_cut(name, p, v, short, group):
     if keys is None:
         return None
     cuts = periodic.steady_cuts(ops, build_schedule(name, p, short + group, v), labels, keys,
-                                group, "W" if name == "zb-h1" else "B")
+                                group, "W" if name in SPLIT_BACKWARD else "B")
     # the last one: the fewest ops left to time symbolically after it
     return (ops, labels, cuts[-1], keys[cuts[-1]]) if cuts else None
 
@@ -185,7 +229,7 @@ def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline
     """Time the short run, read the period map T after ``cut`` and the cool-down's forms, and
     apply T (m - short) / group times (planner/pipeline/periodic.py)."""
     comm = _effective_comm(args["comm_s"], p, v)
-    fwd, bgrad, wgrad = _op_times(name == "zb-h1", p * v, args["fwd_s"], args["bwd_s"],
+    fwd, bgrad, wgrad = _op_times(name in SPLIT_BACKWARD, p * v, args["fwd_s"], args["bwd_s"],
                                   args["wgrad_s"])
     times = {"F": fwd, "B": bgrad, "W": wgrad}
 
@@ -210,16 +254,20 @@ def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline
                                      duration, state)
     if cooldown is None:
         return None
-    makespan = max(cooldown[1])
+    rank_end = [float(x) for x in cooldown[1]]
+    makespan = max(rank_end)
+    span = max(e - s for e, s in zip(rank_end, run.rank_start_s))
     busy = [b + k * sum(duration(op) for op, x in zip(rank, lab) if x == cut)
             for b, rank, lab in zip(run.busy_s, ops, labels)]
     return _result(name, p, m, v, run.timeline, makespan, busy, run.peak_inflight,
-                   run.peak_activation_bytes, timeline_m=short if keep_timeline else None)
+                   run.peak_activation_bytes, timeline_m=short if keep_timeline else None,
+                   span=span, rank_start=run.rank_start_s)
 
 
 def _gpipe(p, m, keep_timeline, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes) -> SimResult:
     """GPipe at any m from its exact closed form (periodic.gpipe_makespan); the timeline is a
-    short run's."""
+    short run's. Rank 0 starts first and ends last (its B of microbatch 0), so no rank's span
+    is longer than the step."""
     fwd = _per_chunk(fwd_s, p, "fwd_s")
     bwd = _per_chunk(bwd_s, p, "bwd_s")
     act = _per_chunk(act_bytes, p, "act_bytes") or [0.0] * p
@@ -233,7 +281,8 @@ def _gpipe(p, m, keep_timeline, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes) -> 
                    timeline_m=_gpipe_drawn(p) if drawn else None)
 
 
-def _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, timeline_m=None) -> SimResult:
+def _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, timeline_m=None,
+            span=None, rank_start=()) -> SimResult:
     idle = [max(0.0, makespan - b) for b in busy]  # float sums can leave -1e-16
     total_busy = sum(busy)
     return SimResult(
@@ -242,6 +291,7 @@ def _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, timeline_m=
         bubble_fraction=sum(idle) / (p * makespan) if makespan > 0 else 0.0,
         bubble_ratio=sum(idle) / total_busy if total_busy > 0 else 0.0,
         peak_inflight=tuple(peak_n), peak_activation_bytes=tuple(peak_b), timeline_m=timeline_m,
+        span_s=makespan if span is None else span, rank_start_s=tuple(rank_start),
     )
 
 
@@ -258,8 +308,13 @@ def simulate_ops(
     comm_s: PerChunk = 0.0,
     act_bytes: PerChunk | None = None,
     timeline: bool = True,
+    action_s: float = 0.0,
+    split_backward: float = 0.0,
 ) -> SimResult:
     """Time given per-rank compute op lists (SEND/RECV are skipped); see `simulate`."""
+    split = any(op.kind == "W" for rank in ops for op in rank)
+    fwd_s, bwd_s, wgrad_s = charge_actions(split, p * v, fwd_s, bwd_s, wgrad_s, action_s,
+                                           split_backward)
     return _simulate_ops(ops, name, p, m, v, fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s,
                          comm_s=comm_s, act_bytes=act_bytes, timeline=timeline)[0]
 
@@ -357,7 +412,7 @@ def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> 
     makespan = max((e[-1] for e in ends if e), default=0.0)
     timeline = []
     busy, peak_n, peak_b = [], [], []
-    release = 2 if split else 1  # activation freed when W (zb-h1) or B ends
+    release = 2 if split else 1  # activation freed when W (zero bubble) or B ends
     for r in range(p):
         if keep_timeline:
             timeline.append(tuple(TimedOp(Op(kinds[kind], idx // chunks, idx % chunks), s, e)
@@ -376,4 +431,7 @@ def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> 
                 held -= act[k]
         peak_n.append(best_n)
         peak_b.append(best_b)
-    return _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b)
+    first = [s[0] if s else 0.0 for s in starts]
+    span = max((e[-1] - f for e, f in zip(ends, first) if e), default=0.0)
+    return _result(name, p, m, v, timeline, makespan, busy, peak_n, peak_b, span=span,
+                   rank_start=first)

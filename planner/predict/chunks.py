@@ -12,7 +12,7 @@ from planner.cost.layer import LayerCost
 
 # the per-layer quantities a chunk sums over its layers
 _SUMMED = ("fwd_s", "bwd_input_s", "bwd_weight_s", "params", "act_bytes", "model_flops",
-           "hardware_flops", "cache_bytes")
+           "hardware_flops", "expert_params", "a2a_s", "cache_bytes")
 
 
 @dataclass(frozen=True, eq=False)
@@ -31,6 +31,9 @@ class ChunkArrays:
     work_bytes: np.ndarray  # largest transient of the chunk's layers
     model_flops: np.ndarray
     hardware_flops: np.ndarray
+    # of params: routed-expert weights (sharded by ep x etp, their optimizer over expert DP)
+    expert_params: np.ndarray
+    a2a_s: np.ndarray  # of the times: MoE all-to-all (cost/moe.py), forward + backward
     # FP8 weight copies kept across the step (cost/precision.py); None: none
     cache_bytes: np.ndarray | None = None
 
@@ -69,14 +72,16 @@ class CostTable:
             "act_bytes": [c.act_bytes for c in costs],
             "model_flops": [c.model_flops for c in costs],
             "hardware_flops": [c.hardware_flops for c in costs],
+            "expert_params": [c.expert_params for c in costs],
+            "a2a_s": [c.a2a_s for c in costs],
             "cache_bytes": [c.cache_bytes for c in costs],
         }
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 
 
-def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float = 0.0) -> ChunkArrays:
-    """Per-chunk totals of a split, each chunk under its own recompute mode; ``overhead_s``
-    (the stack's per-pipeline-action cost) is added to every chunk's forward and backward."""
+def split_stages(tables: dict[str, CostTable], bounds, modes) -> ChunkArrays:
+    """Per-chunk totals of a split, each chunk under its own recompute mode: compute only (the
+    pipeline engine's per-action costs are charged per action by the prediction)."""
     first = np.array([a for a, _ in bounds])
     last = np.array([b for _, b in bounds])
     sums = {}
@@ -84,6 +89,4 @@ def split_stages(tables: dict[str, CostTable], bounds, modes, overhead_s: float 
         sums[name] = np.array([tables[m].prefix[name][b] - tables[m].prefix[name][a]
                                for (a, b), m in zip(bounds, modes)])
     work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
-    sums["fwd_s"] = sums["fwd_s"] + overhead_s
-    sums["bwd_input_s"] = sums["bwd_input_s"] + overhead_s
     return ChunkArrays(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)

@@ -15,19 +15,24 @@ from planner.predict.chunks import ChunkArrays
 from planner.stack import Stack
 
 
-def state_parts(params, par: Parallel, opts: Stack) -> tuple:
+def state_parts(params, par: Parallel, opts: Stack, expert_params=0.0) -> tuple:
     """(weights, gradients, optimizer) bytes of ``params`` parameters (scalar or array) under
-    this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies."""
+    this configuration's ZeRO stage and the stack's gradient, weight and optimizer copies. The
+    ``expert_params`` among them are sharded over the expert-data-parallel group instead of the
+    DP x CP ranks (Megatron-Core's distributed optimizer keeps expert parameters in their own
+    buffers over the expert data-parallel group: tp·cp·dp / (etp·ep) ranks)."""
     # ZeRO / the distributed optimizer shards over the DP x CP ranks (Megatron's
     # data-parallel group with context parallelism: parallel_state, with_context_parallel=True)
-    return model_state_parts(params, par.dp * par.cp, par.zero, opts.held_grad_bytes(par.zero),
-                             opts.held_weight_bytes(par.zero), opts.optimizer_state_bytes,
-                             opts.zero2_shards_grads())
+    args = (opts.held_grad_bytes(par.zero), opts.held_weight_bytes(par.zero),
+            opts.optimizer_state_bytes, opts.zero2_shards_grads())
+    dense = model_state_parts(params - expert_params, par.dp * par.cp, par.zero, *args)
+    experts = model_state_parts(expert_params, par.expert_dp, par.zero, *args)
+    return tuple(d + e for d, e in zip(dense, experts))
 
 
-def state_bytes(params, par: Parallel, opts: Stack):
+def state_bytes(params, par: Parallel, opts: Stack, expert_params=0.0):
     """Model-state bytes of ``params`` parameters: the sum of :func:`state_parts`."""
-    return sum(state_parts(params, par, opts))
+    return sum(state_parts(params, par, opts, expert_params))
 
 
 def stage_output_bytes(model: ModelSpec, par: Parallel) -> float:
@@ -55,21 +60,22 @@ def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) ->
         return np.zeros_like(rank_params)
     if opts.zero3_gather == "stage":
         return rank_params * ACT_BYTES
-    largest = largest_layer_params(model, par.tp)
+    largest = largest_layer_params(model, par.tp, par.ep, par.expert_tp)
     return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
 
 
-_LARGEST: dict = {}  # (id(model), tp) -> (model, value): the search asks once per configuration
+_LARGEST: dict = {}  # (id(model), tp, ep, etp) -> (model, value): asked once per configuration
 
 
-def largest_layer_params(model: ModelSpec, tp: int) -> float:
-    """The parameters the model's largest layer puts on one GPU of its TP group."""
-    held = _LARGEST.get((id(model), tp))
+def largest_layer_params(model: ModelSpec, tp: int, ep: int, etp: int) -> float:
+    """The parameters the model's largest layer puts on one GPU (sharded_params)."""
+    key = (id(model), tp, ep, etp)
+    held = _LARGEST.get(key)
     if held is None or held[0] is not model:
         if len(_LARGEST) >= 64:
             _LARGEST.clear()
-        held = _LARGEST[(id(model), tp)] = (
-            model, max(sharded_params(layer, tp) for layer in model.layers))
+        held = _LARGEST[key] = (
+            model, max(sharded_params(layer, tp, ep, etp) for layer in model.layers))
     return held[1]
 
 
@@ -91,7 +97,8 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
     (a layer's backward working set, ZeRO-3's gathered weights), plus the allocator's
     fragmentation (more on ranks that recompute) and the framework's reserve."""
     p = par.pp
-    weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts))
+    weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts,
+                                                                        stages.expert_params))
     weights = weights + stages.by_rank(stages.cached_bytes, p)  # FP8 weight copies, if cached
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
         tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp

@@ -36,6 +36,7 @@ class Stage:
     bwd_s: float = 0.0
     wgrad_s: float = 0.0
     send_s: float = 0.0
+    a2a_s: float = 0.0  # of fwd_s + bwd_s: MoE token dispatch/combine all-to-all
 
     @property
     def num_layers(self) -> int:
@@ -74,7 +75,10 @@ class Plan:
         return {
             "schema": SCHEMA,
             "model": {"name": self.model.name, "num_layers": self.model.num_layers,
-                      "params": self.model.params, "seq_length": self.model.seq_length},
+                      "params": self.model.params, "seq_length": self.model.seq_length,
+                      **({"active_params": self.model.active_params,
+                          "num_experts": self.model.num_experts,
+                          "moe_top_k": self.model.moe_top_k} if self.model.is_moe else {})},
             "cluster": {"gpu": cl.hardware.name, "nodes": cl.nodes,
                         "gpus_per_node": cl.gpus_per_node, "gpus": cl.gpus},
             "parallel": {"tp": par.tp, "pp": par.pp, "dp": par.dp, "micro_batch": par.micro_batch,
@@ -82,11 +86,13 @@ class Plan:
                          "global_batch": par.global_batch, "schedule": par.schedule,
                          "virtual_stages": par.virtual_stages, "recompute": par.recompute,
                          "zero": par.zero, "sequence_parallel": par.sequence_parallel,
-                         **({"cp": par.cp} if par.cp > 1 else {})},
+                         **({"cp": par.cp} if par.cp > 1 else {}),
+                         **({"ep": par.ep, "etp": par.expert_tp} if self.model.is_moe else {})},
             "stages": [{"stage": s.stage, "rank": s.rank, "layers": [s.first, s.last],
                         "recompute": s.recompute, "time_s": _round(s.time_s),
                         "fwd_s": _round(s.fwd_s), "bwd_s": _round(s.bwd_s),
                         "wgrad_s": _round(s.wgrad_s), "send_s": _round(s.send_s),
+                        **({"a2a_s": _round(s.a2a_s)} if self.model.is_moe else {}),
                         "memory_bytes": int(s.memory_bytes)}
                        for s in self.stages],
             "metrics": {"step_time_s": _round(self.metrics.step_time_s),

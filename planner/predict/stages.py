@@ -64,10 +64,10 @@ def usable_bytes(cluster: Cluster, recompute: bool) -> float:
         1 - fragmentation(recompute))
 
 
-def _layer_states(params, par: Parallel, opts: Stack):
+def _layer_states(params, par: Parallel, opts: Stack, expert_params=0.0):
     """Model-state bytes of each layer (or of a parameter total: the formula is linear), plus
     the layer's 16-bit weights when ZeRO-3 gathers a whole stage at a time."""
-    states = state_bytes(params, par, opts)
+    states = state_bytes(params, par, opts, expert_params)
     if par.zero >= 3 and opts.zero3_gather == "stage":
         states = states + ACT_BYTES * params
     return states
@@ -103,10 +103,12 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
     time_s = np.array([[c.total_s for c in costs[m]] for m in modes]).T
     act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
     params = np.array([c.params for c in costs[modes[0]]], dtype=float)
+    experts = np.array([c.expert_params for c in costs[modes[0]]], dtype=float)
     cached = np.array([c.cache_bytes for c in costs[modes[0]]], dtype=float)  # FP8 copies
     inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
     return PartitionProblem(
-        time_s=time_s, state_bytes=_layer_states(params, par, opts) + cached, act_bytes=act,
+        time_s=time_s, state_bytes=_layer_states(params, par, opts, experts) + cached,
+        act_bytes=act,
         inflight=inflight, capacity_bytes=capacity, modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)),
         extra_bytes=kept if kept.any() else None)
@@ -125,7 +127,8 @@ def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     memory is no bound for them. ``even_stages`` is accepted for the callers that have it."""
     inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
     any_table = next(iter(tables.values()))
-    total_s = float(_layer_states(any_table.prefix["params"][-1], par, opts)
+    total_s = float(_layer_states(any_table.prefix["params"][-1], par, opts,
+                                  any_table.prefix["expert_params"][-1])
                     + any_table.prefix["cache_bytes"][-1])
     total_a = float(np.minimum.reduce([np.diff(t.prefix["act_bytes"])
                                        for t in tables.values()]).sum())

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.cost import constants
-from planner.cost import comm, nccl, zero
+from planner.cost import comm, moe, nccl, zero
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
@@ -25,7 +25,8 @@ from planner.cost.memory import ACT_BYTES, Shape
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
-from planner.pipeline.simulate import simulate
+from planner.pipeline.schedule import ZB_2P_LIMIT
+from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import state_bytes, memory_parts
 from planner.predict.chunks import ChunkArrays, CostTable, split_stages
@@ -39,7 +40,8 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
                 profile=None) -> list[LayerCost]:
     """The cost of every layer of the model under one parallel shape and recompute mode."""
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
-                  seq_len=model.seq_length // par.cp, cp=par.cp, cp_cross=cp_crosses(par, hw))
+                  seq_len=model.seq_length // par.cp, cp=par.cp, cp_cross=cp_crosses(par, hw),
+                  **moe.shape_fields(par, hw, opts))
     cache: dict = {}
     out = []
     for i, layer in enumerate(model.layers):
@@ -96,6 +98,8 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
         return [m] * (p * v)
     if schedule == "zb-h1":
         return [min(p, m)] * p
+    if schedule == "zb-2p":  # every rank fills up to its limit (pipeline/schedule.py _zb_2p)
+        return [min(ZB_2P_LIMIT * p, m)] * p
     if schedule == "interleaved" and v > 1:
         out = []
         for k in range(p * v):
@@ -134,33 +138,46 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
     inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
                                              par.virtual_stages), dtype=float)
-    rank_time = stages.by_rank(stages.time_s + 2 * p2p, p)
+    # the pipeline engine's own costs; with one stage no pipeline engine runs (a plain loop)
+    engine = ((opts.pipeline_action_overhead_s, opts.split_backward_overhead) if p > 1
+              else (0.0, 0.0))
+    charged = charge_actions(par.schedule in SPLIT_BACKWARD, par.num_chunks, stages.fwd_s,
+                             stages.bwd_s, stages.bwd_weight_s, *engine)  # the engine's costs
+    rank_time = stages.by_rank(np.add(charged[0], charged[1]) + 2 * p2p, p)
     held = None
     if simulated:
         args = (par.schedule, p, par.num_microbatches, par.virtual_stages,
                 tuple(stages.fwd_s.tolist()), tuple(stages.bwd_s.tolist()),
                 tuple(stages.bwd_weight_s.tolist()), tuple(p2p[:-1].tolist()),
-                tuple(stages.act_bytes.tolist()))
+                tuple(stages.act_bytes.tolist()), engine)
         sim = (sim_cache or {}).get(args)
         if sim is None:
-            name, pp, m, v, fwd, bwd, wgrad, comm_s, act = args
+            name, pp, m, v, fwd, bwd, wgrad, comm_s, act, (action_s, split) = args
             sim = simulate(name, pp, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm_s,
-                           act_bytes=act, timeline=False)
+                           act_bytes=act, timeline=False, action_s=action_s,
+                           split_backward=split)
             if sim_cache is not None:  # configurations differing only in ZeRO share a schedule
                 sim_cache[args] = sim
         pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
+        if opts.optimizer_post_validation:  # steps overlap: a step costs the longest rank span
+            pipeline_s = sim.span_s
         held = np.array(sim.peak_activation_bytes)
     else:
         pipeline_s = _pipeline_closed_form(par, rank_time)
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
 
-    states = state_bytes(stages.params, par, opts) + stages.cached_bytes
+    states = state_bytes(stages.params, par, opts, stages.expert_params) + stages.cached_bytes
     chunk_mem = states + inflight * stages.act_bytes
     parts = memory_parts(model, par, stages, inflight, opts, held)
     rank_mem = sum(parts.values())
     dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
-    owned = stages.by_rank(stages.params, p).max() / (par.dp * par.cp if par.zero >= 1 else 1)
+    # Each rank steps its shard: dense parameters over the DP x CP ranks, experts over expert DP
+    # (state_parts).
+    owned = (stages.by_rank(stages.params - stages.expert_params, p)
+             / (par.dp * par.cp if par.zero >= 1 else 1)
+             + stages.by_rank(stages.expert_params, p)
+             / (par.expert_dp if par.zero >= 1 else 1)).max()
     # with cached FP8 weights, the step also recasts them once (cost/precision.py)
     step_bytes = owned * OPTIMIZER_BYTES_PER_PARAM + step_cast_bytes(
         float(stages.by_rank(stages.cached_bytes, p).max()), opts)
@@ -213,20 +230,20 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
     for mode in set(modes) - set(by_mode):
         by_mode[mode] = CostTable(model_layer_costs(model, par, cluster.hardware, opts, mode,
                                                     profile))
-    stages = split_stages(by_mode, bounds, modes, opts.pipeline_action_overhead_s)
+    stages = split_stages(by_mode, bounds, modes)
     pred = predict(model, cluster, par, opts, stages, simulated, sim_cache)
     plan_stages = tuple(
         Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),
               recompute=stages.recompute[k], time_s=float(stages.time_s[k]),
               memory_bytes=float(pred.chunk_memory_bytes[k]), fwd_s=float(stages.fwd_s[k]),
               bwd_s=float(stages.bwd_s[k]), wgrad_s=float(stages.bwd_weight_s[k]),
-              send_s=float(pred.transfer_s[k]))
+              send_s=float(pred.transfer_s[k]), a2a_s=float(stages.a2a_s[k]))
         for k in range(par.num_chunks))
     plan = Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
                 metrics=metrics_of(model, cluster, par, pred,
                                    getattr(profile, "peak_flops", None)),
                 rank_memory_bytes=tuple(float(x) for x in pred.rank_memory_bytes),
-                notes=_notes(opts), stack=opts)
+                notes=_notes(opts) + moe.notes(model, par, opts), stack=opts)
     return plan, pred
 
 
@@ -239,7 +256,7 @@ def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
     fill = float(rank_time.sum())
     if par.schedule == "interleaved" and v > 1:
         fill = slowest + (fill - slowest) / v
-    elif par.schedule == "zb-h1":
+    elif par.schedule in SPLIT_BACKWARD:  # zb-2p: no closed form of its own, zb-h1's
         fill = slowest + (fill - slowest) / 3
     return (m - 1) * slowest + fill
 
@@ -291,16 +308,31 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     which of the two it overlaps). Hidden is not
     free: while a collective runs beside compute it holds SMs the compute cannot use, so the step
     pays that share of the hidden time (comm.overlap_interference) on top of the exposed part."""
-    p, n = par.pp, par.dp * par.cp  # Megatron reduces gradients over the DP x CP ranks
-    if n == 1:
+    # Dense parameters sync over the DP x CP ranks (Megatron reduces gradients over both);
+    # routed-expert parameters over the expert-DP group (tp·cp·dp / (etp·ep) ranks: Megatron-
+    # Core's expert rank generator), none when ep·etp covers a stage's ranks. Each group's
+    # collectives are priced on their own (each assumed to have the compute windows to itself).
+    p = par.pp
+    experts = stages.by_rank(stages.expert_params, p)
+    out = _group_sync_s(par, opts, stages, stages.by_rank(stages.params, p) - experts,
+                        _dp_group(par, cluster), cluster)
+    if par.expert_dp > 1 and experts.any():
+        out = out + _group_sync_s(par, opts, stages, experts,
+                                  _dp_group(par, cluster, experts=True), cluster)
+    return out
+
+
+def _group_sync_s(par: Parallel, opts: Stack, stages: ChunkArrays, params: np.ndarray,
+                  group: nccl.Group, cluster: Cluster) -> np.ndarray:
+    """Per rank, what syncing ``params`` (per rank) over ``group`` adds to the step."""
+    p = par.pp
+    if group.ranks == 1 or not params.any():
         return np.zeros(p)
-    group = _dp_group(par, cluster)
-    params = stages.by_rank(stages.params, p)
     grads = params * opts.reduced_grad_bytes(par.zero)
     m = par.num_microbatches
     interference = comm.overlap_interference(cluster.hardware)
     if par.zero >= 3:
-        return _zero3_exposed_s(par, opts, stages, group, grads, interference)
+        return _zero3_exposed_s(par, opts, stages, group, params, grads, interference)
     if par.zero == 0:
         reduce_s = nccl.collective_s("all_reduce", grads, group)
         gather_s = np.zeros(p)
@@ -325,22 +357,26 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
         _overlapped_cost_s(fwd_comm, fwd, interference)
 
 
-def _dp_group(par: Parallel, cluster: Cluster) -> nccl.Group:
+def _dp_group(par: Parallel, cluster: Cluster, experts: bool = False) -> nccl.Group:
     """The group gradients are reduced over, as NCCL sees it: DP x CP ranks (Megatron reduces
     over both). In tp-cp-dp-pp rank order it has domain / tp members in each NVLink domain it
     spans, and the tp groups of its stage in a node run the same collectives at once, sharing
-    the node's NICs (comm.group_link)."""
+    the node's NICs (comm.group_link). With ``experts``: the expert-DP group, etp·ep ranks
+    apart (layout/ranks.py's expert generator)."""
     n, domain = par.dp * par.cp, cluster.nvlink_domain
-    per_domain = max(1, min(n, domain // par.tp))
-    spans = cluster.gpus > domain and dp_group_crosses_nodes(par.tp, n, par.pp, domain)
-    per_node = max(1, min(n, cluster.gpus_per_node // par.tp))
+    inner = par.tp
+    if experts:
+        n, inner = par.expert_dp, par.expert_tp * par.ep
+    per_domain = max(1, min(n, domain // inner))
+    spans = cluster.gpus > domain and dp_group_crosses_nodes(inner, n, par.pp, domain)
+    per_node = max(1, min(n, cluster.gpus_per_node // inner))
     link = comm.group_link(cluster.hardware, per_node, spans)
     domains = -(-n // per_domain) if spans else 1
     return nccl.Group(ranks=n, nodes=domains, bus_bytes_per_s=link.bytes_per_s)
 
 
 def _zero3_exposed_s(par: Parallel, opts: Stack, stages: ChunkArrays, group: nccl.Group,
-                     grads: np.ndarray, interference: float) -> np.ndarray:
+                     params: np.ndarray, grads: np.ndarray, interference: float) -> np.ndarray:
     """ZeRO-3 / FSDP, unit by unit (cost/zero.py): a unit is one layer (FSDP per-block
     wrapping) or a whole chunk (``zero3_gather``), each gathered for every microbatch's forward
     and, FULL_SHARD resharding after the forward, again for its backward, and its gradients
@@ -351,7 +387,6 @@ def _zero3_exposed_s(par: Parallel, opts: Stack, stages: ChunkArrays, group: ncc
     per_chunk = layers if opts.zero3_gather == "layer" else np.minimum(layers, 1.0)
     units = stages.by_rank(per_chunk, p)
     priced = np.maximum(units, 1.0)
-    params = stages.by_rank(stages.params, p)
     gather = nccl.collective_s("all_gather", params * ACT_BYTES / priced, group)
     reduce = nccl.collective_s("reduce_scatter", grads / priced, group)
     times = zero.UnitTimes(

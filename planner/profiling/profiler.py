@@ -378,6 +378,11 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", tp: int = 1, micro_ba
     phases); bigger layers are measured reduced and scaled (see the module docstring).
     ``progress(done, total, label)`` is called before each layer and once at the end.
     """
+    moe = next((layer for layer in spec.layers if layer.is_moe or layer.is_mla), None)
+    if moe is not None:
+        what = "mixture-of-experts" if moe.is_moe else "multi-head latent attention"
+        raise PlanInputError(f"{spec.name}: plan profile measures dense blocks; its {what} "
+                             "blocks are not measured (plan them analytically, without --profile)")
     xp, dtype = array_backend(device)
     s = seq_len or spec.seq_length
     for name, value in (("--micro-batch", micro_batch), ("--seq-len", s), ("--tp", tp),

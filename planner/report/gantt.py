@@ -20,7 +20,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from planner.pipeline.simulate import SimResult, closed_form_bubble
+from planner.pipeline.simulate import SPLIT_BACKWARD, SimResult, closed_form_bubble
 
 STYLE = {"F": "white on blue", "B": "black on green", "W": "black on yellow"}
 FILL = {"F": "#4a78c2", "B": "#4caf50", "W": "#e6c229"}
@@ -116,9 +116,10 @@ def _closed_form_note(result: SimResult) -> str:
     p, m, v = result.p, result.m, result.v
     if result.schedule == "interleaved":
         return f"(p-1)/(vM+p-1) = {closed_form_bubble('interleaved', p, m, v):.1%}"
-    if result.schedule == "zb-h1":
-        return (f"(p-1)/(3M+p-1) = {closed_form_bubble('zb-h1', p, m):.1%} when F = B = W: idle time "
-                f"about a third of 1F1B's (1F1B: {closed_form_bubble('1f1b', p, m):.1%} of its step)")
+    if result.schedule in SPLIT_BACKWARD:
+        return (f"(p-1)/(3M+p-1) = {closed_form_bubble(result.schedule, p, m):.1%} when F = B = W: "
+                f"idle time about a third of 1F1B's (1F1B: {closed_form_bubble('1f1b', p, m):.1%} "
+                "of its step)")
     return f"(p-1)/(M+p-1) = {closed_form_bubble(result.schedule, p, m):.1%}"
 
 
@@ -140,7 +141,7 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
         console.print(Text(f"rank {r}".ljust(label_w)) + text + Text("|"), no_wrap=True, overflow="crop")
     legend = Text("legend: ")
     for kind, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad")):
-        if kind != "W" or result.schedule == "zb-h1":
+        if kind != "W" or result.schedule in SPLIT_BACKWARD:
             legend.append(f"{kind}3{MARK[kind] * 2}", style=STYLE[kind]).append(f" {name}  ")
     legend.append("(of microbatch 3); blank: idle")
     console.print(legend)
@@ -151,7 +152,7 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     table.add_row("idle share of step", f"{result.bubble_fraction:.1%}", _closed_form_note(result))
     ratio_form = (result.p - 1) / (result.v * result.m)
     table.add_row("idle / ideal compute", f"{result.bubble_ratio:.1%}",
-                  f"(p-1)/(vM) = {ratio_form:.1%}" if result.schedule != "zb-h1"
+                  f"(p-1)/(vM) = {ratio_form:.1%}" if result.schedule not in SPLIT_BACKWARD
                   else f"(p-1)/(3M) = {ratio_form / 3:.1%} when F = B = W")
     console.print(table)
     peak = Table(show_header=True, header_style="bold")

@@ -29,6 +29,12 @@ def _si(x: float) -> str:
     return f"{x:.0f}"
 
 
+def expert_label(par) -> str:
+    """' ep8' (and ' etp1' where expert TP differs from tp) for an expert-parallel plan."""
+    out = f" ep{par.ep}" if par.ep > 1 else ""
+    return out + (f" etp{par.expert_tp}" if par.expert_tp != par.tp else "")
+
+
 def recompute_label(plan: Plan) -> str:
     """The recompute mode, or the modes the stages mix (the partitioner picks one per stage)."""
     return stage_recompute(plan)
@@ -46,10 +52,11 @@ class Column:
 # columns from the end of this list (never one that tells two shown rows apart), and says which.
 COLUMNS = (
     Column("#", lambda p: ""),  # filled with the rank
-    Column("tp·pp·dp", lambda p: f"{p.parallel.tp}·{p.parallel.pp}·{p.parallel.dp}"),
+    Column("tp·pp·dp", lambda p: f"{p.parallel.tp}·{p.parallel.pp}·{p.parallel.dp}"
+           + expert_label(p.parallel)),
     # shown instead of tp·pp·dp when a plan splits the sequence (context parallelism)
     Column("tp·cp·pp·dp", lambda p: f"{p.parallel.tp}·{p.parallel.cp}·{p.parallel.pp}·"
-                                    f"{p.parallel.dp}"),
+                                    f"{p.parallel.dp}" + expert_label(p.parallel)),
     Column("mb×M", lambda p: f"{p.parallel.micro_batch}×{p.parallel.num_microbatches}"),
     Column("batch", lambda p: str(p.parallel.global_batch)),
     Column("schedule", lambda p: p.parallel.schedule + (f" v{p.parallel.virtual_stages}"
@@ -347,14 +354,19 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
         console.print(f"[red]does not fit[/red]: needs {m.peak_memory_bytes / GIB:.1f} GiB of "
                       f"{exp.capacity_bytes / GIB:.0f} GiB per GPU ({-spare / GIB:.1f} GiB over); "
                       "try recompute, more pipeline stages or a higher ZeRO stage")
-    table = Table(title="per pipeline rank", title_justify="left")
-    for col in ("rank", "layers", "recompute", "s/microbatch", "GiB"):
+    moe = any(s.a2a_s for s in exp.plan.stages)
+    table = Table(title="per pipeline rank" + (" (all-to-all: MoE token dispatch and combine, "
+                                               "included in s/microbatch)" if moe else ""),
+                  title_justify="left")
+    for col in ("rank", "layers", "recompute", "s/microbatch", *(("all-to-all s",) if moe else ()),
+                "GiB"):
         table.add_column(col, justify="right")
     for r, mem in enumerate(exp.plan.rank_memory_bytes):
         chunks = [s for s in exp.plan.stages if s.rank == r]
         layers = " ".join(f"[{s.first},{s.last})" for s in chunks)
+        a2a = (f"{sum(s.a2a_s for s in chunks):.4f}",) if moe else ()
         table.add_row(str(r), layers, chunks[0].recompute, f"{sum(s.time_s for s in chunks):.4f}",
-                      f"{mem / GIB:.1f}")
+                      *a2a, f"{mem / GIB:.1f}")
     console.print(table)
     rows = _memory_rows(exp)
     if rows:

@@ -15,7 +15,7 @@ from dataclasses import replace
 
 from planner.core.errors import NoFeasiblePlan
 from planner.predict.plan import Plan
-from planner.pipeline.simulate import closed_form_bubble
+from planner.pipeline.simulate import SPLIT_BACKWARD, closed_form_bubble
 
 # Hint when the best plan idles more than this share of its step. A judgement, not a fitted or
 # published number: Narayanan et al. 2021 size M so the bubble is small next to the compute, and
@@ -30,7 +30,7 @@ def microbatches_for(schedule: str, p: int, v: int, bubble: float) -> int:
     if p <= 1:
         return 1
     # (p-1)/(k*M + p-1) <= b  <=>  M >= (p-1)(1-b) / (k*b), k = 1 (1F1B, GPipe), v or 3 (ZB-H1)
-    k = v if schedule == "interleaved" else 3 if schedule == "zb-h1" else 1
+    k = v if schedule == "interleaved" else 3 if schedule in SPLIT_BACKWARD else 1
     m = max(1, math.ceil((p - 1) * (1 - bubble) / (k * bubble) - 1e-9))
     while closed_form_bubble(schedule, p, m, v) > bubble:  # guard the float rounding
         m += 1

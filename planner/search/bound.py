@@ -9,7 +9,7 @@ plans of random cases):
 Pipeline.  Let t_k be chunk k's time for one microbatch (F + B + W) and f_k its forward time.
 Rank r runs m microbatches of its chunk after the first microbatch's forwards through chunks
 0..r-1, and (GPipe, 1F1B) its last backward is followed by the backwards of chunks r-1..0, so
-    step >= sum_{k<r} t_k + m·t_r   for every rank r    (ZB-H1: sum_{k<r} f_k + m·t_r,
+    step >= sum_{k<r} t_k + m·t_r   for every rank r    (ZB-H1, ZB-2p: sum_{k<r} f_k + m·t_r,
 plus its backward chain, `families_of`).  Whole layers make the chunks: `split_fits` decides,
 greedily, whether any contiguous split keeps every such term under a value, each layer at its
 fastest allowed recompute mode.  Memory narrows the modes: each rank's capacity, relaxed with a
@@ -17,7 +17,7 @@ Lagrange multiplier (`memory_families`), and all ranks' capacity summed (`memory
 A cheaper relaxation comes first: over real-valued splits with sum t_k = T, the smallest max over
 r is reached when every rank's term is equal (if all were below that value, the partial sums
 would stay below the equal split's and could not reach T): C = a·T / (1 - (1 - a/m)^p), a = 1,
-or for ZB-H1 the smallest forward share f/t of any layer.  Interleaved ranks hold several
+or for ZB-H1 and ZB-2p the smallest forward share f/t of any layer.  Interleaved ranks hold several
 chunks, which the partitioner may size unevenly, so there only what holds for any split is used:
 the busiest rank runs m microbatches of at least T / p, and microbatch 0's chain of forwards
 and input-gradient backwards runs through every layer.  (What the search's cap leaves of them is
@@ -40,6 +40,7 @@ import numpy as np
 from planner.core.parallel import Parallel
 from planner.cost import constants
 from planner.partitioning.problem import TIE_RTOL
+from planner.pipeline.simulate import SPLIT_BACKWARD
 from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, _dp_exposed_s
 from planner.predict.chunks import CostTable, ChunkArrays
 
@@ -105,11 +106,14 @@ def families_of(schedule: str, p: int, m: int, layers: "LayerTimes") -> list:
     docstring): every schedule has (forward, m·time) [GPipe and 1F1B (time, m·time): their
     last backward is followed by the backwards of the earlier chunks]; ZB-H1 adds its backward
     chain: rank r's last B comes after all its F and B and m - r - 1 of its W, and is followed by
-    the B of chunks r-1..0: (F + B, m·(F + B) + max(0, m - r - 1)·W)."""
+    the B of chunks r-1..0: (F + B, m·(F + B) + max(0, m - r - 1)·W); ZB-2p the same chain
+    without counting any W (its W ops fall anywhere)."""
     t, f, fb, w = layers.time_s, layers.fwd_s, layers.fb_s, layers.w_s
-    if schedule != "zb-h1":
+    if schedule not in SPLIT_BACKWARD:
         return [(t, np.tile(m * t, (p, 1)))]
-    lag = np.maximum(0, m - np.arange(p) - 1)[:, None]
+    # zb-2p: rank r's last B still follows all its F and B; count none of its W before it
+    lag = np.maximum(0, m - np.arange(p) - 1)[:, None] if schedule == "zb-h1" else \
+        np.zeros((p, 1))
     return [(f, np.tile(m * t, (p, 1))), (fb, m * fb[None, :] + lag * w[None, :])]
 
 
@@ -123,7 +127,8 @@ def relaxed_bound(a: float, p: int, m: int, total_s: float) -> float:
 @dataclass(frozen=True)
 class LayerTimes:
     """Per layer, the fastest allowed mode's time for one microbatch; the smallest forward share
-    f/t of any layer and mode; the model's parameters (for the optimizer term)."""
+    f/t of any layer and mode; the model's dense (non-expert) parameters, per GPU (for the DP
+    and optimizer terms)."""
 
     time_s: np.ndarray
     fwd_s: np.ndarray
@@ -140,7 +145,10 @@ def layer_times(tables: dict[str, CostTable]) -> LayerTimes:
     inputs = np.array([[c.bwd_input_s + c.recompute_s for c in table.costs]
                        for table in tables.values()])
     share = float((forwards / np.where(times > 0, times, np.inf)).min())
-    params = float(sum(c.params for c in next(iter(tables.values())).costs))
+    # Dense (non-expert) parameters only: they sync over the DP group and step over dp shards;
+    # routed experts sync over the expert-DP group, possibly of one member (no sync at all), so
+    # leaving them out keeps the DP and optimizer terms lower bounds for MoE models.
+    params = float(sum(c.params - c.expert_params for c in next(iter(tables.values())).costs))
     return LayerTimes(times.min(axis=0), forwards.min(axis=0), (forwards + inputs).min(axis=0),
                       np.maximum(times - forwards - inputs, 0.0).min(axis=0), share, params)
 
@@ -214,7 +222,8 @@ def dp_bound(par: Parallel, cluster, opts, params: float) -> float:
     zeros, unbounded = np.zeros(n), np.full(n, np.inf)
     ideal = ChunkArrays(first=zeros, last=zeros, recompute=("none",) * n, fwd_s=unbounded,
                    bwd_input_s=unbounded, bwd_weight_s=zeros, params=np.full(n, params / n),
-                   act_bytes=zeros, work_bytes=zeros, model_flops=zeros, hardware_flops=zeros)
+                   act_bytes=zeros, work_bytes=zeros, model_flops=zeros, hardware_flops=zeros,
+                   expert_params=zeros, a2a_s=zeros)
     return float(_dp_exposed_s(par, cluster, opts, ideal).max())
 
 
@@ -258,12 +267,14 @@ def step_bound(par: Parallel, cluster, opts, layers: LayerTimes, problem=None) -
     # the slowest layer; microbatch 0's forwards and input-gradient backwards form one chain
     pipeline = max(m * total / p, m * float(layers.time_s.max()), float(layers.fb_s.sum()))
     families = None
-    if par.virtual_stages == 1:  # a rank is one contiguous block of layers
-        a = layers.forward_share if par.schedule == "zb-h1" else 1.0
+    # with optimizer post-validation a step costs the longest rank span, which need not hold
+    # the forwards before a rank starts: only the rank-local terms above stay true
+    if par.virtual_stages == 1 and not opts.optimizer_post_validation:
+        a = layers.forward_share if par.schedule in SPLIT_BACKWARD else 1.0
         pipeline = max(pipeline, relaxed_bound(a, p, m, total))
         families = families_of(par.schedule, p, m, layers)
         if problem is not None:
-            families += memory_families(problem, m, layers.fwd_s if par.schedule == "zb-h1"
+            families += memory_families(problem, m, layers.fwd_s if par.schedule in SPLIT_BACKWARD
                                         else layers.time_s)
     hw = cluster.hardware
     owned = layers.params / p / (par.dp * par.cp if par.zero >= 1 else 1)

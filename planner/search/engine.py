@@ -27,8 +27,8 @@ from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
 from planner.search.bound import Bound, layer_times, step_bound
 from planner.search.chunk_bound import chunk_bound
-from planner.search.space import (Pins, Request, enumerate_configs, launcher_rule, microbatches,
-                                  schedule_rule, stack_rule, tp_rule, validate_pins)
+from planner.search.space import (MOE_NEEDS_SP, Pins, Request, enumerate_configs, launcher_rule,
+                                  microbatches, schedule_rule, stack_rule, tp_rule, validate_pins)
 from planner.predict.stages import allowed_modes, best_split, may_fit, partition_problem
 
 __all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_configs",
@@ -75,7 +75,8 @@ def _rank_key(par: Parallel, step_s: float, memory_bytes: float):
     same inputs always give the same ranking."""
     return (round(step_s, 9), round(memory_bytes), par.tp, par.pp, par.micro_batch,
             SCHEDULES.index(par.schedule), par.virtual_stages,
-            RECOMPUTE_MODES.index(par.recompute), par.zero, par.sequence_parallel)
+            RECOMPUTE_MODES.index(par.recompute), par.zero, par.sequence_parallel, par.ep,
+            par.expert_tp)
 
 
 def _plan_key(plan: Plan):
@@ -104,7 +105,8 @@ class _Costs:
         modes = allowed_modes(par, r.options, r.pins.recompute is not None)
         key = (par, with_memory)
         if key not in self.bounds:
-            times_key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, modes)
+            times_key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, modes,
+                         par.ep, par.expert_tp)
             if times_key not in self.layer_times:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
             self.bounds[key] = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
@@ -126,7 +128,7 @@ class _Costs:
         if par.schedule not in ("interleaved", "1f1b") or value == float("inf"):
             return False
         rest = self.bound(par).rest_s
-        for whole in (False, True):
+        for whole in (False, True)[:2 if par.num_chunks <= MILP_CHUNKS else 1]:
             key = (par, whole, value - rest if whole else None)  # the MILP stops at the cutoff
             if key not in self.chunk_bounds:
                 self.chunk_bounds[key] = chunk_bound(par, self.problem(par), self.known(par),
@@ -141,7 +143,8 @@ class _Costs:
         return par.tp, par.cp, cp_crosses(par, self.req.cluster.hardware)
 
     def table(self, par: Parallel, mode: str) -> CostTable:
-        key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, mode)
+        key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, mode, par.ep,
+               par.expert_tp)
         if key not in self.tables:
             r = self.req
             self.tables[key] = CostTable(model_layer_costs(r.model, par, r.cluster.hardware, r.options,
@@ -156,12 +159,11 @@ class _Costs:
 
     def even_stages(self, par: Parallel) -> ChunkArrays:
         key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, par.recompute,
-               par.num_chunks)
+               par.num_chunks, par.ep, par.expert_tp)
         if key not in self.stages:
             bounds = even_block_bounds(self.req.model, par.num_chunks)
             self.stages[key] = split_stages({par.recompute: self.table(par, par.recompute)},
-                                            bounds, [par.recompute] * par.num_chunks,
-                                            self.req.options.pipeline_action_overhead_s)
+                                            bounds, [par.recompute] * par.num_chunks)
         return self.stages[key]
 
     def refined(self, par: Parallel) -> Plan | str:
@@ -290,6 +292,11 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
     return refined, notes
 
 
+# Chunks up to which the chunk bound's mixed-integer program is tried after its linear one:
+# beyond, it ran into its time limit (0.1 s) on gpt3-175b's 48 to 96 chunks, several times what
+# refining the configuration costs (measured on benchmarks/bench_solve.py's cases)
+MILP_CHUNKS = 32
+
 # A configuration the chunk bound puts within this share of plan 1 counts as a tie, not as
 # faster: the bound is a solver's (chunk_bound.MIP_GAP, and chunk_bound.SAFETY kept below its
 # answer), so a configuration that refines to plan 1 itself (a recompute mode allowed but
@@ -401,7 +408,10 @@ def explain(req: Request) -> Explanation:
                    recompute=pins.recompute or "none",
                    zero=1 if pins.zero is None else pins.zero,
                    sequence_parallel=tp > 1 if pins.sequence_parallel is None
-                   else pins.sequence_parallel, cp=cp)
+                   else pins.sequence_parallel, cp=cp,
+                   ep=pins.ep or 1, etp=None if pins.etp in (None, tp) else pins.etp)
+    if rule is None and req.model.is_moe and tp > 1 and not par.sequence_parallel:
+        rule = MOE_NEEDS_SP
     if rule is None:
         rule = stack_rule(req.options, par) or schedule_rule(req.model, par)
     if rule is None and req.launcher:

@@ -43,6 +43,8 @@ class Pins:
     zero: int | None = None
     sequence_parallel: bool | None = None
     cp: int | None = None  # context parallel (cost/context.py)
+    ep: int | None = None  # expert parallel (MoE models only)
+    etp: int | None = None  # expert tensor parallel (MoE models only)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def default_global_batch(seq_len: int) -> int:
 def validate_pins(req: Request) -> None:
     """Pins that contradict each other or the GPU count: one line, before any search."""
     pins, gpus = req.pins, req.cluster.gpus
-    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages", "cp"):
+    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages", "cp", "ep", "etp"):
         value = getattr(pins, name)
         if value is not None and value < 1:
             raise PlanInputError(f"--{name.replace('_', '-')} must be positive, got {value}")
@@ -105,6 +107,7 @@ def validate_pins(req: Request) -> None:
                              f"got {pins.recompute!r}")
     if pins.zero is not None and pins.zero not in (0, 1, 2, 3):
         raise PlanInputError(f"--zero must be 0, 1, 2 or 3, got {pins.zero}")
+    expert_pin_problem(req.model, pins)
     if pins.sequence_parallel and pins.tp == 1:
         raise PlanInputError("--sequence-parallel needs --tp > 1 (it shards what TP replicates)")
     if pins.virtual_stages and pins.virtual_stages > 1 and pins.schedule != "interleaved":
@@ -179,7 +182,7 @@ def enumerate_configs(req: Request, rejected: Counter):
                     reason = tp_reason or ("more stages than layers" if pp > len(model.layers)
                                            else "batch not divisible" if m is None else None)
                     if reason:
-                        rejected[reason] += knob_count(req, tp, pp)
+                        rejected[reason] += knob_count(req, tp, pp, cp)
                         continue
                     if m > MAX_MICROBATCHES:  # core/limits.py: simulator work grows with M
                         rejected[f"more than {MAX_MICROBATCHES:,} microbatches"] += 1
@@ -236,9 +239,53 @@ def context_rule(stack: Stack, seq_len: int, cp: int) -> str | None:
     return "sequence not divisible by 2*cp"
 
 
-def expert_degrees(req: Request, shape: Parallel) -> tuple[int, ...]:
-    """The expert-parallel degrees the search tries for one shape (ep·etp divides tp·cp·dp)."""
-    return (1,)
+def expert_degrees(req: Request, tp: int, cp: int, dp: int) -> tuple[tuple[int, int | None], ...]:
+    """The (ep, etp) pairs the search considers for one shape (etp None: same as tp). A dense
+    model: (1, None). An MoE model: every ep dividing the stage's tp·cp·dp ranks, with etp = tp
+    (Megatron's default) and, where ep > 1 and tp > 1, etp = 1 (experts whole on each GPU, what
+    Megatron-Core's MoE guide recommends with EP); expert_rule rejects what cannot run."""
+    pins = req.pins
+    if not req.model.is_moe:
+        return ((1, None),)
+    eps = [pins.ep] if pins.ep else divisors(tp * cp * dp)
+    out = []
+    for ep in eps:
+        if pins.etp:
+            out.append((ep, None if pins.etp == tp else pins.etp))
+            continue
+        out.append((ep, None))
+        if ep > 1 and tp > 1:
+            out.append((ep, 1))
+    return tuple(out)
+
+
+def expert_rule(model: ModelSpec, tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
+    """Why experts cannot be split this way (None when they can): ep must divide the experts,
+    etp·ep the stage's tp·cp·dp ranks (Megatron-Core), etp the expert FFN width."""
+    experts = model.num_experts
+    if ep > 1 and (not experts or experts % ep):
+        return "ep does not divide the experts"
+    if (tp * cp * dp) % (ep * etp):
+        return "etp x ep does not divide tp x cp x dp"
+    widths = {layer.ffn_hidden_size for layer in model.layers if layer.is_moe}
+    if any(w % etp for w in widths):
+        return "expert FFN not divisible by etp"
+    return None
+
+
+def expert_pin_problem(model: ModelSpec, pins: Pins) -> None:
+    """--ep / --etp pins that cannot run: one line, exit 2."""
+    if (pins.ep or pins.etp) and not model.is_moe:
+        raise PlanInputError(f"--ep and --etp split experts; {model.name} is a dense model (no "
+                             "num_experts): drop them")
+    if pins.ep and model.num_experts % pins.ep:
+        raise PlanInputError(f"--ep {pins.ep} does not divide the {model.num_experts} experts of "
+                             f"{model.name}: use a divisor of {model.num_experts}")
+    if pins.etp and model.is_moe:
+        widths = {layer.ffn_hidden_size for layer in model.layers if layer.is_moe}
+        if any(w % pins.etp for w in widths):
+            raise PlanInputError(f"--etp {pins.etp} does not divide the expert FFN width "
+                                 f"({min(widths)})")
 
 
 def space_size(req: Request) -> int:
@@ -255,7 +302,8 @@ def _context_size(req: Request, cp: int) -> int:
         for pp in [pins.pp] if pins.pp else divisors(gpus // tp):
             if gpus % (tp * pp) or (pins.dp and gpus // (tp * pp) != pins.dp):
                 continue
-            total += knob_count(req, tp, pp) * (1 if pins.micro_batch else len(MICRO_BATCHES))
+            total += knob_count(req, tp, pp, cp) * (
+                1 if pins.micro_batch else len(MICRO_BATCHES))
     return total
 
 
@@ -278,11 +326,13 @@ def _choices(req: Request, tp: int, pp: int):
     return schedules, vs, recomputes, zeros, sps
 
 
-def knob_count(req: Request, tp: int, pp: int) -> int:
-    """Configurations of one (tp, pp, dp, mb) shape: schedule x virtual stages x recompute x ZeRO x
-    SP, as ``_knobs`` enumerates them."""
+def knob_count(req: Request, tp: int, pp: int, cp: int = 1) -> int:
+    """Configurations of one (tp, pp, dp, mb) shape: expert split x schedule x virtual stages x
+    recompute x ZeRO x SP, as ``_knobs`` enumerates them."""
     schedules, vs, recomputes, zeros, sps = _choices(req, tp, pp)
-    return sum(len(vs(s)) for s in schedules) * len(recomputes) * len(zeros) * len(sps)
+    dp = max(1, req.cluster.gpus // (cp * tp * pp))
+    return len(expert_degrees(req, tp, cp, dp)) * sum(len(vs(s)) for s in schedules) * len(
+        recomputes) * len(zeros) * len(sps)
 
 
 def microbatches(req: Request, per_microbatch_step: int) -> int | None:
@@ -299,8 +349,21 @@ def microbatches(req: Request, per_microbatch_step: int) -> int | None:
 def _knobs(req: Request, shape: Parallel, rejected: Counter):
     """The schedule, virtual-stage, recompute, ZeRO and SP choices of one (tp, pp, dp, mb, M)."""
     schedules, vs, recomputes, zeros, sps = _choices(req, shape.tp, shape.pp)
-    for ep, schedule in product(expert_degrees(req, shape), schedules):
-        shape = replace(shape, ep=ep)
+    per_expert_split = sum(len(vs(s)) for s in schedules) * len(recomputes) * len(zeros) * len(
+        sps)
+    for ep, etp in expert_degrees(req, shape.tp, shape.cp, shape.dp):
+        reason = expert_rule(req.model, shape.tp, shape.cp, shape.dp, ep,
+                             shape.tp if etp is None else etp)
+        if reason:
+            rejected[reason] += per_expert_split
+            continue
+        yield from _schedules(req, replace(shape, ep=ep, etp=etp), rejected)
+
+
+def _schedules(req: Request, shape: Parallel, rejected: Counter):
+    """The schedule, virtual-stage, recompute, ZeRO and SP choices of one shape and expert split."""
+    schedules, vs, recomputes, zeros, sps = _choices(req, shape.tp, shape.pp)
+    for schedule in schedules:
         for v in vs(schedule):
             timed = replace(shape, schedule=schedule, virtual_stages=v)
             if stack_rule(req.options, timed):
@@ -319,6 +382,9 @@ def _knobs(req: Request, shape: Parallel, rejected: Counter):
                 continue
             for recompute, zero, sp in product(recomputes, zeros, sps):
                 par = replace(timed, recompute=recompute, zero=zero, sequence_parallel=sp)
+                if req.model.is_moe and par.tp > 1 and not sp:
+                    rejected[MOE_NEEDS_SP] += 1
+                    continue
                 if req.launcher and launcher_rule(req, par):
                     rejected[f"{req.launcher} cannot run it"] += 1
                     continue
@@ -339,6 +405,9 @@ def stack_rule(stack: Stack, par: Parallel) -> str | None:
     return None
 
 
+# Megatron-LM arguments.py: "When using MoE and tensor parallelism, sequence parallelism must be
+# used" (cost/moe.py prices the dispatch of a GPU's T/tp tokens on that ground).
+MOE_NEEDS_SP = "MoE with TP needs sequence parallel"
 UNEVEN_UNPINNED = "uneven interleaving (searched when --virtual-stages is pinned)"
 
 

@@ -67,8 +67,19 @@ class Stack:
     fused_elementwise: bool
     # pipeline schedules the stack runs
     schedules: tuple[str, ...]
-    # fixed cost of each pipeline action (one forward or backward of a chunk), seconds
+    # fixed cost of each pipeline action (a chunk's forward, backward, or in zero-bubble
+    # schedules its input- or weight-gradient half), seconds; the simulator charges it per action
     pipeline_action_overhead_s: float
+    # MoE: routed tokens on the busiest GPU over the mean (1.0 balanced; a capacity factor caps
+    # it); scales expert time and all-to-all bytes, not model FLOPs (planner/cost/moe.py)
+    moe_expert_load: float
+    # how much more a backward split into input-grad (B) and weight-grad (W) actions costs than
+    # the fused backward, as a fraction of the backward (0.1: B + W = 1.1 x fused)
+    split_backward_overhead: float
+    # no global synchronisation before the optimizer step (the zero-bubble fork's optimizer
+    # post-validation): consecutive steps overlap, and a step costs the longest time one rank
+    # spends from its first to its last pipeline action instead of the whole makespan
+    optimizer_post_validation: bool
     # context parallelism's K/V exchange (cost/context.py): "p2p" ring, "a2a" all-to-all
     # (Ulysses), "allgather"; None: the stack runs no context parallelism (cp > 1 refused)
     cp_comm: str | None
@@ -166,10 +177,11 @@ _CHOICES = {
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
-          "fp8_weight_cache", "fp8_saved_activations")
+          "optimizer_post_validation", "fp8_weight_cache", "fp8_saved_activations")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
-           "pipeline_action_overhead_s": (0.0, 0.1)}
+           "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0),
+           "moe_expert_load": (1.0, 64.0)}
 
 
 def check_value(key: str, value, origin: str):
