@@ -122,3 +122,19 @@ def test_gantt_of_a_long_run_is_compressed_and_says_so():
     assert f"drawn: {r.timeline_m:,} of 1,000,000 microbatches" in text
     svg = to_svg(r)
     assert svg.count('class="op"') == 2 * 4 * r.timeline_m
+
+
+@pytest.mark.parametrize("p", [4, 8])
+def test_a_wave_that_repeats_after_several_periods(monkeypatch, p):
+    """A short first stage and a lighter last one (embedding, head): the state never shifts
+    uniformly from one period to the next, a wave runs through the ranks and the states repeat
+    only after several periods; found by the cycle search long before all periods are stepped,
+    and the same step as the op-by-op run."""
+    steps = []
+    step = periodic.apply
+    monkeypatch.setattr(periodic, "apply", lambda T, s: steps.append(1) or step(T, s))
+    fwd = [0.5] + [1.0] * (p - 2) + [0.8]
+    args = dict(fwd_s=fwd, bwd_s=[2 * f for f in fwd], comm_s=0.03, act_bytes=1.0)
+    fast = simulate("1f1b", p, 400, timeline=False, **args)
+    assert len(steps) < 200  # of the ~380 periods
+    _same(fast, simulate("1f1b", p, 400, method="full", timeline=False, **args))

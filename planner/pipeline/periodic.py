@@ -42,6 +42,7 @@ from planner.pipeline.schedule import Op
 # the drift is at most k times the spread).
 REL_TOL = 1e-11
 STEP_LIMIT = 2048  # steps of T ⊗ s before the rest of T^k is taken by repeated squaring
+CYCLE_CHECK = 32  # steps between searches of the kept states for a repeat (power_apply)
 NEG = -np.inf
 
 
@@ -150,17 +151,23 @@ def state_values(end: Callable[[str, int, int], float], ops, labels, keys: tuple
 
 
 def symbolic_run(ops, labels, keys: tuple, cut: int, stop: int | None, p: int, v: int,
-                 group: int, comm: list[float], duration: Callable[[Op], float]):
+                 group: int, comm: list[float], duration: Callable[[Op], float],
+                 state: np.ndarray | None = None):
     """Time the ops between cut ``cut`` and cut ``stop`` (None: to the end) with symbolic times:
     each time is a max-plus form over the state at ``cut`` (a vector, -inf where it does not
     depend on a component).  Returns the end form of every op timed, keyed by (kind, microbatch,
     chunk), and each rank's free form at the end; None if an input is neither timed nor in the
-    state (the ops do not form a closed period)."""
+    state (the ops do not form a closed period).  Given the ``state``'s values, the times are
+    numbers instead (each form applied to the state: the same max-plus arithmetic, in scalars):
+    the cool-down, timed once from the state the periods reach, costs a float per op, not a form."""
     chunks = p * v
     n = len(keys)
     index = {key: i for i, key in enumerate(keys)}
+    join = np.maximum if state is None else max
 
-    def unit(i: int) -> np.ndarray:
+    def unit(i: int):
+        if state is not None:
+            return float(state[i])
         form = np.full(n, NEG)
         form[i] = 0.0
         return form
@@ -181,9 +188,9 @@ def symbolic_run(ops, labels, keys: tuple, cut: int, stop: int | None, p: int, v
                 for kind, mb, k, boundary in cross_inputs(op, p, chunks):
                     made = ends.get((kind, mb, k))
                     if made is not None:
-                        start = np.maximum(start, made + comm[boundary])
+                        start = join(start, made + comm[boundary])
                     elif (kind, mb - cut * group, k) in index:
-                        start = np.maximum(start, unit(index[(kind, mb - cut * group, k)]))
+                        start = join(start, unit(index[(kind, mb - cut * group, k)]))
                     else:
                         ready = False
                 if not ready:
@@ -227,14 +234,31 @@ def _product(A: np.ndarray, B: np.ndarray) -> np.ndarray:
 
 
 def power_apply(T: np.ndarray, s: np.ndarray, k: int) -> np.ndarray:
-    """T^k ⊗ s, exactly: step by step until the state shifts uniformly (then every further step
-    adds the same shift), by repeated squaring after ``STEP_LIMIT`` steps."""
+    """T^k ⊗ s, exactly: step by step until the states repeat up to a uniform shift, by
+    repeated squaring after ``STEP_LIMIT`` steps.  Once the state after step t is the state c
+    steps earlier plus one constant d in every component, every later state is too (T^j ⊗ (x +
+    d) = T^j ⊗ x + d), so the rest of the power follows from the last c states.  c = 1 is the
+    common steady state; with uneven stages a wave can travel through the ranks and repeat only
+    after c > 1 steps (c = 62 for 1F1B on 64 ranks, Llama-3-405B's split), so the states are kept
+    and every ``CYCLE_CHECK`` steps the last ones are searched for a repeat."""
+    states = [s]
     for done in range(min(k, STEP_LIMIT)):
-        nxt = apply(T, s)
-        d = nxt - s
-        if d.max() - d.min() <= REL_TOL * max(float(np.abs(nxt).max()), 1e-300):
+        nxt = apply(T, states[-1])
+        states.append(nxt)
+        d = nxt - states[-2]
+        tol = REL_TOL * max(float(np.abs(nxt).max()), 1e-300)
+        if d.max() - d.min() <= tol:
             return nxt + (k - done - 1) * float(d.mean())
-        s = nxt
+        if (done + 1) % CYCLE_CHECK == 0:
+            past = np.array(states[:-1])
+            diffs = nxt[None, :] - past
+            repeats = np.flatnonzero(diffs.max(axis=1) - diffs.min(axis=1) <= tol)
+            if len(repeats):
+                c = len(states) - 1 - int(repeats[-1])  # the shortest cycle
+                shift = float(diffs[repeats[-1]].mean())
+                periods, rest = divmod(k - done - 1, c)
+                return states[-1 - c + rest] + (periods + 1) * shift
+    s = states[-1]
     left = k - min(k, STEP_LIMIT)
     power = T
     while left:

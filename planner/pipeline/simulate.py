@@ -237,9 +237,7 @@ def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline
         return times[op.kind][op.chunk]
 
     period = periodic.symbolic_run(ops, labels, keys, cut, cut + 1, p, v, group, comm, duration)
-    cooldown = periodic.symbolic_run(ops, labels, keys, cut + 1, None, p, v, group, comm,
-                                     duration)
-    if period is None or cooldown is None:
+    if period is None:
         return None
     T = periodic.period_map(*period, keys, cut, group, comm)
     run, done = _simulate_ops(ops, name, p, short, v, timeline=keep_timeline, **args)
@@ -251,7 +249,12 @@ def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline
     k = (m - short) // group
     state = periodic.power_apply(T, periodic.state_values(end, ops, labels, keys, cut + 1, group,
                                                           comm), k)
-    rank_end = [float((form + state).max()) for form in cooldown[1]]
+    # the cool-down from that state, in numbers (its max-plus forms applied to the state)
+    cooldown = periodic.symbolic_run(ops, labels, keys, cut + 1, None, p, v, group, comm,
+                                     duration, state)
+    if cooldown is None:
+        return None
+    rank_end = [float(x) for x in cooldown[1]]
     makespan = max(rank_end)
     span = max(e - s for e, s in zip(rank_end, run.rank_start_s))
     busy = [b + k * sum(duration(op) for op, x in zip(rank, lab) if x == cut)
@@ -325,9 +328,7 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
     comm = _effective_comm(comm_s, p, v)
     act = _per_chunk(act_bytes, chunks, "act_bytes") or [0.0] * chunks
 
-    kind_code = {"F": 0, "B": 1, "W": 2}
-    prog = [[(kind_code[o.kind], o.microbatch * chunks + o.chunk) for o in rank if o.kind in kind_code]
-            for rank in ops]
+    prog = _program(ops, chunks)
     size = m * chunks
     ready = [[None] * size, [None] * size, [None] * size]  # [kind][mb*chunks+chunk] -> end time (+comm)
     done = [[None] * size, [None] * size, [None] * size]
@@ -383,6 +384,25 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
     if stuck:
         raise ScheduleError(f"schedule cannot finish: ranks {stuck} wait on inputs that never come")
     return _summarise(name, p, m, v, prog, starts, ends, act, split, timeline), done
+
+
+_PROGRAMS: dict[int, tuple] = {}  # id(ops) -> (ops, program): build_schedule's ops are memoised
+
+
+def _program(ops, chunks: int) -> list[list[tuple[int, int]]]:
+    """Per rank, each compute op as (kind 0/1/2 for F/B/W, microbatch * chunks + chunk); kept
+    for the last few op lists (the same memoised schedule is timed for many configurations)."""
+    held = _PROGRAMS.get(id(ops))
+    if held is not None and held[0] is ops:
+        return held[1]
+    kind_code = {"F": 0, "B": 1, "W": 2}
+    prog = [[(kind_code[o.kind], o.microbatch * chunks + o.chunk) for o in rank
+             if o.kind in kind_code] for rank in ops]
+    if isinstance(ops, tuple):  # immutable: the same object is the same program
+        if len(_PROGRAMS) >= 16:
+            _PROGRAMS.pop(next(iter(_PROGRAMS)))
+        _PROGRAMS[id(ops)] = (ops, prog)
+    return prog
 
 
 def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> SimResult:

@@ -60,8 +60,23 @@ def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) ->
         return np.zeros_like(rank_params)
     if opts.zero3_gather == "stage":
         return rank_params * ACT_BYTES
-    largest = max(sharded_params(layer, par.tp, par.ep, par.expert_tp) for layer in model.layers)
+    largest = largest_layer_params(model, par.tp, par.ep, par.expert_tp)
     return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
+
+
+_LARGEST: dict = {}  # (id(model), tp, ep, etp) -> (model, value): asked once per configuration
+
+
+def largest_layer_params(model: ModelSpec, tp: int, ep: int, etp: int) -> float:
+    """The parameters the model's largest layer puts on one GPU (sharded_params)."""
+    key = (id(model), tp, ep, etp)
+    held = _LARGEST.get(key)
+    if held is None or held[0] is not model:
+        if len(_LARGEST) >= 64:
+            _LARGEST.clear()
+        held = _LARGEST[key] = (
+            model, max(sharded_params(layer, tp, ep, etp) for layer in model.layers))
+    return held[1]
 
 
 def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays) -> np.ndarray:

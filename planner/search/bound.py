@@ -20,7 +20,10 @@ would stay below the equal split's and could not reach T): C = a·T / (1 - (1 - 
 or for ZB-H1 and ZB-2p the smallest forward share f/t of any layer.  Interleaved ranks hold several
 chunks, which the partitioner may size unevenly, so there only what holds for any split is used:
 the busiest rank runs m microbatches of at least T / p, and microbatch 0's chain of forwards
-and input-gradient backwards runs through every layer.
+and input-gradient backwards runs through every layer.  (What the search's cap leaves of them is
+bounded again by a relaxation of their chunks, planner/search/chunk_bound.py: each rank's own
+memory, whole layers and the interleaved schedule's fill and drain, at the cost of a linear and a
+mixed-integer program.)
 
 Data-parallel sync and optimizer.  The rank with the most parameters holds at least total / p of
 them; its sync costs at least the interference share of the collective even with all of it hidden
@@ -30,7 +33,7 @@ planner/predict/step.py).  Per-action overheads and transfers of v = 1 splits ar
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -48,12 +51,25 @@ def split_fits(c: float, families: list[tuple[np.ndarray, np.ndarray]]) -> bool:
     + offset[r] <= c.  Found greedily, each rank given as many layers as fit: optimal when
     g <= u layer by layer (moving a layer to an earlier rank then changes the later rank's term
     by g - u <= 0 and no other).  g: per layer; u: (ranks, layers); offset: per rank."""
-    n = len(families[0][0])
-    p = len(families[0][1])
-    prefixes = [(np.concatenate(([0.0], np.cumsum(g))),
-                 np.concatenate((np.zeros((p, 1)), np.cumsum(u, axis=1)), axis=1),
-                 rest[0] if rest else np.zeros(p))
-                for g, u, *rest in families]
+    return prefixes_fit(c, prefix_sums(families))
+
+
+def prefix_sums(families: list) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """The families of `split_fits` as prefix sums (g, u per rank, offset per rank), built once
+    for the many values `Bound.exceeds` tries."""
+    out = []
+    for g, u, *rest in families:
+        p = len(u)
+        out.append((np.concatenate(([0.0], np.cumsum(g))),
+                    np.concatenate((np.zeros((p, 1)), np.cumsum(u, axis=1)), axis=1),
+                    rest[0] if rest else np.zeros(p)))
+    return out
+
+
+def prefixes_fit(c: float, prefixes: list[tuple[np.ndarray, np.ndarray, np.ndarray]]) -> bool:
+    """`split_fits` on the families' `prefix_sums`."""
+    n = len(prefixes[0][0]) - 1
+    p = len(prefixes[0][1])
     start = 0
     for r in range(p):
         reach = n
@@ -61,7 +77,8 @@ def split_fits(c: float, families: list[tuple[np.ndarray, np.ndarray]]) -> bool:
             room = c - g[start] - offset[r]
             if room < 0:
                 return False
-            reach = min(reach, int(np.searchsorted(u[r], u[r][start] + room, "right")) - 1)
+            row = u[r]
+            reach = min(reach, int(row.searchsorted(row[start] + room, "right")) - 1)
         start = max(start, reach)
         if start >= n:
             return True
@@ -74,9 +91,10 @@ def split_bound(families: list[tuple[np.ndarray, np.ndarray]], rel_tol: float = 
     lo = 0.0
     hi = max(float(np.sum(g)) + float(np.sum(u[0])) + float(np.max(rest[0]) if rest else 0.0)
              for g, u, *rest in families)
+    prefixes = prefix_sums(families)
     while hi - lo > rel_tol * hi:
         mid = (lo + hi) / 2
-        if split_fits(mid, families):
+        if prefixes_fit(mid, prefixes):
             hi = mid
         else:
             lo = mid
@@ -218,12 +236,17 @@ class Bound:
     cheap_s: float
     rest_s: float  # data-parallel sync and optimizer parts of cheap_s
     families: list | None
+    _prefixes: list = field(default_factory=list, compare=False, repr=False)  # built on first use
 
     def exceeds(self, value: float) -> bool:
         """True if the step of every split the refinement may choose is above ``value``."""
         if self.cheap_s > value:
             return True
-        return self.families is not None and not split_fits(value - self.rest_s, self.families)
+        if self.families is None:
+            return False
+        if not self._prefixes:
+            self._prefixes.extend(prefix_sums(self.families))
+        return not prefixes_fit(value - self.rest_s, self._prefixes)
 
     def value(self) -> float:
         """The bound itself (bisection over the split inequalities; tests and benchmarks)."""

@@ -26,6 +26,7 @@ from planner.partitioning.problem import PartitionError
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
 from planner.search.bound import Bound, layer_times, step_bound
+from planner.search.chunk_bound import chunk_bound
 from planner.search.space import (MOE_NEEDS_SP, Pins, Request, enumerate_configs, launcher_rule,
                                   microbatches, schedule_rule, stack_rule, tp_rule, validate_pins)
 from planner.predict.stages import allowed_modes, best_split, may_fit, partition_problem
@@ -92,6 +93,8 @@ class _Costs:
         self.simulations: dict = {}
         self.bounds: dict = {}
         self.layer_times: dict = {}
+        self.chunk_bounds: dict = {}
+        self.problems: dict = {}
         self.refinements = 0  # configurations refined
         self.refined_groups = 0  # of them, distinct up to ZeRO
 
@@ -106,13 +109,33 @@ class _Costs:
                          par.ep, par.expert_tp)
             if times_key not in self.layer_times:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
-            problem = None
-            if with_memory:
-                problem = partition_problem(r.model, r.cluster, par, r.options,
-                                            {m: self.table(par, m) for m in modes})
             self.bounds[key] = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
-                                          problem)
+                                          self.problem(par) if with_memory else None)
         return self.bounds[key]
+
+    def problem(self, par: Parallel):
+        """The configuration's partition problem (its memory terms), built once."""
+        if par not in self.problems:
+            r = self.req
+            self.problems[par] = partition_problem(r.model, r.cluster, par, r.options,
+                                                   self.known(par))
+        return self.problems[par]
+
+    def chunks_exceed(self, par: Parallel, value: float) -> bool:
+        """Whether the chunks' bound (planner/search/chunk_bound.py: its linear relaxation,
+        then the mixed-integer program; interleaved and 1F1B) proves every split of ``par``
+        slower than ``value``."""
+        if par.schedule not in ("interleaved", "1f1b") or value == float("inf"):
+            return False
+        rest = self.bound(par).rest_s
+        for whole in (False, True)[:2 if par.num_chunks <= MILP_CHUNKS else 1]:
+            key = (par, whole, value - rest if whole else None)  # the MILP stops at the cutoff
+            if key not in self.chunk_bounds:
+                self.chunk_bounds[key] = chunk_bound(par, self.problem(par), self.known(par),
+                                                     integer=whole, cutoff=value - rest)
+            if self.chunk_bounds[key] + rest > value:
+                return True
+        return False
 
     def cp_key(self, par: Parallel) -> tuple:
         """What a layer's cost depends on besides SP, micro-batch and recompute: tp, cp and
@@ -257,14 +280,41 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
     best = sorted(best_of_group)
     open_best = [par for alive in capped for par in alive
                  if best and not costs.bound(par, with_memory=True).exceeds(best[0])]
+    open_best = _unproven(costs, open_best, best[0]) if best else open_best
     if open_best or (capped and not best):
         notes.append(f"refinement stopped at --refine {req.refine}: {len(open_best)} "
                      "configurations whose lower bound is below plan 1 were not refined, so a "
                      "faster plan may exist (raise --refine)")
     elif capped:
-        notes.append(f"plan 1 is proven the fastest of all screened configurations; the rest "
-                     f"of the list is the best of the {req.refine} refined (--refine)")
+        notes.append(f"plan 1 is proven the fastest of all screened configurations (to "
+                     f"{TIE_RTOL:.2%}); the rest of the list is the best of the {req.refine} "
+                     "refined (--refine)")
     return refined, notes
+
+
+# Chunks up to which the chunk bound's mixed-integer program is tried after its linear one:
+# beyond, it ran into its time limit (0.1 s) on gpt3-175b's 48 to 96 chunks, several times what
+# refining the configuration costs (measured on benchmarks/bench_solve.py's cases)
+MILP_CHUNKS = 32
+
+# A configuration the chunk bound puts within this share of plan 1 counts as a tie, not as
+# faster: the bound is a solver's (chunk_bound.MIP_GAP, and chunk_bound.SAFETY kept below its
+# answer), so a configuration that refines to plan 1 itself (a recompute mode allowed but
+# unused) is bounded just under it.
+TIE_RTOL = 1e-4
+
+
+def _unproven(costs: "_Costs", open_best: list[Parallel], best: float) -> list[Parallel]:
+    """What the cap left below plan 1, bounded once more: interleaved and 1F1B chunks by their
+    own relaxation (planner/search/chunk_bound.py: a linear, then a mixed-integer program, a few
+    to a hundred milliseconds each, so spent on what the cap leaves rather than on every
+    candidate).  Lowest bound first, and only until one stays below plan 1: from there plan 1
+    is unproven whatever the rest give, and the rest are counted with the bounds they have."""
+    ordered = sorted(open_best, key=lambda par: costs.bound(par, with_memory=True).cheap_s)
+    for n, par in enumerate(ordered):
+        if not costs.chunks_exceed(par, best * (1 - TIE_RTOL)):
+            return ordered[n:]
+    return []
 
 
 def _zero_groups(ranked: list[Parallel]) -> list[list[Parallel]]:
