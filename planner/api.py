@@ -43,7 +43,7 @@ from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
 from planner.search.engine import check_profile_matches, search
 from planner.search.engine import explain as explain_request
-from planner.search.space import Pins, Request, tp_rule, validate_pins
+from planner.search.space import Pins, Request, parse_refine, tp_rule, validate_pins
 from planner.cost.precision import check_fp8
 from planner.launchers import precision_allows
 from planner.stack import Stack, resolve_stack
@@ -223,7 +223,7 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
         raise PlanInputError(rule)
     return Request(model=spec, cluster=cluster,
                    global_batch=global_batch, batch_range=batch_range, max_bubble=max_bubble,
-                   profile=measured, pins=Pins(**pins), top=top, refine=refine,
+                   profile=measured, pins=Pins(**pins), top=top, refine=parse_refine(refine),
                    launcher=launcher, partition_method=partition_solver, options=stack)
 
 
@@ -233,7 +233,7 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
 def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
           global_batch: int | None = None, global_batch_range: tuple[int, int] | None = None,
           seq_len: int | None = None, max_bubble: float | None = None, top: int = 10,
-          refine: int = 20, launcher: str | None = None, partition: str = "ilp", profile=None,
+          refine: int | str = "auto", launcher: str | None = None, partition: str = "ilp", profile=None,
           stack=None, flash: bool | None = None, overlap: bool | None = None,
           tp_overlap: bool | None = None, grad_dtype: str | None = None,
           precision: str | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,

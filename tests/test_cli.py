@@ -83,6 +83,8 @@ def test_pins_are_respected():
     (("--gpus", "16", "--nodes", "2", "--gpu", "tpu-v9"), "unknown GPU"),
     (("--gpus", "16", "--nodes", "2", "--tp", "4", "--pp", "4", "--dp", "2"), "multiply"),
     (("--gpus", "16", "--nodes", "2", "--schedule", "magic"), "schedule"),
+    (("--gpus", "16", "--nodes", "2", "--refine", "many"), "--refine takes auto or"),
+    (("--gpus", "16", "--nodes", "2", "--refine", "0"), "--refine must be auto or at least 1"),
     (("--gpus", "16", "--nodes", "2", "--tp", "1", "--sequence-parallel"), "sequence"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, message):

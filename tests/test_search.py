@@ -160,3 +160,59 @@ def test_without_a_launcher_the_search_keeps_to_the_stacks_own():
                     pins=Pins(tp=2, pp=2), options=load_stack("torchtitan"))
     assert titan.runs_on == "torchtitan"
     assert 3 in {p.zero for p in enumerate_configs(titan, Counter())}
+
+
+@pytest.mark.parametrize("first", [3, None])
+def test_refine_auto_finds_the_true_best_that_a_small_cap_misses(first, monkeypatch):
+    """--refine auto (the default) refines until no configuration's lower bound is below plan 1,
+    so its plan 1 is the best of refining every screened configuration, here one the screen ranks
+    past the 3rd (megatron-1.7b, 8 x A100-80GB, interleaved, micro-batch 2: a cap of 3 misses it).
+    With its first pass cut to those 3 (``first``), only the refinement in bound order past the
+    first pass can find it; with the shipped first pass, the proof must still hold."""
+    from collections import Counter
+    from dataclasses import replace as swap
+    from planner.model.load import load_model
+    from planner.search import engine
+    from planner.search.engine import _Costs, capacity_bytes, screen
+
+    req = Request(model=load_model("megatron-1.7b"),
+                  cluster=make_cluster(load_hardware("a100-80gb"), 8, 1), global_batch=64,
+                  pins=Pins(schedule="interleaved", micro_batch=2), top=1)
+    costs = _Costs(req)
+    order = screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
+    every = [plan for plan in map(costs.refined, order) if not isinstance(plan, str)
+             and plan.metrics.peak_memory_bytes <= capacity_bytes(req.cluster)]
+    true_best = min(plan.metrics.step_time_s for plan in every)
+    groups = list(dict.fromkeys(swap(par, zero=0) for par in order))
+    winner = next(plan.parallel for plan in every if plan.metrics.step_time_s == true_best)
+    assert groups.index(swap(winner, zero=0)) >= 3  # the screen ranks it past the cap of 3
+
+    capped = search(swap(req, refine=3))
+    assert capped.plans[0].metrics.step_time_s > true_best * (1 + 1e-6)
+    assert "refinement stopped at --refine 3" in " ".join(capped.notes)
+
+    if first is not None:
+        monkeypatch.setattr(engine, "AUTO_FIRST", first)
+    auto = search(req)
+    assert req.refine is None  # auto is the default
+    assert auto.plans[0].metrics.step_time_s == pytest.approx(true_best, rel=1e-9)
+    assert auto.refined < len(order)  # the bound ruled out the rest without refining them
+    assert any(n.startswith("plan 1 is proven") for n in auto.notes)
+
+
+def test_refine_auto_says_when_its_time_budget_not_the_proof_stopped_it(monkeypatch):
+    """With no time left past a first pass of 3 (the case above, whose winner lies past it),
+    the note names the budget and how many configurations stay unproven, not a proof."""
+    from planner.model.load import load_model
+    from planner.search import engine
+
+    monkeypatch.setattr(engine, "AUTO_FIRST", 3)
+    monkeypatch.setattr(engine, "AUTO_BUDGET_S", 0.0)
+    req = Request(model=load_model("megatron-1.7b"),
+                  cluster=make_cluster(load_hardware("a100-80gb"), 8, 1), global_batch=64,
+                  pins=Pins(schedule="interleaved", micro_batch=2), top=1)
+    result = search(req)
+    note = " ".join(result.notes)
+    assert "refinement stopped at its time budget (0 s of CPU)" in note
+    assert "--refine K" in note and "plan 1 is proven" not in note
+    assert result.accounted

@@ -20,7 +20,7 @@ from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
 from planner.search.advice import batch_hint
 from planner.search.engine import analytical_comparison, check_profile_matches, explain, search
-from planner.search.space import Pins, Request
+from planner.search.space import Pins, Request, parse_refine
 from planner.stack import resolve_stack, with_overrides
 from planner.cli.common import (LIMITS, OUTPUT, PINS, PLAN, _flag, app, err, out, parse_range,
                                 planned_model, print_json, progress_bar, stack_options, user_errors)
@@ -106,9 +106,10 @@ def solve(
                                            help="Only plans this launcher runs: megatron | "
                                                 "deepspeed | torchtitan.",
                                            rich_help_panel=LIMITS),
-    refine: int = typer.Option(20, "--refine", help="Partition and simulate at most K "
-                                                    "screened configurations; fewer when a "
-                                                    "lower bound proves plan 1 the fastest.",
+    refine: str = typer.Option("auto", "--refine", metavar="auto|K",
+                               help="auto: partition and simulate screened configurations "
+                                    "until a lower bound proves plan 1 the fastest (within "
+                                    "a few seconds, else a note says so); K: at most K.",
                                rich_help_panel=LIMITS),
     partition_solver: str = typer.Option("auto", "--partition",
                                          help="Stage split solver: auto (the exact DP for one "
@@ -161,7 +162,7 @@ def solve(
             check_profile_matches(measured, spec)
         req = Request(model=spec, cluster=cluster, global_batch=global_batch,
                       batch_range=parse_range(batch_range), max_bubble=max_bubble,
-                      profile=measured, pins=pins, top=top, refine=refine,
+                      profile=measured, pins=pins, top=top, refine=parse_refine(refine),
                       launcher=launcher, partition_method=partition_solver,
                       options=with_overrides(
                           resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype,

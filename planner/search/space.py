@@ -57,7 +57,7 @@ class Request:
     pins: Pins = Pins()
     options: Stack = field(default_factory=default_stack)  # the software stack it runs on
     top: int = 10
-    refine: int = 20
+    refine: int | None = None  # at most K configurations refined; None: until proven (auto)
     launcher: str | None = None  # only configurations this launcher runs (None: the stack's)
     partition_method: str = "auto"  # predict/stages.py METHODS: auto, ilp or dp
     profile: object = None  # a measured Profile (planner/profiling/record.py) replacing analytical times
@@ -77,6 +77,22 @@ class Request:
 
 def default_global_batch(seq_len: int) -> int:
     return max(1, DEFAULT_TOKENS_PER_BATCH // seq_len)
+
+
+def parse_refine(value) -> int | None:
+    """``--refine``: "auto" (None: refine until plan 1 is proven, within a time budget) or a
+    whole number K >= 1 (at most K configurations refined)."""
+    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
+        return None
+    try:
+        k = int(value)
+    except (TypeError, ValueError):
+        raise PlanInputError(f"--refine takes auto or a whole number K >= 1, got {value!r}")
+    if isinstance(value, float) and k != value:
+        raise PlanInputError(f"--refine takes auto or a whole number K >= 1, got {value!r}")
+    if k < 1:
+        raise PlanInputError(f"--refine must be auto or at least 1, got {k}")
+    return k
 
 
 def validate_pins(req: Request) -> None:
@@ -134,8 +150,8 @@ def validate_pins(req: Request) -> None:
                              f"got {req.partition_method!r}")
     if req.top < 1:
         raise PlanInputError(f"--top must be at least 1, got {req.top}")
-    if req.refine < 1:
-        raise PlanInputError(f"--refine must be at least 1, got {req.refine}")
+    if req.refine is not None and req.refine < 1:
+        raise PlanInputError(f"--refine must be auto or at least 1, got {req.refine}")
     if req.launcher is not None and req.launcher not in LAUNCHERS:
         raise PlanInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
                              f"got {req.launcher!r}")
