@@ -3,15 +3,15 @@ true winner sat.
 
 For every case (dense models of 1.7B to 405B parameters, 8 to 16,384 GPUs, any schedule and each
 schedule family pinned, tight memory on A100-40GB and loose on A100-80GB):
-- search: `plan solve`'s search as shipped (top 10, --refine 20);
+- search: `plan solve`'s search as shipped (top 10, --refine auto: until plan 1 is proven);
 - true best: the branch and bound with no cap on refinement, which is exact: every configuration
   it skips has a lower bound above the best step (the bound's property is tested in
   tests/test_bound.py), so refining every screened configuration gives the same best;
 - checked by brute force: a random sample of screened configurations (all of them when there are
   at most --sample) is refined; "beats" counts those faster than the true best (must be 0).
 regret % = (search's best - true best) / true best.  "rank" is the true winner's position among the
-screened configurations (up to ZeRO stage) in the screen's order: a fixed top-K refinement misses
-it whenever the rank exceeds K.
+screened configurations (up to ZeRO stage) in the screen's order: a fixed top-K refinement
+(--refine K) misses it whenever the rank exceeds K; --refine auto goes on past it in bound order.
 
 Run: python benchmarks/bench_regret.py [--quick] [--sample N] [--seed S]
 """
