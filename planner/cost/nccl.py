@@ -152,6 +152,14 @@ def choices(kind: str, group: Group) -> tuple[Choice, ...]:
     return out
 
 
+@lru_cache(maxsize=4096)
+def _lines(kind: str, group: Group) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates of :func:`choices` as two column vectors (latency, seconds per byte), so
+    an array of buffers is priced against all of them in one broadcast (cached like them)."""
+    cands = choices(kind, group)
+    return (np.array([[c.latency_s] for c in cands]), np.array([[c.s_per_byte] for c in cands]))
+
+
 def best(kind: str, nbytes: float, group: Group) -> Choice:
     """The candidate NCCL's tuner picks for a buffer of ``nbytes``: the fastest."""
     return min(choices(kind, group), key=lambda c: c.time_s(nbytes))
@@ -164,8 +172,10 @@ def collective_s(kind: str, nbytes, group: Group):
     if group.ranks <= 1:
         out = np.zeros_like(sizes)
     else:
-        times = [c.time_s(sizes) for c in choices(kind, group)]
-        out = np.where(sizes > 0, np.minimum.reduce(times), 0.0)
+        # every candidate's latency + s_per_byte * size (Choice.time_s), fastest per element
+        latency, per_byte = _lines(kind, group)
+        flat = sizes.reshape(1, -1)
+        out = np.where(flat > 0, (latency + per_byte * flat).min(axis=0), 0.0).reshape(sizes.shape)
     return float(out) if out.ndim == 0 else out
 
 
