@@ -284,13 +284,15 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
     nbytes = full / par.tp if sharded else full
     regather = (comm.all_gather_s(full, par.tp, intra)
                 if opts.p2p_scatter_gather and not par.sequence_parallel else 0.0)
-    out = []
-    for k in range(chunks - 1):
-        a, b = k % par.pp, (k + 1) % par.pp
+    # a hop depends only on the rank it leaves (chunk k on rank k mod pp sends to the next
+    # rank): price each rank's hop once, then read it for every chunk boundary
+    hops = []
+    for a in range(min(par.pp, chunks - 1)):
+        b = (a + 1) % par.pp
         crosses = cluster.gpus > domain and stage_hop_crosses_nodes(a, b, par.tp * par.cp,
                                                                      par.dp, domain)
-        out.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
-    return out
+        hops.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
+    return [hops[k % par.pp] for k in range(chunks - 1)]
 
 
 def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
