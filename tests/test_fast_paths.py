@@ -8,7 +8,7 @@ import json
 from pathlib import Path
 
 import numpy as np
-from hypothesis import assume, given, settings, strategies as st
+from hypothesis import given, settings, strategies as st
 
 from planner.core.parallel import Parallel
 from planner.cost import comm, gemm, nccl
@@ -87,6 +87,9 @@ def weight_matmul_seconds_reference(shapes, rate):
 def test_collective_s_matches_the_candidate_by_candidate_minimum(kind, ranks, nodes, sizes):
     group = nccl.Group(ranks=ranks, nodes=min(nodes, ranks), bus_bytes_per_s=4.5e10)
     arr = np.array(sizes)
+    first = nccl.collective_s(kind, arr, group)
+    assert np.array_equal(first, collective_s_reference(kind, arr, group))
+    first += 1.0  # a caller changing its answer does not change the remembered one
     assert np.array_equal(nccl.collective_s(kind, arr, group),
                           collective_s_reference(kind, arr, group))
     assert nccl.collective_s(kind, sizes[0], group) == collective_s_reference(kind, sizes[0],
@@ -104,15 +107,14 @@ def test_by_rank_matches_the_reshaped_sum(pp, v, values):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4, 8, 16]),
-       st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2]),
-       st.booleans(), st.sampled_from([(16, 2), (64, 8), (256, 32)]))
-def test_dp_groups_and_p2p_hops_match_the_plain_formulas(tp, dp, pp, ep, v, sp, size):
+@given(st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4, 8]), st.sampled_from([1, 2, 4, 8]),
+       st.sampled_from([1, 2]), st.booleans(), st.sampled_from([(16, 2), (64, 8), (256, 32)]))
+def test_dp_groups_and_p2p_hops_match_the_plain_formulas(tp, pp, ep, v, sp, size):
     gpus, nodes = size
-    assume(tp * dp * pp == gpus and (tp * dp) % ep == 0)
+    dp = gpus // (tp * pp)  # powers of two: every product divides
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=1, num_microbatches=2 * pp,
                    schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
-                   sequence_parallel=sp and tp > 1, ep=ep, etp=1)
+                   sequence_parallel=sp and tp > 1, ep=min(ep, tp * dp), etp=1)
     cluster = make_cluster(H100, gpus, nodes)
     for experts in (False, True):
         assert step._dp_group(par, cluster, experts) == dp_group_reference(par, cluster, experts)

@@ -171,12 +171,23 @@ def collective_s(kind: str, nbytes, group: Group):
     sizes = np.asarray(nbytes, dtype=float)
     if group.ranks <= 1:
         out = np.zeros_like(sizes)
-    else:
+        return float(out) if out.ndim == 0 else out
+    # the search prices the same per-rank buffers on the same group for every configuration
+    # that shares its split (schedules, microbatch counts, recompute): remember each answer
+    key = (kind, group, sizes.shape, sizes.tobytes())
+    out = _PRICED.get(key)
+    if out is None:
+        if len(_PRICED) >= 65536:
+            _PRICED.clear()
         # every candidate's latency + s_per_byte * size (Choice.time_s), fastest per element
         latency, per_byte = _lines(kind, group)
         flat = sizes.reshape(1, -1)
-        out = np.where(flat > 0, (latency + per_byte * flat).min(axis=0), 0.0).reshape(sizes.shape)
-    return float(out) if out.ndim == 0 else out
+        out = _PRICED[key] = np.where(flat > 0, (latency + per_byte * flat).min(axis=0),
+                                      0.0).reshape(sizes.shape)
+    return float(out) if out.ndim == 0 else out.copy()
+
+
+_PRICED: dict = {}  # (kind, group, shape, buffer bytes) -> seconds (collective_s)
 
 
 def bus_bandwidth(kind: str, nbytes: float, group: Group) -> float:
