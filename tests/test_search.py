@@ -136,3 +136,27 @@ def test_rejection_counts_add_up_to_the_configurations_considered(model, nodes, 
     assert result.screened == result.considered - sum(
         n for reason, n in result.rejected.items()
         if not reason.startswith(("memory", "bubble")))
+
+
+def test_without_a_launcher_the_search_keeps_to_the_stacks_own():
+    """A plan priced on megatron-core is one Megatron-LM can launch: the search applies the
+    stack's launcher rules when no --launcher is given, so no ZeRO-2/3 plan (Megatron's
+    distributed optimizer is ZeRO-1), and --explain of a pinned ZeRO-3 names the rule."""
+    from collections import Counter
+
+    from planner.stack import load_stack
+
+    cluster = make_cluster(load_hardware("a100"), 16, 2)
+    req = Request(model=PRESETS["llama3-8b"], cluster=cluster, global_batch=64,
+                  pins=Pins(tp=2, pp=2))
+    assert req.runs_on == "megatron"
+    rejected = Counter()
+    assert {p.zero for p in enumerate_configs(req, rejected)} <= {0, 1}
+    assert rejected["megatron cannot run it"] > 0
+    pinned = Request(model=PRESETS["llama3-8b"], cluster=cluster, global_batch=64,
+                     pins=Pins(tp=2, pp=2, zero=3))
+    assert "ZeRO-3 is not available" in explain(pinned).rule
+    titan = Request(model=PRESETS["llama3-8b"], cluster=cluster, global_batch=64,
+                    pins=Pins(tp=2, pp=2), options=load_stack("torchtitan"))
+    assert titan.runs_on == "torchtitan"
+    assert 3 in {p.zero for p in enumerate_configs(titan, Counter())}

@@ -414,7 +414,7 @@ def explain(req: Request) -> Explanation:
         rule = MOE_NEEDS_SP
     if rule is None:
         rule = stack_rule(req.options, par) or schedule_rule(req.model, par)
-    if rule is None and req.launcher:
+    if rule is None and req.runs_on:
         rule = launcher_rule(req, par)
     if rule is not None and rule.startswith("TP across"):
         domain = req.cluster.nvlink_domain

@@ -58,13 +58,21 @@ class Request:
     options: Stack = field(default_factory=default_stack)  # the software stack it runs on
     top: int = 10
     refine: int = 20
-    launcher: str | None = None  # only configurations this launcher runs
+    launcher: str | None = None  # only configurations this launcher runs (None: the stack's)
     partition_method: str = "auto"  # predict/stages.py METHODS: auto, ilp or dp
     profile: object = None  # a measured Profile (planner/profiling/record.py) replacing analytical times
 
     @property
     def batch(self) -> int:
         return self.global_batch or default_global_batch(self.model.seq_length)
+
+    @property
+    def runs_on(self) -> str | None:
+        """The launcher whose rules every plan must pass: the one asked for, else the stack's
+        own (a plan priced on megatron-core is one Megatron-LM can launch: no ZeRO-2/3)."""
+        if self.launcher is not None:
+            return self.launcher
+        return self.options.launcher if self.options.launcher in LAUNCHERS else None
 
 
 def default_global_batch(seq_len: int) -> int:
@@ -385,15 +393,15 @@ def _schedules(req: Request, shape: Parallel, rejected: Counter):
                 if req.model.is_moe and par.tp > 1 and not sp:
                     rejected[MOE_NEEDS_SP] += 1
                     continue
-                if req.launcher and launcher_rule(req, par):
-                    rejected[f"{req.launcher} cannot run it"] += 1
+                if req.runs_on and launcher_rule(req, par):
+                    rejected[f"{req.runs_on} cannot run it"] += 1
                     continue
                 yield par
 
 
 def launcher_rule(req: Request, par: Parallel) -> str | None:
-    """The first rule of ``req.launcher`` this configuration breaks (None when it runs)."""
-    return launcher_allows(req.launcher, Facts.of(par, req.model))
+    """The first rule of ``req.runs_on`` this configuration breaks (None when it runs)."""
+    return launcher_allows(req.runs_on, Facts.of(par, req.model))
 
 
 def stack_rule(stack: Stack, par: Parallel) -> str | None:
