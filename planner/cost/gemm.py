@@ -75,6 +75,11 @@ def training_gemm_seconds(m: float, k: float, n: float,
 
 def weight_matmul_seconds(shapes, rate: float) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of a layer's weight matmuls, each
-    given as (m, k, n)."""
-    parts = [training_gemm_seconds(m, k, n, rate) for m, k, n in shapes]
+    given as (m, k, n). An MoE layer lists the same shape once per local expert: each
+    distinct shape is priced once, the sums still run over every matmul in order."""
+    priced: dict = {}
+    for s in shapes:
+        if s not in priced:
+            priced[s] = training_gemm_seconds(*s, rate)
+    parts = [priced[s] for s in shapes]
     return tuple(sum(p[i] for p in parts) for i in range(3))

@@ -152,6 +152,14 @@ def choices(kind: str, group: Group) -> tuple[Choice, ...]:
     return out
 
 
+@lru_cache(maxsize=4096)
+def _lines(kind: str, group: Group) -> tuple[np.ndarray, np.ndarray]:
+    """The candidates of :func:`choices` as two column vectors (latency, seconds per byte), so
+    an array of buffers is priced against all of them in one broadcast (cached like them)."""
+    cands = choices(kind, group)
+    return (np.array([[c.latency_s] for c in cands]), np.array([[c.s_per_byte] for c in cands]))
+
+
 def best(kind: str, nbytes: float, group: Group) -> Choice:
     """The candidate NCCL's tuner picks for a buffer of ``nbytes``: the fastest."""
     return min(choices(kind, group), key=lambda c: c.time_s(nbytes))
@@ -163,10 +171,23 @@ def collective_s(kind: str, nbytes, group: Group):
     sizes = np.asarray(nbytes, dtype=float)
     if group.ranks <= 1:
         out = np.zeros_like(sizes)
-    else:
-        times = [c.time_s(sizes) for c in choices(kind, group)]
-        out = np.where(sizes > 0, np.minimum.reduce(times), 0.0)
-    return float(out) if out.ndim == 0 else out
+        return float(out) if out.ndim == 0 else out
+    # the search prices the same per-rank buffers on the same group for every configuration
+    # that shares its split (schedules, microbatch counts, recompute): remember each answer
+    key = (kind, group, sizes.shape, sizes.tobytes())
+    out = _PRICED.get(key)
+    if out is None:
+        if len(_PRICED) >= 65536:
+            _PRICED.clear()
+        # every candidate's latency + s_per_byte * size (Choice.time_s), fastest per element
+        latency, per_byte = _lines(kind, group)
+        flat = sizes.reshape(1, -1)
+        out = _PRICED[key] = np.where(flat > 0, (latency + per_byte * flat).min(axis=0),
+                                      0.0).reshape(sizes.shape)
+    return float(out) if out.ndim == 0 else out.copy()
+
+
+_PRICED: dict = {}  # (kind, group, shape, buffer bytes) -> seconds (collective_s)
 
 
 def bus_bandwidth(kind: str, nbytes: float, group: Group) -> float:

@@ -12,6 +12,7 @@ with the same code that evaluates one.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -283,13 +284,15 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
     nbytes = full / par.tp if sharded else full
     regather = (comm.all_gather_s(full, par.tp, intra)
                 if opts.p2p_scatter_gather and not par.sequence_parallel else 0.0)
-    out = []
-    for k in range(chunks - 1):
-        a, b = k % par.pp, (k + 1) % par.pp
+    # a hop depends only on the rank it leaves (chunk k on rank k mod pp sends to the next
+    # rank): price each rank's hop once, then read it for every chunk boundary
+    hops = []
+    for a in range(min(par.pp, chunks - 1)):
+        b = (a + 1) % par.pp
         crosses = cluster.gpus > domain and stage_hop_crosses_nodes(a, b, par.tp * par.cp,
                                                                      par.dp, domain)
-        out.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
-    return out
+        hops.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
+    return [hops[k % par.pp] for k in range(chunks - 1)]
 
 
 def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
@@ -363,12 +366,19 @@ def _dp_group(par: Parallel, cluster: Cluster, experts: bool = False) -> nccl.Gr
     spans, and the tp groups of its stage in a node run the same collectives at once, sharing
     the node's NICs (comm.group_link). With ``experts``: the expert-DP group, etp·ep ranks
     apart (layout/ranks.py's expert generator)."""
-    n, domain = par.dp * par.cp, cluster.nvlink_domain
-    inner = par.tp
+    n, inner = par.dp * par.cp, par.tp
     if experts:
         n, inner = par.expert_dp, par.expert_tp * par.ep
+    return _group_of(n, inner, par.pp, cluster)
+
+
+@lru_cache(maxsize=4096)
+def _group_of(n: int, inner: int, pp: int, cluster: Cluster) -> nccl.Group:
+    """:func:`_dp_group` for a group of ``n`` ranks ``inner`` apart on ``pp`` stages: a pure
+    function of these, cached (the search asks for the same few groups thousands of times)."""
+    domain = cluster.nvlink_domain
     per_domain = max(1, min(n, domain // inner))
-    spans = cluster.gpus > domain and dp_group_crosses_nodes(inner, n, par.pp, domain)
+    spans = cluster.gpus > domain and dp_group_crosses_nodes(inner, n, pp, domain)
     per_node = max(1, min(n, cluster.gpus_per_node // inner))
     link = comm.group_link(cluster.hardware, per_node, spans)
     domains = -(-n // per_domain) if spans else 1
