@@ -82,3 +82,21 @@ def test_cp_across_racks_is_priced_on_the_network():
     across = Parallel(tp=8, pp=1, dp=1, micro_batch=1, num_microbatches=1, cp=18)
     assert not cp_crosses(inside, cluster.hardware)
     assert cp_crosses(across, cluster.hardware)
+
+
+def test_gb200_tp_times_ep_groups_fill_one_rack():
+    """Issue #18: on GB200 NVL72 (two racks of 18 trays of 4), TP 4 x EP 18 with expert TP 4
+    places each expert group's 72 GPUs (an EP group and the expert-TP partners of its members)
+    across all 18 trays of one rack and never across racks, so the dispatch all-to-all stays on
+    NVLink; the cost model's count of EP members per domain agrees with the layout."""
+    from planner.cost import moe
+
+    cluster = make_cluster(load_hardware("gb200-nvl72"), 144, 36)
+    layout = build_layout(4, 2, 18, 4, ep=18, etp=4, nvlink_domain=cluster.nvlink_domain)
+    partners = {r: g for g in layout.expert_tp_groups for r in g}
+    for group in layout.ep_groups:
+        block = {r for member in group for r in partners[member]}
+        assert len(block) == 72 and len({r // 72 for r in block}) == 1  # one rack
+        assert len({r // 4 for r in block}) == 18  # all of its trays
+    assert layout.within_domain(layout.ep_groups)
+    assert moe.ep_in_domain(4, 18, cluster.nvlink_domain) == 18
