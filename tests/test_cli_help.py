@@ -45,7 +45,7 @@ def test_solve_help_groups_its_options_and_renders_flags_and_defaults():
              if re.search(r"--(json|wide|force|explain|flash|overlap|sequence-parallel)\b", line)
              and "│" in line]
     assert flags and not any("<bool>" in line for line in flags)
-    assert "[default: (llama3-8b)]" in text and "[default: 20]" in text
+    assert "[default: (llama3-8b)]" in text and "[default: auto]" in text and "[default: 10]" in text
 
 
 def test_every_boolean_flag_has_no_value_placeholder():
