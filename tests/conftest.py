@@ -4,6 +4,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, settings
+
+# Property tests judge values, never speed: on a shared 2-core CI machine the time hypothesis takes
+# to draw or run an example says nothing about the code (a too-slow health check failed a CI run).
+settings.register_profile("plan3d", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile("plan3d")
 
 ROOT = Path(__file__).resolve().parent.parent
 
