@@ -838,3 +838,15 @@ def test_a_new_set_replaces_the_old_one_whole_and_only_with_force(tmp_path):
     write_set(out, [OutFile("ds_config.json", "2")], force=True)
     assert read_set(out) == {"ds_config.json": "2"}
     assert not (out / "megatron_args.sh").exists()  # a stale file would be sourced by launch.sh
+
+
+def test_markup_in_a_stack_name_inside_a_rejection_reason_is_printed_as_text(tmp_path):
+    """A user's stack name reaches the funnel's rejection line ("NAME runs no context
+    parallelism"); it prints as typed, not as rich markup."""
+    name = "[bold red]x[/]"
+    stack = write(tmp_path, "s.json", {"base": "megatron-core", "name": name, "version": "1",
+                                       "description": "d", "cp_comm": None})
+    result = invoke(["solve", "--gpus", "16", "--nodes", "2", "--seq-len", "32768",
+                     "--stack", str(stack)])
+    assert result.exit_code == 0, (result.stdout, result.stderr, result.exception)
+    assert f"{name} runs no context parallelism" in result.stdout

@@ -265,8 +265,8 @@ def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool
     caption = plans_caption(view, width)
     if caption:
         console.print(f"[dim]{caption}[/dim]", highlight=False)
-    for line in funnel_lines(result):
-        console.print(line, highlight=False)
+    for line in funnel_lines(result):  # rejection reasons may name a user's stack
+        console.print(for_rich(line), highlight=False)
     for note in result.notes:
         console.print(f"[dim]{for_rich(note)}[/dim]", highlight=False)
     if hint:
