@@ -240,27 +240,30 @@ def context_degrees(req: Request) -> tuple[int, ...]:
 
 def context_problem(stack: Stack, seq_len: int, cp: int) -> str | None:
     """Why cp > 1 cannot run on this stack and sequence (None when it can), in full."""
-    if cp <= 1:
-        return None
-    if stack.cp_comm is None:
-        return (f"the {stack.name} stack runs no context parallelism (`plan stacks`); use "
-                "--stack megatron-core or torchtitan, or drop --cp")
-    if not stack.flash_attention:
-        return ("context parallelism needs flash attention (Transformer Engine / SDPA ring "
-                "attention): drop --no-flash")
-    return context.sequence_problem(seq_len, cp)
+    found = _context_reason(stack, seq_len, cp)
+    return found and found[1]
 
 
 def context_rule(stack: Stack, seq_len: int, cp: int) -> str | None:
     """:func:`context_problem` as the search counts it (one reason per rule)."""
-    problem = context_problem(stack, seq_len, cp)
-    if problem is None:
+    found = _context_reason(stack, seq_len, cp)
+    return found and found[0]
+
+
+def _context_reason(stack: Stack, seq_len: int, cp: int) -> tuple[str, str] | None:
+    """(the counted reason, the full message) of the first context-parallel rule broken."""
+    if cp <= 1:
         return None
-    if "runs no context" in problem:
-        return f"{stack.name} runs no context parallelism"
-    if "flash" in problem:
-        return "context parallelism needs flash attention"
-    return "sequence not divisible by 2*cp"
+    if stack.cp_comm is None:
+        return (f"{stack.name} runs no context parallelism",
+                f"the {stack.name} stack runs no context parallelism (`plan stacks`); use "
+                "--stack megatron-core or torchtitan, or drop --cp")
+    if not stack.flash_attention:
+        return ("context parallelism needs flash attention",
+                "context parallelism needs flash attention (Transformer Engine / SDPA ring "
+                "attention): drop --no-flash")
+    problem = context.sequence_problem(seq_len, cp)
+    return problem and ("sequence not divisible by 2*cp", problem)
 
 
 def expert_degrees(req: Request, tp: int, cp: int, dp: int) -> tuple[tuple[int, int | None], ...]:
