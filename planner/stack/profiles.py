@@ -75,7 +75,7 @@ def _on_base(data: dict, origin: str) -> dict:
     merged.update({k: v for k, v in data.items() if k not in ("base", "sources")})
     own = data.get("sources", {})  # not an object: stack_from_dict refuses it
     merged["sources"] = {**dict(stack.sources), **own} if isinstance(own, dict) else own
-    return {k: list(v) if isinstance(v, tuple) else v for k, v in merged.items()}
+    return merged
 
 
 def load_stack_file(path: str | Path) -> Stack:
