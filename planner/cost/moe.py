@@ -82,7 +82,16 @@ def local_expert_params(layer: Layer, shape) -> float:
 def routed_copies(layer: Layer, shape) -> float:
     """Routed token copies one GPU's experts process per microbatch, at the stated load: with
     each expert split etp ways, every copy is seen by etp GPUs, T·k·etp/tp on average."""
-    return shape.tokens * layer.moe_top_k * expert_tp(shape) / shape.tp * shape.expert_load
+    return mean_routed_copies(layer, shape) * shape.expert_load
+
+
+def mean_routed_copies(layer: Layer, shape) -> float:
+    """Routed token copies per GPU per microbatch at the mean load, T·k·etp/tp: what a GPU
+    keeps summed over many layers. Each layer routes on its own scores to its own experts, so
+    the GPU that is busiest in one layer is not the busiest in the next; the activations a
+    stage holds (its layers times its in-flight microbatches) add up to about the mean, while
+    each layer's time, which waits for its busiest GPU at the combine, carries the load."""
+    return shape.tokens * layer.moe_top_k * expert_tp(shape) / shape.tp
 
 
 def mlp_gemm_shapes(layer: Layer, shape) -> tuple[tuple[float, float, float], ...]:
@@ -182,6 +191,7 @@ def dispatch_s(layer: Layer, shape, hw: Hardware) -> float:
 def kept_bytes(layer: Layer, shape) -> float:
     """Activations an MoE MLP keeps for the backward, beyond its input (counted as a dense MLP's
     is): the router's fp32 probabilities (T·E, replicated across TP unless SP), per routed copy
+    (at the mean load, mean_routed_copies)
     the expert's input (2h), its FC1 outputs and activation (SwiGLU 6f/etp, GeLU 4f/etp), and
     the shared experts as a dense MLP (sharded by tp). Where the routing weights multiply the
     experts' outputs (torchtitan, DeepSpeed-MoE) the weights' gradient needs each copy's output
@@ -196,7 +206,7 @@ def kept_bytes(layer: Layer, shape) -> float:
     weight = ROUTER_PROB_BYTES if shape.moe_probs_in_activation else 2 * layer.hidden_size
     per_copy = 2 * layer.hidden_size + (6 if layer.mlp == "swiglu" else 4) * f + weight
     shared = sb * (6 if layer.mlp == "swiglu" else 4) * layer.shared_ffn_hidden_size / t
-    return router + routed_copies(layer, shape) * per_copy + shared
+    return router + mean_routed_copies(layer, shape) * per_copy + shared
 
 
 def ep_in_domain(etp: int, ep: int, domain: int) -> int:
