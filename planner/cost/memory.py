@@ -52,6 +52,8 @@ class Shape:
     moe_probs_in_activation: bool = False
     # the stack's token dispatcher: "alltoall", or "deepep" (cost/moe.py deepep_s)
     moe_dispatcher: str = "alltoall"
+    # how tokens pick their experts (cost/routing.py): "scores", or "round_robin"
+    moe_routing: str = "scores"
     # the stack's modules a "selective" recompute recomputes (cost/recompute.py)
     recompute_modules: tuple[str, ...] = ("core_attn",)
     # bytes per logit of the loss's kept log-probabilities (the stack's loss_dtype)

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.cost import comm
+from planner.cost import comm, routing
 from planner.hardware.profiles import Hardware
 from planner.stack.spec import ACTIVATION_BYTES as ACT_BYTES
 
@@ -135,21 +135,24 @@ def all_to_all_s(nbytes: float, ep: int, in_domain: int, hw: Hardware) -> float:
     return max(nvlink, network) + latency
 
 
-def remote_domains_per_token(layer: Layer, ep: int, in_domain: int) -> float:
+def remote_domains_per_token(layer: Layer, ep: int, in_domain: int,
+                             how: str = "scores") -> float:
     """Expected number of other NVLink domains of the EP group that hold at least one of a
-    token's top-k experts, routing uniform over the experts (the balanced routing the load
-    knob's 1.0 states): the group spans D = ceil(ep / in_domain) domains of E / D experts each;
-    a domain receives none of the k distinct experts with probability
-    C(E - E/D, k) / C(E, k) = prod_{i<k} (E - E/D - i) / (E - i)."""
+    token's top-k experts: the group spans D = ceil(ep / in_domain) domains of E / D experts
+    each, and a token touches routing.parts_per_token of them (balanced routing, the load knob's
+    1.0; DeepSeek-V3's group limit where the model has one; the stack's routing); the token's
+    own domain is one of the D alike, so (D - 1) / D of those are others."""
     domains = -(-ep // max(1, in_domain))
     if domains <= 1:
         return 0.0
-    e, k = layer.num_experts, layer.moe_top_k
-    per = e / domains
-    miss = 1.0
-    for i in range(k):
-        miss *= max(0.0, (e - per - i) / (e - i))
-    return (domains - 1) * (1 - miss)
+    return routing.parts_per_token(layer, domains, how) * (domains - 1) / domains
+
+
+def ranks_per_token(layer: Layer, shape) -> float:
+    """Expected EP ranks that hold at least one of a token's experts (DeepEP sends the token
+    once to each: its get_dispatch_layout returns is_token_in_rank, one flag per token and
+    rank), at most k."""
+    return routing.parts_per_token(layer, shape.ep, shape.moe_routing)
 
 
 def deepep_s(layer: Layer, shape, hw: Hardware) -> float:
@@ -158,18 +161,22 @@ def deepep_s(layer: Layer, shape, hw: Hardware) -> float:
     there over NVLink to each GPU holding one of its experts. DeepEP csrc/kernels/internode.cu:
     the token's network copy carries ``SourceMeta(int rdma_rank, const bool*
     is_token_in_nvl_ranks)``, one bit per NVLink peer of the destination node that needs it.
-    Network: the token (2h, times the load) times the expected remote domains; NVLink: every
-    copy for another GPU of a domain, sent directly or forwarded, crosses NVLink once:
-    k·(d - 1)/d copies with d EP members per domain. Both at once, plus a network latency.
-    Within one domain it is the all-to-all (all_to_all_s)."""
+    Network: the token (2h, times the load) times the expected remote domains; NVLink: the
+    token once per rank holding one of its experts (ranks_per_token, not once per expert),
+    sent directly or forwarded, crossing NVLink unless it is the rank the network delivers to:
+    R·(d - 1)/d copies with d EP members per domain. Both at once, plus a network latency.
+    Within one domain it is an all-to-all of the token once per rank (DeepEP's intranode
+    kernels: the same is_token_in_rank)."""
     ep = shape.ep
     in_domain = max(1, min(shape.ep_in_domain or ep, ep))
-    if in_domain >= ep:
-        return all_to_all_s(dispatch_bytes(layer, shape), ep, in_domain, hw)
-    intra, inter = comm.links(hw)
     token = ACT_BYTES * shape.tokens / shape.tp * layer.hidden_size * shape.expert_load
-    network = token * remote_domains_per_token(layer, ep, in_domain) / inter.bytes_per_s
-    nvlink = token * layer.moe_top_k * (in_domain - 1) / in_domain / intra.bytes_per_s
+    ranks = ranks_per_token(layer, shape)
+    if in_domain >= ep:
+        return all_to_all_s(token * ranks, ep, in_domain, hw)
+    intra, inter = comm.links(hw)
+    network = token * remote_domains_per_token(layer, ep, in_domain,
+                                               shape.moe_routing) / inter.bytes_per_s
+    nvlink = token * ranks * (in_domain - 1) / in_domain / intra.bytes_per_s
     return max(network, nvlink) + inter.latency_s
 
 
@@ -227,7 +234,7 @@ def shape_fields(par, hw: Hardware, opts) -> dict:
                 ep_in_domain=ep_in_domain(par.expert_tp, par.ep, domain),
                 expert_load=opts.moe_expert_load,
                 moe_probs_in_activation=opts.moe_probs_in_activation,
-                moe_dispatcher=opts.moe_dispatcher)
+                moe_dispatcher=opts.moe_dispatcher, moe_routing=opts.moe_routing)
 
 
 def notes(model, par, opts) -> tuple[str, ...]:

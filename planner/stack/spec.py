@@ -80,6 +80,10 @@ class Stack:
     # MoE token dispatcher: "alltoall" (every routed copy sent to its expert's GPU), "deepep"
     # (DeepEP: a token crosses the network once per destination node; cost/moe.py deepep_s)
     moe_dispatcher: str
+    # MoE: how a token's experts are picked (planner/cost/routing.py): "scores" (the router's
+    # top-k, balanced, within the model's routing groups), "round_robin" (NeMo Automodel's
+    # FakeBalancedGate: k consecutive experts a token); sets where DeepEP sends a token
+    moe_routing: str
     # Megatron's --recompute-modules: what a block recomputes when its recompute mode is
     # "selective" (planner/cost/recompute.py): "core_attn" (the s x s scores; nothing more with
     # flash attention), "layernorm" (the two norm outputs), "moe_act" (the routed experts'
@@ -206,6 +210,7 @@ _CHOICES = {
     "precision": ("bf16", "fp8"),
     "fp8_recipe": ("delayed", "current", "rowwise", "blockwise"),
     "moe_dispatcher": ("alltoall", "deepep"),
+    "moe_routing": ("scores", "round_robin"),
     "loss_dtype": ("fp32", "bf16"),
     "grad_reduce_dtype": (None,) + tuple(DTYPE_BYTES),
 }
