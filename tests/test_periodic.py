@@ -25,11 +25,12 @@ def _times(data, n, lo=0.1, hi=5.0):
 
 
 @settings(max_examples=80, deadline=None)
-@given(data=st.data(), name=st.sampled_from(SCHEDULES), p=st.integers(1, 6),
+@given(data=st.data(), name=st.sampled_from([s for s in SCHEDULES if s != "dualpipe"]),
+       p=st.integers(1, 6),
        v=st.sampled_from((2, 3)), equal=st.booleans())
 def test_steady_period_equals_full_simulation(data, name, p, v, equal):
     """Uneven or equal stages, random transfers and weight-gradient shares, M up to a few hundred,
-    every schedule: the extrapolated step, busy/idle time and peaks equal the op-by-op run's."""
+    every schedule but dualpipe (always simulated op by op): the extrapolated step, busy/idle time and peaks equal the op-by-op run's."""
     v = v if name == "interleaved" else 1
     n = p * v
     if name == "interleaved":
