@@ -137,3 +137,28 @@ def test_bad_sizes_are_refused_in_one_line(p, m, msg):
     with pytest.raises(ScheduleError, match=re.escape(msg)) as err:
         simulate("dualpipe", p, m, fwd_s=1.0, bwd_s=2.0)
     assert "\n" not in str(err.value)
+
+
+def test_a_dualpipe_plan_holds_two_stage_copies_and_megatron_refuses_it():
+    """Report Table 2, 'Parameter 2x': rank r holds stage r and a copy of stage p - 1 - r, so
+    its weights are the two stages' (1F1B: its own); the activations it holds are the
+    simulator's (PP + 1 microbatches with equal stages). Megatron-LM has no DualPipe: its
+    export refuses the plan in one line."""
+    from dataclasses import replace
+
+    from planner.core.parallel import Parallel
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.launchers import megatron
+    from planner.model.presets import PRESETS
+    from planner.predict.step import predict_plan
+
+    model = PRESETS["llama2-7b"]
+    cluster = make_cluster(load_hardware("a100-80gb"), 8, 1)
+    one = Parallel(tp=1, pp=4, dp=2, micro_batch=1, num_microbatches=8)
+    _, base = predict_plan(model, cluster, one, simulated=True)
+    plan, dual = predict_plan(model, cluster, replace(one, schedule="dualpipe"), simulated=True)
+    weights = base.memory_parts["weights"]
+    assert dual.memory_parts["weights"] == pytest.approx(weights + weights[::-1])
+    assert plan.metrics.step_time_s > 0
+    problems = megatron.check(plan)
+    assert any("has no DualPipe schedule" in line for line in problems)

@@ -51,6 +51,8 @@ already takes off the compute stream.
 
 from __future__ import annotations
 
+from functools import lru_cache
+
 from planner.pipeline.schedule import Op
 
 NAME = "dualpipe"
@@ -163,3 +165,24 @@ def bubble_formula(p: int, fb_s: float, b_s: float, w_s: float) -> float:
     of two mutually overlapped forward and backward chunks", B "a full backward chunk", W "a
     'backward for weights' chunk" (each rank's idle time, uniform stages)."""
     return (p / 2 - 1) * (fb_s + b_s - 3 * w_s)
+
+
+@lru_cache(maxsize=64)
+def held_at_peak(p: int, m: int) -> tuple[int, ...]:
+    """Per stage k: the microbatches whose activations of stage k a rank holds when it holds the
+    most (F to W or BW; Table 2: PP + 1 in all). Ranks r and p - 1 - r run mirror programs, so
+    stage k's count is the same on both ranks that hold it: the memory formula's closed form
+    (predict/step.py), exact for equal stages; the simulator counts bytes for any."""
+    out = [0] * p
+    for r in range(p // 2):
+        held: dict[int, int] = {}
+        best, at = -1, {}
+        for op in rank_order(p, m, r):
+            if op.kind == "F":
+                held[op.chunk] = held.get(op.chunk, 0) + 1
+            elif op.kind in ("W", "BW"):
+                held[op.chunk] -= 1
+            if sum(held.values()) > best:
+                best, at = sum(held.values()), dict(held)
+        out[r], out[p - 1 - r] = at.get(r, 0), at.get(p - 1 - r, 0)
+    return tuple(out)
