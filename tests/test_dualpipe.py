@@ -162,3 +162,10 @@ def test_a_dualpipe_plan_holds_two_stage_copies_and_megatron_refuses_it():
     assert plan.metrics.step_time_s > 0
     problems = megatron.check(plan)
     assert any("has no DualPipe schedule" in line for line in problems)
+
+
+def test_closed_form_share_matches_the_simulation():
+    from planner.pipeline.simulate import closed_form_bubble
+    for p, m in ((4, 8), (8, 20), (16, 40)):
+        run = simulate("dualpipe", p, m, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0)
+        assert run.bubble_fraction == pytest.approx(closed_form_bubble("dualpipe", p, m))

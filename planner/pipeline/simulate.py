@@ -77,9 +77,13 @@ def closed_form_bubble(name: str, p: int, m: int, v: int = 1) -> float:
     (p-1)/(3m+p-1), i.e. a third of 1F1B's idle time (Qi et al. 2023). zb-2p reaches the same
     with F = B = W once m > p (the last rank cannot start before p-1 forwards): its gain over
     zb-h1 shows when B and W differ or transfers cost time (tests/test_simulate.py).
+    dualpipe with F = B = W and no overlap: every rank idles the report's (p/2-1)(F&B+B-3W) =
+    (p-2)F beside 3mF of work, (p-2)/(3m+p-2) (tests/test_dualpipe.py).
     """
     if name == "interleaved":
         return (p - 1) / (v * m + p - 1)
+    if name == "dualpipe":  # (p/2 - 1)(F&B + B - 3W) idle with F&B = F + B = 3, B = 2, W = 1
+        return (p - 2) / (3 * m + p - 2)
     if name in SPLIT_BACKWARD:
         return (p - 1) / (3 * m + p - 1)
     return (p - 1) / (m + p - 1)
