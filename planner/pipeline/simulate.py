@@ -131,6 +131,9 @@ def simulate(
     exact closed form): the same step, busy, idle and peaks, at a cost that stops growing with m.
     The timeline is then the short run's (``timeline_m`` says how many microbatches it draws).
     ``action_s`` and ``split_backward``: the engine's per-action costs (see `charge_actions`).
+    ``overlap_fwd_s`` / ``overlap_bwd_s`` (per chunk) and ``interference``: DualPipe's F&B pairs
+    (`dualpipe.pair_s`): the all-to-all in a chunk's forward and full backward that a pair hides,
+    and the share of the compute the hiding costs; other schedules ignore them.
     """
     if method not in ("auto", "full"):
         raise ScheduleError(f"unknown simulation method {method!r}; choose auto or full")
@@ -138,17 +141,16 @@ def simulate(
     fwd_s, bwd_s, wgrad_s = charge_actions(name in SPLIT_BACKWARD or name == "dualpipe", p * v,
                                            fwd_s, bwd_s, wgrad_s, action_s, split_backward)
     args = dict(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s, comm_s=comm_s, act_bytes=act_bytes)
-    if name == "dualpipe":
-        return _simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline,
-                             overlap=(overlap_fwd_s, overlap_bwd_s, interference), **args)[0]
+    overlap = (overlap_fwd_s, overlap_bwd_s, interference)
     if method == "auto" and m > FULL_UP_TO:
         if name == "gpipe" and m > _gpipe_drawn(p):
             return _gpipe(p, m, timeline, **args)
         if name != "gpipe" and m > 2 * _first_short_run(name, p, v):
-            fast = _extrapolated(name, p, m, v, timeline, **args)
+            fast = _extrapolated(name, p, m, v, timeline, overlap, **args)
             if fast is not None:
                 return fast
-    return simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline, **args)
+    return _simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline,
+                         overlap=overlap, **args)[0]
 
 
 FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, and drawn in full
@@ -156,7 +158,10 @@ FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, a
 
 def _first_short_run(name: str, p: int, v: int) -> int:
     """Microbatches of the first short run: warm-up (ZB-H1's last rank starts deferring W after
-    p - 1 backwards), a cut, the next period and cool-down; doubled while no cut is found."""
+    p - 1 backwards; DualPipe's rank 0 enters its steady pairs after 2p), a cut, the next period
+    and cool-down; doubled while no cut is found."""
+    if name == "dualpipe":
+        return 2 * p + 8
     return 6 * p if name == "interleaved" else 2 * p + 4
 
 
@@ -209,16 +214,21 @@ def _op_times(split: bool, chunks: int, fwd_s, bwd_s, wgrad_s) -> tuple[list[flo
     return fwd, bwd, [0.0] * chunks
 
 
-def _extrapolated(name, p, m, v, keep_timeline, **args) -> SimResult | None:
+def _group(name: str, p: int) -> int:
+    """Microbatches of one period: p for interleaved, one of each direction for DualPipe."""
+    return p if name == "interleaved" else 2 if name == "dualpipe" else 1
+
+
+def _extrapolated(name, p, m, v, keep_timeline, overlap, **args) -> SimResult | None:
     """The step of m microbatches from a short run and its steady period (see
     planner/pipeline/periodic.py); None when no short run of at most m/2 microbatches has a cut
     in its periodic part (the caller then simulates all m)."""
-    group = p if name == "interleaved" else 1
+    group = _group(name, p)
     short = _first_short_run(name, p, v)
     while 2 * short <= m:
         found = _steady_cut(name, p, v, short, group)
         if found is not None:
-            return _repeated(name, p, m, v, short, group, *found, keep_timeline, args)
+            return _repeated(name, p, m, v, short, group, *found, keep_timeline, args, overlap)
         short *= 2
     return None
 
@@ -233,46 +243,65 @@ def _steady_cut(name, p, v, short, group):
     keys = periodic.cut_keys(ops, labels, p, v, group)
     if keys is None:
         return None
+    release = ("W",) if name in SPLIT_BACKWARD else ("W", "BW") if name == "dualpipe" else ("B",)
     cuts = periodic.steady_cuts(ops, build_schedule(name, p, short + group, v), labels, keys,
-                                group, "W" if name in SPLIT_BACKWARD else "B")
+                                group, release)
     # the last one: the fewest ops left to time symbolically after it
     return (ops, labels, cuts[-1], keys[cuts[-1]]) if cuts else None
 
 
-def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline, args):
+def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline, args,
+              overlap=(0.0, 0.0, 0.0)):
     """Time the short run, read the period map T after ``cut`` and the cool-down's forms, and
     apply T (m - short) / group times (planner/pipeline/periodic.py)."""
+    mirrored = name == "dualpipe"  # transfers of odd microbatches: comm reversed, after comm
     comm = _effective_comm(args["comm_s"], p, v)
-    fwd, bgrad, wgrad = _op_times(name in SPLIT_BACKWARD, p * v, args["fwd_s"], args["bwd_s"],
-                                  args["wgrad_s"])
-    times = {"F": fwd, "B": bgrad, "W": wgrad}
+    comm = comm + comm[::-1] if mirrored else comm
+    chunks = p * v
+    fwd, bgrad, wgrad = _op_times(name in SPLIT_BACKWARD or mirrored, chunks, args["fwd_s"],
+                                  args["bwd_s"], args["wgrad_s"])
+    full = _per_chunk(args["bwd_s"], chunks, "bwd_s")
+    times = {"F": fwd, "B": bgrad, "W": wgrad, "BW": full}
+    o_fwd = _per_chunk(overlap[0], chunks, "overlap_fwd_s")
+    o_bwd = _per_chunk(overlap[1], chunks, "overlap_bwd_s")
 
     def duration(op: Op) -> float:
         return times[op.kind][op.chunk]
 
-    period = periodic.symbolic_run(ops, labels, keys, cut, cut + 1, p, v, group, comm, duration)
+    def pair(f: Op, b: Op) -> float:
+        return dualpipe.pair_s(fwd[f.chunk], o_fwd[f.chunk], full[b.chunk], o_bwd[b.chunk],
+                               overlap[2])
+
+    period = periodic.symbolic_run(ops, labels, keys, cut, cut + 1, p, v, group, comm, duration,
+                                   mirrored=mirrored, pair=pair)
     if period is None:
         return None
-    T = periodic.period_map(*period, keys, cut, group, comm)
-    run, done = _simulate_ops(ops, name, p, short, v, timeline=keep_timeline, **args)
-    chunks = p * v
+    T = periodic.period_map(*period, keys, cut, group, comm, mirrored)
+    run, done = _simulate_ops(ops, name, p, short, v, timeline=keep_timeline, overlap=overlap,
+                              **args)
 
     def end(kind: str, mb: int, chunk: int) -> float:
         return done["FBW".index(kind)][mb * chunks + chunk]
 
     k = (m - short) // group
     state = periodic.power_apply(T, periodic.state_values(end, ops, labels, keys, cut + 1, group,
-                                                          comm), k)
+                                                          comm, mirrored), k)
     # the cool-down from that state, in numbers (its max-plus forms applied to the state)
     cooldown = periodic.symbolic_run(ops, labels, keys, cut + 1, None, p, v, group, comm,
-                                     duration, state)
+                                     duration, state, mirrored=mirrored, pair=pair)
     if cooldown is None:
         return None
     rank_end = [float(x) for x in cooldown[1]]
     makespan = max(rank_end)
     span = max(e - s for e, s in zip(rank_end, run.rank_start_s))
-    busy = [b + k * sum(duration(op) for op, x in zip(rank, lab) if x == cut)
-            for b, rank, lab in zip(run.busy_s, ops, labels)]
+
+    def work(rank, lab) -> float:  # one period's compute on a rank, an F&B pair once
+        ops_in = [op for op, x in zip(rank, lab) if x == cut]
+        return sum(pair(op, nxt) if nxt is not None and nxt.paired else
+                   0.0 if op.paired else duration(op)
+                   for op, nxt in zip(ops_in, ops_in[1:] + [None]))
+
+    busy = [b + k * work(rank, lab) for b, rank, lab in zip(run.busy_s, ops, labels)]
     return _result(name, p, m, v, run.timeline, makespan, busy, run.peak_inflight,
                    run.peak_activation_bytes, timeline_m=short if keep_timeline else None,
                    span=span, rank_start=run.rank_start_s)
