@@ -169,3 +169,33 @@ def test_closed_form_share_matches_the_simulation():
     for p, m in ((4, 8), (8, 20), (16, 40)):
         run = simulate("dualpipe", p, m, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0)
         assert run.bubble_fraction == pytest.approx(closed_form_bubble("dualpipe", p, m))
+
+
+def test_the_search_tries_dualpipe_where_the_stack_runs_it_and_its_bound_holds():
+    """A stack that runs DualPipe and exports nowhere (no built-in one does: Megatron-LM,
+    DeepSpeed and torch.distributed.pipelining have no DualPipe): the screened DualPipe
+    configurations of an MoE model refine on Megatron's even split (their memory, both stage
+    copies, is the prediction's: test above), and the search's lower bound stays below each
+    refined step."""
+    from collections import Counter
+
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.model.load import load_model
+    from planner.search.engine import Request, _Costs, enumerate_configs, screen
+    from planner.stack import load_stack, with_overrides
+
+    model = load_model("profiles/validation/configs/qwen3-30b-a3b.json").with_seq_length(4096)
+    stack = with_overrides(load_stack("megatron-core"), schedules=["1f1b", "dualpipe"],
+                           launcher=None)
+    req = Request(model=model, cluster=make_cluster(load_hardware("h100-sxm-80gb"), 16, 2),
+                  global_batch=64, options=stack)
+    costs = _Costs(req)
+    kept = [par for par in screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
+            if par.schedule == "dualpipe"]
+    assert kept
+    for par in kept[:8]:
+        plan = costs.refined(par)
+        assert "stage split: even (dualpipe" in plan.notes[-1]
+        for with_memory in (False, True):
+            bound = costs.bound(par, with_memory=with_memory)
+            assert bound.value() <= plan.metrics.step_time_s * (1 + 1e-9)

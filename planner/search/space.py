@@ -445,14 +445,6 @@ def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:
         return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
     if par.num_chunks > MAX_CHUNKS:  # core/limits.py
         return f"{par.num_chunks} pipeline chunks; at most {MAX_CHUNKS}"
-    if par.schedule == "dualpipe" and par.pp > 1:
-        return DUALPIPE_UNSEARCHED
     # Blocks need not divide evenly into pp x v chunks: the partitioner splits interleaved
     # chunks unevenly, and each launcher's own rules refuse what it cannot express.
     return par.schedule_problem()
-
-
-# DualPipe (pipeline/dualpipe.py) is priced (predict/step.py) and simulated, but the search's
-# stage partitioner, memory screen and bounds count one stage per rank, not its two copies
-DUALPIPE_UNSEARCHED = ("dualpipe is not searched: the stage partitioner does not model its two "
-                       "stage copies per rank (time it with plan simulate --schedule dualpipe)")
