@@ -418,6 +418,32 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
             return (1, idx + 1), (None if t is None else max(t, done[0][idx]))
         return None, done[0][idx]
 
+    def run_pair(r: int, idx: int, pidx: int) -> bool:
+        """Run rank r's F(idx) and the BW(pidx) paired with it, if their inputs are in (else
+        park r on the missing one): they start together and end after `dualpipe.pair_s`."""
+        k = idx % chunks
+        dep, t = ((0, idx - 1), ready[0][idx - 1]) if k > 0 else (None, 0.0)
+        if t is not None:
+            dep, t_b = backward_input(pidx)
+            t = None if t_b is None else max(t, t_b)
+        if t is None:
+            waiters.setdefault(dep, []).append(r)
+            return False
+        start = max(free[r], t)
+        end = start + pair_s(k, pidx % chunks)
+        shared[r] += end - start
+        for slot, i in ((0, idx), (1, pidx)):
+            _record(done, r, slot, i, chunks, end)
+            starts[r].append(start)
+            ends[r].append(end)
+        done[2][pidx] = free[r] = end
+        ready[0][idx] = end + cf[idx]
+        ready[1][pidx] = end + cb[pidx]
+        ptr[r] += 2
+        for key in ((0, idx), (1, pidx)):
+            work.extend(waiters.pop(key, ()))
+        return True
+
     work = list(range(p))
     while work:
         r = work.pop()
@@ -425,43 +451,32 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
         while ptr[r] < len(plist):
             kind, idx = plist[ptr[r]]
             k = idx % chunks
-            if kind == 0 or kind == 5:
+            if kind == 5:  # an F&B pair (DualPipe): both ops at once, apart from the hot path
+                if not run_pair(r, idx, plist[ptr[r] + 1][1]):
+                    break
+                continue
+            if kind == 0:
                 dep = (0, idx - 1) if k > 0 else None
                 t = ready[0][idx - 1] if k > 0 else 0.0
             elif kind == 2:
                 dep, t = (1, idx), done[1][idx]
+            elif done[0][idx] is None:  # B or BW
+                dep, t = (0, idx), None
+            elif k < last:
+                dep, t = (1, idx + 1), ready[1][idx + 1]
+                if t is not None:
+                    t = max(t, done[0][idx])
             else:
-                dep, t = backward_input(idx)
-            if kind == 5 and t is not None:  # an F&B pair: the BW's inputs too
-                pidx = plist[ptr[r] + 1][1]
-                dep, t_b = backward_input(pidx)
-                t = None if t_b is None else max(t, t_b)
+                dep, t = None, done[0][idx]
             if t is None:
                 waiters.setdefault(dep, []).append(r)
                 break
             start = free[r] if free[r] > t else t
-            if kind == 5:
-                end = start + pair_s(k, pidx % chunks)
-                shared[r] += end - start
-                for code, i in ((0, idx), (1, pidx)):
-                    _record(done, r, code, i, chunks, end)
-                    starts[r].append(start)
-                    ends[r].append(end)
-                done[2][pidx] = end
-                ready[0][idx] = end + cf[idx]
-                ready[1][pidx] = end + cb[pidx]
-                free[r] = end
-                ptr[r] += 2
-                for key in ((0, idx), (1, pidx)):
-                    woken = waiters.pop(key, None)
-                    if woken:
-                        work.extend(woken)
-                continue
             end = start + dur[kind][k]
             free[r] = end
             starts[r].append(start)
             ends[r].append(end)
-            slot = 1 if kind >= 3 else kind
+            slot = kind if kind < 3 else 1
             if done[slot][idx] is not None:
                 _record(done, r, slot, idx, chunks, end)  # raises
             done[slot][idx] = end
