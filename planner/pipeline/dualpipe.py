@@ -53,7 +53,7 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from planner.pipeline.schedule import Op
+from planner.pipeline.ops import Op
 
 NAME = "dualpipe"
 # SMs DeepSeek's all-to-all kernels hold while they overlap compute (report sec. 3.2.2: "we

@@ -29,39 +29,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.core.parallel import SCHEDULES, schedule_problem
+from planner.pipeline import dualpipe
+from planner.pipeline.ops import Op  # defined apart so dualpipe.py builds ops without a cycle
 COMPUTE_KINDS = ("F", "B", "W", "BW")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 
 
 class ScheduleError(ValueError):
     """A schedule was asked for with arguments it cannot honour (one-line message)."""
-
-
-@dataclass(frozen=True)
-class Op:
-    """One step of a rank's program.
-
-    kind: "F", "B", "W", "BW" (compute; BW: input and weight gradient at once, where a schedule
-        also splits them) or "SEND_F", "RECV_F", "SEND_B", "RECV_B" (point-to-point).
-    microbatch: 0-based microbatch index.
-    chunk: global model-chunk index 0..p*v-1.  For SEND/RECV it is the chunk that *produced* the
-        tensor: SEND_F/RECV_F(m, k) move F(m, k)'s output to chunk k+1's rank, SEND_B/RECV_B(m, k)
-        move B(m, k)'s input-gradient to chunk k-1's rank.
-    peer: the other rank of a SEND/RECV, None for compute ops.
-    paired: a BW that runs overlapped with the F just before it (DualPipe's F&B chunk).
-    """
-
-    kind: str
-    microbatch: int
-    chunk: int
-    peer: int | None = None
-    paired: bool = False
-
-    def __str__(self) -> str:
-        text = f"{'&' if self.paired else ''}{self.kind}(mb={self.microbatch}, chunk={self.chunk}"
-        if self.peer is not None:
-            text += f", {'to' if self.kind.startswith('SEND') else 'from'} rank {self.peer}"
-        return text + ")"
 
 
 def check_args(name: str, p: int, m: int, v: int) -> None:
@@ -181,7 +156,6 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Op, ...
     """
     check_args(name, p, m, v)
     if name == "dualpipe":
-        from planner.pipeline import dualpipe  # it builds on Op, defined here
         return tuple(tuple(dualpipe.rank_order(p, m, r)) for r in range(p))
     if name == "interleaved":
         return tuple(tuple(interleaved_order(p, m, v, r)) for r in range(p))
