@@ -3,7 +3,7 @@ parameters, activations and FLOPs (what the memory formula and the step predicti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -36,8 +36,6 @@ class ChunkArrays:
     a2a_s: np.ndarray  # of the times: MoE all-to-all (cost/moe.py), forward + backward
     # FP8 weight copies kept across the step (cost/precision.py); None: none
     cache_bytes: np.ndarray | None = None
-    # DualPipe (pipeline/dualpipe.py): rank r also holds a copy of chunk p - 1 - r
-    mirrored: bool = False
 
     @property
     def cached_bytes(self) -> np.ndarray:
@@ -53,16 +51,29 @@ class ChunkArrays:
 
     def by_rank(self, values: np.ndarray, pp: int) -> np.ndarray:
         """Sum a per-chunk array over the chunks of each rank."""
-        if self.mirrored:  # rank r: chunk r and the copy of chunk p - 1 - r
-            return values + values[::-1]
         if len(values) == pp and values.dtype == np.float64:  # one chunk a rank: nothing to sum
             return values.copy()
         return values.reshape(-1, pp).sum(axis=0)
 
     def rank_max(self, values: np.ndarray, pp: int) -> np.ndarray:
-        if self.mirrored:
-            return np.maximum(values, values[::-1])
         return values.reshape(-1, pp).max(axis=0)
+
+
+@dataclass(frozen=True, eq=False)
+class MirroredChunks(ChunkArrays):
+    """DualPipe's split (pipeline/dualpipe.py): one chunk per stage, rank r holding chunk r and
+    a copy of chunk p - 1 - r, so every per-rank sum or maximum takes both."""
+
+    def by_rank(self, values: np.ndarray, pp: int) -> np.ndarray:
+        return values + values[::-1]
+
+    def rank_max(self, values: np.ndarray, pp: int) -> np.ndarray:
+        return np.maximum(values, values[::-1])
+
+
+def mirrored(stages: ChunkArrays) -> MirroredChunks:
+    """The same split as DualPipe places it."""
+    return MirroredChunks(**{f.name: getattr(stages, f.name) for f in fields(ChunkArrays)})
 
 
 class CostTable:

@@ -11,7 +11,7 @@ with the same code that evaluates one.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from functools import lru_cache
 
 import numpy as np
@@ -31,7 +31,7 @@ from planner.pipeline.schedule import ZB_2P_LIMIT
 from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import state_bytes, memory_parts
-from planner.predict.chunks import ChunkArrays, CostTable, split_stages
+from planner.predict.chunks import ChunkArrays, CostTable, mirrored, split_stages
 
 # Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
 # m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
@@ -140,7 +140,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     rank holds come from the simulation instead of the closed forms."""
     hw, p = cluster.hardware, par.pp
     if par.schedule == "dualpipe":  # rank r also holds stage p - 1 - r: every per-rank sum
-        stages = replace(stages, mirrored=True)  # counts both (pipeline/dualpipe.py)
+        stages = mirrored(stages)  # counts both (pipeline/dualpipe.py)
     p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
     inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
                                              par.virtual_stages), dtype=float)
