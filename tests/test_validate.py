@@ -148,18 +148,19 @@ def test_default_validation_reads_both_files_and_summarises_each(both):
     assert {r.dataset for r in rows} == {"old", "modern", "moe"}
     groups = dict(s.groups)
     assert (groups["old"].cases, groups["old"].evaluated) == (41, 41)
-    # modern: 3 skipped, each with its reason: the torchtitan Float8 runs (FP8 on FSDP2 not
-    # checked yet); FP8 itself is priced (cost/precision.py), the CP rows (cp=16, cp=2) too
-    # (cost/context.py), and the torch.compile runs are evaluated on their stack with fused
-    # element-wise kernels (cost/elementwise.py)
-    assert (groups["modern"].cases, groups["modern"].evaluated) == (34, 31)
-    assert sorted(set(groups["modern"].skip_reasons)) == [
-        "torchtitan Float8 (FSDP2 float8 all-gather, AsyncTP) not modelled"]
+    # modern: none skipped since issue #18's FSDP2 Float8 pass priced torchtitan's three Float8
+    # runs (FP8 all-gather, weights and gradients held through the step under PP, AsyncTP's
+    # hidden share: cost/zero.py, the stack's fields); FP8 itself is priced
+    # (cost/precision.py), the CP rows (cp=16, cp=2) too (cost/context.py), and the
+    # torch.compile runs are evaluated on their stack with fused element-wise kernels
+    # (cost/elementwise.py)
+    assert (groups["modern"].cases, groups["modern"].evaluated) == (34, 34)
+    assert groups["modern"].skip_reasons == ()
     # moe: 7 published MoE runs, all evaluated (the DeepSeek-V3 report's with DualPipe,
     # pipeline/dualpipe.py)
     assert (groups["moe"].cases, groups["moe"].evaluated) == (7, 7)
     assert groups["moe"].skip_reasons == ()
-    assert (s.cases, s.evaluated) == (82, 79)
+    assert (s.cases, s.evaluated) == (82, 82)
     text = "\n".join(summary_lines(s))
     assert "old:" in text and "modern:" in text and "moe:" in text and "all cases:" in text
 
@@ -178,11 +179,14 @@ def test_modern_step_time_error(both):
     # The worst row is now NeMo's GPT-3 175B FP8 (+33%, recompute guessed full; NeMo's recipe
     # for that configuration runs none with TP-communication overlap).
     # Pinned at today's values so an improvement shows up as an easy tightening.
+    # Issue #18's FSDP2 Float8 pass added torchtitan's three Float8 rows (70B 2D -8.0%; 405B 3D
+    # 1F1B -17.7%, interleaved -29.4%: optimistic like the other Grand Teton rows, whose 500 W
+    # H100s run below the SXM peak the model prices): mean 14.6% -> 14.9%, max unchanged.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.146, abs=0.02)
+    assert modern.mean_abs_time_error == pytest.approx(0.149, abs=0.02)
     assert modern.max_abs_time_error == pytest.approx(0.328, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.105, abs=0.015)  # with the MoE rows
+    assert s.mean_abs_time_error == pytest.approx(0.106, abs=0.015)  # with the MoE rows
 
 
 def test_moe_step_time_error(both):
@@ -199,9 +203,12 @@ def test_moe_step_time_error(both):
     _, s = both
     moe = dict(s.groups)["moe"]
     # With the DeepSeek-V3 report's row evaluated on DualPipe (+7.1%, pipeline/dualpipe.py)
-    # the seven rows read mean 15.7%, max 26.5%.
-    assert moe.mean_abs_time_error == pytest.approx(0.157, abs=0.02)
-    assert moe.max_abs_time_error == pytest.approx(0.265, abs=0.03)
+    # the seven rows read mean 15.7%, max 26.5%. Issue #18's FSDP2 pass moved the two Automodel
+    # DeepSeek-V3 rows (pp4 on the torchtitan stack) to -16.9% / -31.2%: under
+    # torch.distributed.pipelining FSDP2 stages are gathered and reduce-scattered once a step
+    # (zero3_pipeline_hold, cost/zero.py), not per microbatch: mean 16.8%, max 31.2%.
+    assert moe.mean_abs_time_error == pytest.approx(0.168, abs=0.02)
+    assert moe.max_abs_time_error == pytest.approx(0.312, abs=0.03)
     # No MoE run that ran is predicted out of memory but the DeepSeek-V3 report's row
     # (test_the_deepseek_v3_report_row_runs_dualpipe): the Automodel Qwen3-30B row, at the
     # torchtitan stack's fp32 master, gradients and Adam beside fp32 cross-entropy buffers once
@@ -215,10 +222,30 @@ def test_modern_memory(both):
     # does not yet shrink what torch.compile's fused kernels save for the backward: measured
     # 5.0-5.4 GiB less than eager). No run that ran is predicted out of memory: where recompute is
     # unpublished and none would not fit (Llama 3 405B, 8,192 GPUs), the guess is full recompute.
+    # Issue #18 added torchtitan's three Float8 rows (reserved peak, GiB): 70B 2D -0.9%, once
+    # FSDP2's FP8 all-gather, loss parallel's fp32 buffers (cost/loss.py) and DTensor SP's kept
+    # gathered inputs are priced. The two 405B 3D rows are NOT within the invariant: 1F1B -9.1%,
+    # interleaved -7.0% with the stage's FP8 weights and fp32 gradients held unsharded through
+    # the step (zero3_pipeline_hold), the torchtitan microbatch defaults (8 of 4, 16 of 2) and
+    # no double-counted gradient shard. What is left matches the allocator: torchtitan's own
+    # FSDP2 + full-AC measurement reads 23.92% peak active against 32.64% peak reserved
+    # (pytorch/torchtitan PR #165), 27% of the reserved peak unused, where the planner assumes
+    # 15% (cost/constants.py RECOMPUTE_FRAGMENTATION); at 27% they read +5% / +7%, but as a
+    # torchtitan stack value it also moves the llm-foundry rows priced on that stack into
+    # predicted OOM. Pinned one assertion each so the lead can see and decide.
     rows, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.memory_cases == 4
-    assert -0.03 <= modern.min_memory_error and modern.max_memory_error <= 0.21
+    assert modern.memory_cases == 7
+    by_case = {r.case: r for r in rows}
+    assert by_case["torchtitan-llama3.1-405b-512gpu-3d-1f1b-float8"].memory_error == \
+        pytest.approx(-0.091, abs=0.01)
+    assert by_case["torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8"].memory_error == \
+        pytest.approx(-0.070, abs=0.01)
+    known = ("torchtitan-llama3.1-405b-512gpu-3d-1f1b-float8",
+             "torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8")
+    others = [r.memory_error for r in rows if r.dataset == "modern" and r.supported
+              and r.memory_error is not None and r.case not in known]
+    assert len(others) == 5 and min(others) >= -0.03 and modern.max_memory_error <= 0.21
     assert modern.oom_mismatches == ()
     llama = {r.case: r for r in rows}["llama3-405b-paper-8192gpu-tp8-cp1-pp16-dp64-seq8192"]
     assert " full " in llama.configuration and "none would not fit" in llama.note
@@ -259,8 +286,10 @@ def test_fp8_runs_are_summarised_apart(both):
     fp8 = dict(s.groups)["fp8 runs"]
     # 8 cases, 5 evaluated: the DeepSeek-V3 report's FP8 MoE run (moe_runs.json) is priced since
     # DualPipe is (pipeline/dualpipe.py: +7.1%; the group's mean moved 11.2% -> 10.4%)
-    assert (fp8.cases, fp8.evaluated) == (8, 5)
-    assert fp8.mean_abs_time_error == pytest.approx(0.119, abs=0.02)
+    assert (fp8.cases, fp8.evaluated) == (8, 5 + 3)
+    # + torchtitan's three Float8 rows (issue #18, FSDP2 pass): -8.0%, -17.7%, -29.4%: the
+    # group's mean 10.4% -> 13.4%
+    assert fp8.mean_abs_time_error == pytest.approx(0.134, abs=0.02)
     assert all(r.precision == "fp8" and "precision=fp8" in r.stack
                for r in rows if r.case.endswith(("-fp8", "-float8")))
 

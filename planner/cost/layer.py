@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import constants
-from planner.cost import comm, context, mla, moe
+from planner.cost import comm, context, loss, mla, moe
 from planner.cost import elementwise
 from planner.cost import gemm
 from planner.cost import precision
@@ -236,9 +236,11 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
             recompute_s += cp_fwd
 
     one = 0.0
-    if shape.tp > 1 and not opts.tp_comm_overlap:
+    exposed = 1.0 - opts.tp_overlap_hidden if opts.tp_comm_overlap else 1.0
+    if shape.tp > 1 and exposed > 0:
         intra, _ = comm.links(hw)
-        one = comm.all_reduce_s(ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, intra)
+        one = exposed * comm.all_reduce_s(ACT_BYTES * shape.tokens * layer.hidden_size,
+                                          shape.tp, intra)
     fwd_s += w.collectives * one
     bwd_input_s += w.collectives_bwd * one
     if recompute == "full" and layer.kind == "block":
@@ -259,9 +261,8 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         params=params,
         act_bytes=activation_bytes(layer, shape, recompute, flash) - (
             fp8.saved_bytes if fp8 else 0.0),
-        work_bytes=working_bytes(layer, shape, recompute, flash) + (
-            0.0 if opts.fused_cross_entropy or layer.kind != "head"
-            else 2 * opts.loss_bytes * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp) + (
+        work_bytes=working_bytes(layer, shape, recompute, flash) + loss.loss_work_bytes(
+            layer, shape, opts) + (
             context.transient_bytes(shape.cp, opts.cp_comm, shape.micro_batch, shape.seq_len,
                                     layer.q_size / shape.tp,
                                     layer.num_kv_heads * layer.head_dim / shape.tp)

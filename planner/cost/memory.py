@@ -58,6 +58,13 @@ class Shape:
     recompute_modules: tuple[str, ...] = ("core_attn",)
     # bytes per logit of the loss's kept log-probabilities (the stack's loss_dtype)
     loss_bytes: int = LOGIT_BYTES
+    # ZeRO-3 gathers the FP8 linear weights already in FP8: no forward weight cast
+    # (cost/zero.py fp8_gathered, cost/precision.py)
+    fp8_gathered: bool = False
+    # with SP, bytes per value of the all-gathered input each column-parallel linear keeps for
+    # its backward (a stack whose TP is DTensor's: torchtitan; 1 where the blocks' linears run
+    # FP8, cast before the gather); 0: the SP shard is kept and re-gathered (Megatron)
+    sp_gathered_bytes: float = 0.0
 
     @property
     def tokens(self) -> int:
@@ -84,9 +91,12 @@ def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) ->
     if layer.kind == "linear":
         return ACT_BYTES * sbh * rep  # the input of the matmul
     if layer.kind == "head":
-        # final norm input + output-projection input (16-bit) + the loss's log-probabilities
-        # (fp32, or 16-bit where the stack's loss runs on the 16-bit logits).
-        return 2 * ACT_BYTES * sbh * rep + shape.loss_bytes * s * b * layer.padded_vocab(t) / t
+        # final norm input + output-projection input (16-bit; all-gathered where the stack
+        # keeps SP's gathered inputs: _gathered_input) + the loss's log-probabilities (fp32,
+        # or 16-bit where the stack's loss runs on the 16-bit logits).
+        projection = ACT_BYTES * sbh * rep if not _keeps_gathered(shape) else ACT_BYTES * sbh
+        return (ACT_BYTES * sbh * rep + projection
+                + shape.loss_bytes * s * b * layer.padded_vocab(t) / t)
     if recompute == "full":
         return ACT_BYTES * sbh * rep
     if recompute == "selective":
@@ -107,7 +117,8 @@ def _block_kept(layer: Layer, shape: Shape) -> float:
     sharded = sb * (2 * q + 2 * kv + 2 * kv + 2 * q) / t
     if layer.is_mla:
         sharded = mla.kept_bytes(layer, sb, t)
-    return replicated * (1 / t if shape.sp else 1.0) + sharded + _mlp_kept(layer, shape)
+    return replicated * (1 / t if shape.sp else 1.0) + sharded + _mlp_kept(layer, shape) \
+        + _gathered_input(sb * h, shape)
 
 
 def _mlp_kept(layer: Layer, shape: Shape) -> float:
@@ -119,7 +130,34 @@ def _mlp_kept(layer: Layer, shape: Shape) -> float:
     if layer.is_moe:  # router, routed copies and shared experts: cost/moe.py
         return replicated * (1 / t if shape.sp else 1.0) + moe.kept_bytes(layer, shape)
     mlp = (6 if layer.mlp == "swiglu" else 4) * layer.ffn_hidden_size
-    return replicated * (1 / t if shape.sp else 1.0) + sb * mlp / t
+    return replicated * (1 / t if shape.sp else 1.0) + sb * mlp / t \
+        + _gathered_input(sb * h, shape)
+
+
+def sp_gathered_bytes(opts) -> float:
+    """Shape.sp_gathered_bytes of a stack: 0 unless it keeps SP's gathered inputs, then 1 where
+    its blocks' linears run FP8 (cast before the gather), else 2."""
+    if not opts.sp_keeps_gathered:
+        return 0.0
+    return 1.0 if opts.precision == "fp8" else float(ACT_BYTES)
+
+
+def _keeps_gathered(shape: Shape) -> bool:
+    return shape.sp and shape.tp > 1 and shape.sp_gathered_bytes > 0
+
+
+def _gathered_input(values: float, shape: Shape) -> float:
+    """What a column-parallel linear keeps beyond Korthikanti's SP count (its 16-bit input
+    sharded by SP, counted among the replicated tensors) when the stack keeps the all-gathered
+    input instead (Shape.sp_gathered_bytes): the gathered ``values`` at that many bytes, less
+    the shard already counted. torchtitan's TP plan redistributes the blocks' inputs from
+    Shard(1) to Replicate() before the linears ('"attention": prepare_module_input(
+    input_layouts=(Shard(1), None), desired_input_layouts=(Replicate(), None))', and the same
+    for "feed_forward"; parallelize_llama.py apply_tp), so autograd keeps the gathered tensor
+    for the weight gradient; Megatron keeps the shard and gathers it again in the backward."""
+    if not _keeps_gathered(shape):
+        return 0.0
+    return values * (shape.sp_gathered_bytes - ACT_BYTES / shape.tp)
 
 
 def _scores_bytes(layer: Layer, shape: Shape) -> float:

@@ -142,16 +142,18 @@ def fp8_layer(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     if not uses_fp8(layer, opts):
         return None
     gemms = block_gemms(layer, shape)
-    fwd, bwd, cache = fp8_cast_bytes(gemms, opts)
+    fwd, bwd, cache = fp8_cast_bytes(gemms, opts, shape.fp8_gathered)
     return Fp8Layer(gemm_rate=fp8_gemm_rate(hw), gemm_bytes=gemm_bytes(gemms, FP8_BYTES),
                     cast_fwd_bytes=fwd, cast_bwd_bytes=bwd,
                     saved_bytes=saved_activation_bytes(layer, shape, recompute, opts),
                     cache_bytes=cache)
 
 
-def fp8_cast_bytes(gemms, opts: Stack) -> tuple[float, float, float]:
+def fp8_cast_bytes(gemms, opts: Stack, gathered: bool = False) -> tuple[float, float, float]:
     """(forward cast bytes, backward cast bytes, FP8 weight-cache bytes) of one microbatch
-    through ``gemms`` under the stack's recipe, weight caching and activation saving."""
+    through ``gemms`` under the stack's recipe, weight caching and activation saving; with
+    ``gathered`` the weights arrive in FP8 from ZeRO-3's FP8 all-gather (cost/zero.py), cast
+    on the shard before it, so the forward does not cast them."""
     x = sum(g.m * g.k for g in gemms)  # GEMM inputs (activations)
     w = sum(g.k * g.n for g in gemms)  # weights
     dy = sum(g.m * g.n for g in gemms)  # output gradients
@@ -167,8 +169,11 @@ def fp8_cast_bytes(gemms, opts: Stack) -> tuple[float, float, float]:
     bwd += dy * both
     # Weights: cast once per step when cached (charged by step_cast_bytes), else in every
     # forward and again in the backward.
+    # Gathered in FP8, the forward GEMM reads the gathered weight as it is; the backward's
+    # input-gradient GEMM reads it in the other layout, still charged as a cast (an upper
+    # bound on re-laying out an FP8 weight: 2 bytes a value).
     if not opts.fp8_weight_cache:
-        fwd += w * one
+        fwd += 0.0 if gathered else w * one
         bwd += w * one
     return fwd, bwd, 2 * FP8_BYTES * w if opts.fp8_weight_cache else 0.0
 

@@ -75,3 +75,67 @@ def exposed_per_microbatch_s(t: UnitTimes, prefetch: int, overlap_gather: bool,
     bwd = always + _pipelined(u, step, t.bwd_s, head, tail)
     exposed = np.where(u > 0, fwd + bwd, 0.0)
     return np.minimum(exposed, total), total
+
+
+# --- weights held for the whole step under pipeline parallelism, and FP8 all-gathers -----------
+#
+# torchtitan does not reshard a pipeline stage's FSDP2 units after the forward ("For PP, do not
+# reshard after forward to avoid per-microbatch all-gathers, which can be expensive and
+# non-overlapped", torchtitan parallelize_llama.py apply_fsdp), and torch.distributed.pipelining
+# runs every backward of an FSDP stage with set_reshard_after_backward(False) and
+# set_requires_gradient_sync(False), calling post_backward only once the last backward is done
+# (torch/distributed/pipelining/stage.py backward_maybe_with_nosync). So the stage's weights are
+# gathered once, in the first forward, and stay gathered; its gradients stay unsharded,
+# accumulated in FSDP2's reduce dtype ("self.unsharded_accumulated_grad =
+# unsharded_grad.to(self.reduce_dtype)", _fsdp_param.py), and are reduce-scattered once, after
+# the last backward, with no compute left on the rank to hide them (the stack's
+# ``zero3_pipeline_hold``).
+#
+# torchao's FP8 all-gather (the stack's ``fp8_all_gather``; torchtitan
+# --float8.enable_fsdp_float8_all_gather: "cast Float8Linear.weight from high precision to
+# float8 before FSDP all-gather so we can communicate in float8 to save bandwidth", torchtitan
+# docs/float8.md) gathers a block's linear weights in 1 byte instead of 2; norms, embedding and
+# output head (not Float8Linear) stay 16-bit. The forward GEMMs then read the gathered FP8
+# weight: no forward weight cast (cost/precision.py). The cast it replaces runs on the shard
+# before each gather (1/dp of the weight, read 4 bytes + write 1; with
+# precompute_float8_dynamic_scale_for_fsdp the scales come from one amax pass per step): for the
+# 70B torchtitan run (dp 32) about 3 GB a step, a millisecond against a 20 s step, not priced.
+
+FP8_GATHER_BYTES = 1
+GATHER_BYTES = 2  # 16-bit weights
+
+
+def holds_for_step(par, opts) -> bool:
+    """Whether ZeRO-3 keeps each stage's weights gathered and its gradients unsharded for the
+    whole step (pipeline parallelism on a stack with ``zero3_pipeline_hold``)."""
+    return par.zero >= 3 and par.pp > 1 and opts.zero3_pipeline_hold
+
+
+def fp8_gathered(par, opts) -> bool:
+    """Whether ZeRO-3 all-gathers the blocks' FP8 linear weights in FP8."""
+    return par.zero >= 3 and opts.precision == "fp8" and opts.fp8_all_gather
+
+
+def layer_gather_bytes(layer, params: float, norms_on_gpu: float, fp8: bool) -> float:
+    """Bytes one GPU's all-gather of ``layer`` returns, for its ``params`` parameters on this
+    GPU of which ``norms_on_gpu`` are norm weights: 16-bit, or FP8 for a block's linear weights
+    under FP8 all-gather (the norms stay 16-bit; cost/precision.py prices FP8 for blocks only)."""
+    if not fp8 or layer.kind != "block":
+        return GATHER_BYTES * params
+    return FP8_GATHER_BYTES * (params - norms_on_gpu) + GATHER_BYTES * norms_on_gpu
+
+
+def step_exposed_s(t: UnitTimes, prefetch: int, overlap_gather: bool
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(exposed, total) seconds of a step's ZeRO-3 collectives per rank when the weights are
+    held for the step: one pass of gathers beside the first microbatch's forward (pipelined as
+    :func:`exposed_per_microbatch_s` prices a forward) and every unit's reduce-scatter after
+    the last backward, exposed whole. ``bwd_gather_s`` is not read: nothing is gathered again."""
+    u = np.asarray(t.units, dtype=float)
+    total = u * (t.gather_s + t.reduce_s)
+    if overlap_gather and prefetch >= 1:
+        fwd = _pipelined(u, t.gather_s, t.fwd_s, t.gather_s, 0.0)
+    else:
+        fwd = u * t.gather_s
+    exposed = np.where(u > 0, fwd + u * t.reduce_s, 0.0)
+    return np.minimum(exposed, total), total

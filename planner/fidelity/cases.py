@@ -297,6 +297,12 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
                          unsupported=skip)
     if opts.precision == "fp8":  # set by run_options
         notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
+        if opts.fp8_all_gather and int(cf.get("zero") or 0) >= 3:
+            notes.append("ZeRO-3 gathers FP8 weights")
+    if opts.zero3_pipeline_hold and int(cf.get("zero") or 0) >= 3 and int(cf["pp"]) > 1:
+        notes.append("ZeRO-3 weights and gradients held unsharded through the step (PP)")
+    if opts.tp_comm_overlap and int(cf["tp"]) > 1:
+        notes.append(f"TP overlap hides {opts.tp_overlap_hidden:.0%} of the TP collectives")
     model = load_model(VALIDATION_DIR / "configs" / m["hf_config"]).with_seq_length(
         int(m["seq_len"]))
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
@@ -341,16 +347,17 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
     skip = ""
     if opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
         skip = f"FP8 run on {cluster.hardware.name}, a profile without an FP8 peak"
-    elif opts.precision == "fp8" and opts.launcher == "torchtitan":
-        # Until FP8 on FSDP2 is checked against them: priced, these three runs' memory comes out
-        # 10-70% under the measurement (torchao's float8 all-gather, AsyncTP and the 405B runs'
-        # pipeline micro-batch are not modelled), so they stay out of the error summary.
-        skip = "torchtitan Float8 (FSDP2 float8 all-gather, AsyncTP) not modelled"
     if skip:
         return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
                          unsupported=skip)
     if opts.precision == "fp8":  # set by run_options
         notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
+        if opts.fp8_all_gather and int(cf.get("zero") or 0) >= 3:
+            notes.append("ZeRO-3 gathers FP8 weights")
+    if opts.zero3_pipeline_hold and int(cf.get("zero") or 0) >= 3 and int(cf["pp"]) > 1:
+        notes.append("ZeRO-3 weights and gradients held unsharded through the step (PP)")
+    if opts.tp_comm_overlap and int(cf["tp"]) > 1:
+        notes.append(f"TP overlap hides {opts.tp_overlap_hidden:.0%} of the TP collectives")
     model = _modern_model(case)
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
     gb = int(cf["global_batch"])

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.core.parallel import Parallel
-from planner.cost import constants
+from planner.cost import constants, zero
 from planner.cost.memory import (ACT_BYTES, fragmentation, model_state_parts,
                                  sharded_params)
 from planner.model.spec import ModelSpec
@@ -51,32 +51,72 @@ def kept_outputs(model: ModelSpec, par: Parallel, inflight: np.ndarray, opts: St
 
 
 def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) -> np.ndarray:
-    """Per rank: 16-bit weights ZeRO-3 holds unsharded at once. Gathering a layer at a time,
-    the running layer and the ``zero3_prefetch`` next (PyTorch FSDP ``limit_all_gathers``; FSDP2
-    and DeepSpeed ZeRO-3 prefetch one unit ahead likewise): the model's largest layer counts
-    1 + prefetch times. Gathering a whole stage: the rank's parameters."""
+    """Per rank: weights ZeRO-3 holds unsharded at once for a moment (a transient). Gathering a
+    layer at a time, the running layer and the ``zero3_prefetch`` next (PyTorch FSDP
+    ``limit_all_gathers``; FSDP2 and DeepSpeed ZeRO-3 prefetch one unit ahead likewise): the
+    model's largest gathered layer counts 1 + prefetch times, in 16-bit or, for FP8 linear
+    weights under FP8 all-gather, FP8 (cost/zero.py). Gathering a whole stage: the rank's
+    parameters in 16-bit. Weights held for the whole step are no transient: :func:`held_bytes`."""
     rank_params = np.asarray(rank_params, dtype=float)
-    if par.zero < 3:
+    if par.zero < 3 or zero.holds_for_step(par, opts):
         return np.zeros_like(rank_params)
     if opts.zero3_gather == "stage":
         return rank_params * ACT_BYTES
-    largest = largest_layer_params(model, par.tp, par.ep, par.expert_tp)
-    return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest * ACT_BYTES)
+    largest = float(layer_gather_bytes(model, par, opts).max())
+    return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest)
 
 
-_LARGEST: dict = {}  # (id(model), tp, ep, etp) -> (model, value): asked once per configuration
+_GATHER: dict = {}  # (id(model), tp, ep, etp, fp8) -> (model, per-layer bytes)
 
 
-def largest_layer_params(model: ModelSpec, tp: int, ep: int, etp: int) -> float:
-    """The parameters the model's largest layer puts on one GPU (sharded_params)."""
-    key = (id(model), tp, ep, etp)
-    held = _LARGEST.get(key)
+def layer_gather_bytes(model: ModelSpec, par: Parallel, opts: Stack) -> np.ndarray:
+    """Per layer: the bytes one GPU's ZeRO-3 all-gather of it returns (cost/zero.py), asked
+    once per configuration."""
+    fp8 = zero.fp8_gathered(par, opts)
+    key = (id(model), par.tp, par.ep, par.expert_tp, fp8)
+    held = _GATHER.get(key)
     if held is None or held[0] is not model:
-        if len(_LARGEST) >= 64:
-            _LARGEST.clear()
-        held = _LARGEST[key] = (
-            model, max(sharded_params(layer, tp, ep, etp) for layer in model.layers))
+        if len(_GATHER) >= 64:
+            _GATHER.clear()
+        held = _GATHER[key] = (model, np.array([
+            zero.layer_gather_bytes(layer, sharded_params(layer, par.tp, par.ep, par.expert_tp),
+                                    layer.norm_params if layer.kind == "block" else 0.0, fp8)
+            for layer in model.layers]))
     return held[1]
+
+
+def chunk_gather_bytes(model: ModelSpec | None, par: Parallel, opts: Stack,
+                       stages: ChunkArrays) -> np.ndarray:
+    """Per chunk: the bytes one GPU's all-gathers of all its layers return. A chunk of no known
+    layers (the search's ideal chunk), or no ``model``, counts its parameters at the least
+    bytes a parameter is gathered in (a lower bound)."""
+    least = zero.FP8_GATHER_BYTES if zero.fp8_gathered(par, opts) else zero.GATHER_BYTES
+    if model is None:
+        return least * stages.params
+    per_layer = np.concatenate([[0.0], np.cumsum(layer_gather_bytes(model, par, opts))])
+    first, last = stages.first.astype(int), stages.last.astype(int)
+    return np.where(last > first, per_layer[last] - per_layer[first], least * stages.params)
+
+
+def held_bytes(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArrays
+               ) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk: (gathered weights, gradients beyond the sharded ones state_parts counts) that
+    ZeRO-3 holds for the whole step where the stack keeps a pipeline stage gathered (cost/zero.py
+    holds_for_step); zeros otherwise. Only parameters sharded over more than one rank are
+    gathered: dense ones over the DP x CP ranks, experts over the expert-DP group. Their
+    gradients stay unsharded in the reduce dtype until the last backward; the sharded gradient
+    exists only after it (torchtitan zeroes gradients, set to None, before each step), so the
+    unsharded one replaces it: params x bytes x (1 - 1/n) more than state_parts' shard."""
+    n = len(stages.first)
+    if not zero.holds_for_step(par, opts):
+        return np.zeros(n), np.zeros(n)
+    experts = stages.expert_params
+    dense = stages.params - experts
+    groups = ((dense, par.dp * par.cp), (experts, par.expert_dp))
+    sharded = sum(p for p, ranks in groups if ranks > 1)
+    share = np.where(stages.params > 0, sharded / np.maximum(stages.params, 1.0), 0.0)
+    grads = opts.reduced_grad_bytes(par.zero) * sum(p * (1 - 1 / ranks) for p, ranks in groups)
+    return chunk_gather_bytes(model, par, opts, stages) * share, grads
 
 
 def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays,
@@ -102,6 +142,8 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
     weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts,
                                                                         stages.expert_params))
     weights = weights + stages.by_rank(stages.cached_bytes, p)  # FP8 weight copies, if cached
+    held_w, held_g = held_bytes(model, par, opts, stages)  # ZeRO-3 under PP, where held
+    weights, grads = weights + stages.by_rank(held_w, p), grads + stages.by_rank(held_g, p)
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two
         tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
         tw, tg, to = state_parts(tied, par, opts)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost import constants
+from planner.cost import constants, zero
 from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
 from planner.predict.chunks import CostTable, ChunkArrays
-from planner.predict.memory import gathered_bytes, kept_outputs, state_bytes
+from planner.predict.memory import gathered_bytes, kept_outputs, layer_gather_bytes, state_bytes
 from planner.hardware.profiles import Cluster
 from planner.cost.memory import ACT_BYTES, fragmentation
 from planner.model.spec import ModelSpec
@@ -64,11 +64,21 @@ def usable_bytes(cluster: Cluster, recompute: bool) -> float:
         1 - fragmentation(recompute))
 
 
-def _layer_states(params, par: Parallel, opts: Stack, expert_params=0.0):
+def _layer_states(params, par: Parallel, opts: Stack, expert_params=0.0, gathered=None):
     """Model-state bytes of each layer (or of a parameter total: the formula is linear), plus
-    the layer's 16-bit weights when ZeRO-3 gathers a whole stage at a time."""
+    the layer's 16-bit weights when ZeRO-3 gathers a whole stage at a time, or its gathered
+    weights (``gathered``: per layer; None: the least bytes a parameter gathers in) and
+    unsharded gradients where ZeRO-3 holds them for the step (predict/memory.py held_bytes)."""
     states = state_bytes(params, par, opts, expert_params)
-    if par.zero >= 3 and opts.zero3_gather == "stage":
+    if zero.holds_for_step(par, opts):  # as predict/memory.py held_bytes counts them
+        least = zero.FP8_GATHER_BYTES if zero.fp8_gathered(par, opts) else zero.GATHER_BYTES
+        dense = params - expert_params
+        groups = ((dense, par.dp * par.cp), (expert_params, par.expert_dp))
+        sharded = sum(p for p, ranks in groups if ranks > 1)
+        share = np.where(np.asarray(params) > 0, sharded / np.maximum(params, 1.0), 0.0)
+        states = states + share * (least * params if gathered is None else gathered) \
+            + opts.reduced_grad_bytes(par.zero) * sum(p * (1 - 1 / r) for p, r in groups)
+    elif par.zero >= 3 and opts.zero3_gather == "stage":
         states = states + ACT_BYTES * params
     return states
 
@@ -107,7 +117,8 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
     cached = np.array([c.cache_bytes for c in costs[modes[0]]], dtype=float)  # FP8 copies
     inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
     return PartitionProblem(
-        time_s=time_s, state_bytes=_layer_states(params, par, opts, experts) + cached,
+        time_s=time_s, state_bytes=_layer_states(params, par, opts, experts,
+                                                  layer_gather_bytes(model, par, opts)) + cached,
         act_bytes=act,
         inflight=inflight, capacity_bytes=capacity, modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)),

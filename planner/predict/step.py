@@ -22,7 +22,7 @@ from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
 from planner.layout.ranks import blocks_cross, dp_group_crosses_nodes, stage_hop_crosses_nodes
-from planner.cost.memory import ACT_BYTES, Shape
+from planner.cost.memory import ACT_BYTES, Shape, sp_gathered_bytes
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
@@ -30,7 +30,7 @@ from planner.pipeline import dualpipe
 from planner.pipeline.schedule import ZB_2P_LIMIT
 from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
-from planner.predict.memory import state_bytes, memory_parts
+from planner.predict.memory import chunk_gather_bytes, state_bytes, memory_parts
 from planner.predict.chunks import ChunkArrays, CostTable, mirrored, split_stages
 
 # Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
@@ -44,6 +44,8 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
                   seq_len=model.seq_length // par.cp, cp=par.cp, cp_cross=cp_crosses(par, hw),
                   recompute_modules=opts.recompute_modules, loss_bytes=opts.loss_bytes,
+                  fp8_gathered=zero.fp8_gathered(par, opts),
+                  sp_gathered_bytes=sp_gathered_bytes(opts),
                   **moe.shape_fields(par, hw, opts))
     cache: dict = {}
     out = []
@@ -181,7 +183,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     chunk_mem = states + inflight * stages.act_bytes
     parts = memory_parts(model, par, stages, inflight, opts, held)
     rank_mem = sum(parts.values())
-    dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages).max())
+    dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages, model).max())
     # Each rank steps its shard: dense parameters over the DP x CP ranks, experts over expert DP
     # (state_parts).
     owned = (stages.by_rank(stages.params - stages.expert_params, p)
@@ -324,7 +326,7 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
 
 
 def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
-                  stages: ChunkArrays) -> np.ndarray:
+                  stages: ChunkArrays, model: ModelSpec | None = None) -> np.ndarray:
     """Gradient synchronisation each rank cannot hide. ZeRO-0: all-reduce of the gradients;
     ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights once per
     step; ZeRO-2 reduce-scatters after every microbatch where the stack keeps only the shard
@@ -346,15 +348,16 @@ def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
     p = par.pp
     experts = stages.by_rank(stages.expert_params, p)
     out = _group_sync_s(par, opts, stages, stages.by_rank(stages.params, p) - experts,
-                        _dp_group(par, cluster), cluster)
+                        _dp_group(par, cluster), cluster, model)
     if par.expert_dp > 1 and experts.any():
         out = out + _group_sync_s(par, opts, stages, experts,
-                                  _dp_group(par, cluster, experts=True), cluster)
+                                  _dp_group(par, cluster, experts=True), cluster, model)
     return out
 
 
 def _group_sync_s(par: Parallel, opts: Stack, stages: ChunkArrays, params: np.ndarray,
-                  group: nccl.Group, cluster: Cluster) -> np.ndarray:
+                  group: nccl.Group, cluster: Cluster, model: ModelSpec | None = None
+                  ) -> np.ndarray:
     """Per rank, what syncing ``params`` (per rank) over ``group`` adds to the step."""
     p = par.pp
     if group.ranks == 1 or not params.any():
@@ -363,7 +366,7 @@ def _group_sync_s(par: Parallel, opts: Stack, stages: ChunkArrays, params: np.nd
     m = par.num_microbatches
     interference = comm.overlap_interference(cluster.hardware)
     if par.zero >= 3:
-        return _zero3_exposed_s(par, opts, stages, group, params, grads, interference)
+        return _zero3_exposed_s(par, opts, stages, group, params, grads, interference, model)
     if par.zero == 0:
         reduce_s = nccl.collective_s("all_reduce", grads, group)
         gather_s = np.zeros(p)
@@ -414,7 +417,8 @@ def _group_of(n: int, inner: int, pp: int, cluster: Cluster) -> nccl.Group:
 
 
 def _zero3_exposed_s(par: Parallel, opts: Stack, stages: ChunkArrays, group: nccl.Group,
-                     params: np.ndarray, grads: np.ndarray, interference: float) -> np.ndarray:
+                     params: np.ndarray, grads: np.ndarray, interference: float,
+                     model: ModelSpec | None = None) -> np.ndarray:
     """ZeRO-3 / FSDP, unit by unit (cost/zero.py): a unit is one layer (FSDP per-block
     wrapping) or a whole chunk (``zero3_gather``), each gathered for every microbatch's forward
     and, FULL_SHARD resharding after the forward, again for its backward, and its gradients
@@ -425,17 +429,35 @@ def _zero3_exposed_s(par: Parallel, opts: Stack, stages: ChunkArrays, group: ncc
     per_chunk = layers if opts.zero3_gather == "layer" else np.minimum(layers, 1.0)
     units = stages.by_rank(per_chunk, p)
     priced = np.maximum(units, 1.0)
-    gather = nccl.collective_s("all_gather", params * ACT_BYTES / priced, group)
+    gather = nccl.collective_s("all_gather", params * _gather_bytes_per_param(
+        model, par, opts, stages) / priced, group)
     reduce = nccl.collective_s("reduce_scatter", grads / priced, group)
     times = zero.UnitTimes(
         units=units, fwd_s=stages.by_rank(stages.fwd_s, p) / priced,
         bwd_s=stages.by_rank(stages.bwd_s, p) / priced,
         gather_s=np.atleast_1d(gather), bwd_gather_s=np.atleast_1d(gather),
         reduce_s=np.atleast_1d(reduce))
+    if zero.holds_for_step(par, opts):  # gathered once, reduce-scattered once (cost/zero.py)
+        exposed, total = zero.step_exposed_s(times, opts.zero3_prefetch,
+                                             opts.overlap_param_gather)
+        total = np.where(units > 0, total, priced * (times.gather_s + times.reduce_s))
+        return exposed + interference * (total - exposed)
     exposed, total = zero.exposed_per_microbatch_s(
         times, opts.zero3_prefetch, opts.overlap_param_gather, opts.overlap_grad_reduce)
     total = np.where(units > 0, total, priced * (times.gather_s * 2 + times.reduce_s))
     return m * (exposed + interference * (total - exposed))
+
+
+def _gather_bytes_per_param(model: ModelSpec | None, par: Parallel, opts: Stack,
+                            stages: ChunkArrays) -> np.ndarray:
+    """Per rank: the mean bytes a parameter is all-gathered in, 2 (16-bit) unless FP8 linear
+    weights are gathered in FP8 (cost/zero.py): from the rank's layers, or at the least
+    (1 byte) where the layering or ``model`` is unknown (the search's bound)."""
+    if not zero.fp8_gathered(par, opts):
+        return np.full(par.pp, float(ACT_BYTES))
+    params = stages.by_rank(stages.params, par.pp)
+    gathered = stages.by_rank(chunk_gather_bytes(model, par, opts, stages), par.pp)
+    return np.where(params > 0, gathered / np.maximum(params, 1.0), float(ACT_BYTES))
 
 
 def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,

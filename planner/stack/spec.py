@@ -47,8 +47,10 @@ class Stack:
     # DP gradient reduce hidden behind the backward / parameter all-gather behind the forward
     overlap_grad_reduce: bool
     overlap_param_gather: bool
-    # TP collectives hidden inside the GEMMs (Megatron --tp-comm-overlap)
+    # TP collectives hidden inside the GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)
     tp_comm_overlap: bool
+    # the share of the TP collectives' time that overlap hides, when on (1: all of it)
+    tp_overlap_hidden: float
     # ZeRO-2 reduce-scatter: after every "microbatch" (only a gradient shard kept), or once per
     # "step" (full gradients kept until the step, so no gradient memory is saved)
     zero2_reduce_scatter: str
@@ -57,8 +59,16 @@ class Stack:
     # ZeRO-3 units gathered ahead of the one running (FSDP / ZeRO-3 prefetch): 1 + this are
     # unsharded at once
     zero3_prefetch: int
+    # under pipeline parallelism, each stage's ZeRO-3 weights stay gathered and its gradients
+    # unsharded (accumulated in the reduce dtype) from the first forward to the last backward:
+    # one gather and one reduce-scatter per step, both held in memory (planner/cost/zero.py)
+    zero3_pipeline_hold: bool
     # Megatron's scatter/gather of stage outputs over TP ranks (Narayanan et al. 2021 §4.1)
     p2p_scatter_gather: bool
+    # with sequence parallelism the column-parallel linears keep their all-gathered input for
+    # the backward (DTensor TP: torchtitan), in FP8 where the block runs FP8; false: the SP
+    # shard is kept and gathered again in the backward (Megatron) (planner/cost/memory.py)
+    sp_keeps_gathered: bool
     # the pipeline engine keeps every in-flight microbatch's stage output until its backward
     keep_stage_outputs: bool
     # cross-entropy computes its gradient in place (no two extra fp32 logit buffers)
@@ -112,7 +122,14 @@ class Stack:
     fp8_weight_cache: bool
     # GEMM inputs saved for the backward in FP8 (1 byte) instead of 16-bit and cast again
     fp8_saved_activations: bool
+    # ZeRO-3 all-gathers the blocks' linear weights already cast to FP8 (1 byte, torchao's
+    # enable_fsdp_float8_all_gather): half the gathered bytes, and no forward weight cast
+    fp8_all_gather: bool
     # --- memory of the loss and the gradient reduction ---
+    # under TP the loss runs on vocab-sharded logits (DTensor's loss_parallel), whose fused
+    # backward holds three loss-dtype logit buffers at once (planner/cost/loss.py); read only
+    # when the cross-entropy is not fused
+    loss_parallel: bool
     # dtype the cross-entropy runs in: "fp32" (logits upcast: Megatron's fused vocab-parallel
     # loss, torchtitan), "bf16" (F.cross_entropy on the 16-bit logits, NeMo Automodel's
     # MaskedCrossEntropy with fp32_upcast false): the log-probabilities kept for the backward
@@ -217,11 +234,12 @@ _CHOICES = {
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
           "optimizer_post_validation", "fp8_weight_cache", "fp8_saved_activations",
+          "fp8_all_gather", "zero3_pipeline_hold", "loss_parallel", "sp_keeps_gathered",
           "moe_probs_in_activation")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0),
-           "moe_expert_load": (1.0, 64.0)}
+           "moe_expert_load": (1.0, 64.0), "tp_overlap_hidden": (0.0, 1.0)}
 
 
 def check_value(key: str, value, origin: str):
