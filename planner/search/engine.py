@@ -179,7 +179,8 @@ class _Costs:
             return "memory (no stage split fits)"
         plan = evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
                         recompute_per_chunk=list(split.recompute), tables=known,
-                        profile=r.profile, simulated=True, sim_cache=self.simulations)
+                        profile=r.profile, simulated=True, sim_cache=self.simulations,
+                        recompute_layers=list(split.recompute_layers))
         return replace(plan, notes=plan.notes + (f"stage split: {split.how}",))
 
 
@@ -405,7 +406,7 @@ def _distinct(plans: list[Plan]) -> tuple[list[Plan], int]:
     seen, out = set(), []
     for plan in plans:
         key = (replace(plan.parallel, zero=0, recompute="none"),
-               tuple(s.recompute for s in plan.stages))
+               tuple((s.recompute, s.recompute_layers) for s in plan.stages))
         if key not in seen:
             seen.add(key)
             out.append(plan)
@@ -426,6 +427,7 @@ def analytical_comparison(req: Request, plan: Plan) -> str:
     analytical = evaluate(req.model, req.cluster, p, req.options,
                           bounds=[(s.first, s.last) for s in plan.stages],
                           recompute_per_chunk=[s.recompute for s in plan.stages],
+                          recompute_layers=[s.recompute_layers for s in plan.stages],
                           simulated=True)
     return (f"step time of plan 1: {plan.metrics.step_time_s:.3f} s from the measured profile "
             f"({req.profile.device_name}, {req.profile.dtype}), "
@@ -504,6 +506,7 @@ def explain(req: Request) -> Explanation:
     _, pred = predict_plan(req.model, req.cluster, par, req.options,
                            bounds=[(s.first, s.last) for s in plan.stages],
                            recompute_per_chunk=[s.recompute for s in plan.stages],
+                           recompute_layers=[s.recompute_layers for s in plan.stages],
                            profile=req.profile, simulated=True)
     parts = {k: [float(x) for x in v] for k, v in pred.memory_parts.items()}
     return Explanation(par, plan, capacity, None, no_split, parts)
