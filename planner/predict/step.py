@@ -230,7 +230,7 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
     opts = opts or default_stack()
     bounds = bounds or even_block_bounds(model, par.num_chunks)
     modes = recompute_per_chunk or [par.recompute] * par.num_chunks
-    counts = block_counts_of(model, bounds, modes, recompute_layers)
+    modes, counts = block_counts_of(model, bounds, modes, recompute_layers)
     needed = set(modes) | ({"none"} if any(n is not None for n in counts) else set())
     by_mode = dict(tables or {})
     for mode in needed - set(by_mode):
@@ -255,19 +255,22 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
     return plan, pred
 
 
-def block_counts_of(model: ModelSpec, bounds, modes, recompute_layers) -> list[int | None]:
-    """Per chunk, the N of Megatron's block method, or None where its mode covers the whole
-    chunk: a count is kept only for a "full" chunk with 1 <= N < its blocks (N = 0 is no
-    recompute, N = all is full recompute; the plan's stage then says so plainly)."""
+def block_counts_of(model: ModelSpec, bounds, modes,
+                    recompute_layers) -> tuple[list[str], list[int | None]]:
+    """Per chunk, its mode and the N of Megatron's block method, or None where the mode covers
+    the whole chunk: a count is kept only for a "full" chunk with 1 <= N < its blocks (N = 0 is
+    no recompute, N = all is full recompute; the plan's stage then says so plainly)."""
+    modes = list(modes)
     if recompute_layers is None:
-        return [None] * len(modes)
-    out = []
+        return modes, [None] * len(modes)
+    out_modes, out = [], []
     for (a, b), mode, n in zip(bounds, modes, recompute_layers):
         blocks = sum(1 for layer in model.layers[a:b] if layer.kind == "block")
         if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
             raise ValueError(f"recompute_layers must be None or a count >= 0, got {n!r}")
+        out_modes.append("none" if mode == "full" and n == 0 else mode)
         out.append(n if mode == "full" and n is not None and 0 < n < blocks else None)
-    return out
+    return out_modes, out
 
 
 def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
