@@ -194,3 +194,24 @@ def test_deepspeed_says_every_block_recomputes():
     text = deepspeed._pipeline_py(replace(plan, parallel=replace(PAR, tp=1, dp=2)))
     assert "ACTIVATION_CHECKPOINT_INTERVAL = 1" in text
     assert "stage(s) 0 recompute only some blocks" in text
+
+
+def test_the_block_pin_runs_megatrons_block_method_only():
+    """--recompute block: every stage none, full or its first N blocks (no selective), and the
+    search uses a partial count where it pays (llama3-70b on 64 A100s: stage 0 of the best)."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    out = CliRunner().invoke(app, ["solve", "--model", "llama3-70b", "--gpus", "64", "--nodes",
+                                   "8", "--gpu", "a100-80gb", "--recompute", "block", "--top",
+                                   "1", "--json"])
+    assert out.exit_code == 0, out.output
+    best = json.loads(out.output)["plans"][0]
+    assert best["parallel"]["recompute"] == "full"
+    assert {s["recompute"] for s in best["stages"]} <= {"none", "full"}
+    assert any("recompute_layers" in s for s in best["stages"])
+    bad = CliRunner().invoke(app, ["solve", "--recompute", "blocks"])
+    assert bad.exit_code == 2 and "--recompute must be one of" in bad.output

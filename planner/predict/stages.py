@@ -49,10 +49,18 @@ class Split:
         return self.partition.label
 
 
-def allowed_modes(par: Parallel, opts: Stack, exact: bool = False) -> tuple[str, ...]:
+BLOCK_PIN = "block"
+"""The recompute pin for Megatron's block method alone: every stage recomputes its first N blocks,
+N from 0 to all chosen per stage by the partitioner (full granularity: no selective stage)."""
+
+
+def allowed_modes(par: Parallel, opts: Stack, exact: bool | str = False) -> tuple[str, ...]:
     """The recompute modes a stage may use: exactly the configuration's (a user's pin), or any
     up to it, so the partitioner can spare the stages with memory to spare (flash attention
-    already drops the scores, so 'selective' adds nothing there)."""
+    already drops the scores, so 'selective' adds nothing there). ``exact`` = BLOCK_PIN: none
+    and full, so that a stage may recompute part of its blocks (partial_modes)."""
+    if exact == BLOCK_PIN:
+        return ("none", "full")
     if exact:
         return (par.recompute,)
     modes = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(par.recompute) + 1]
