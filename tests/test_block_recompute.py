@@ -213,5 +213,6 @@ def test_the_block_pin_runs_megatrons_block_method_only():
     assert best["parallel"]["recompute"] == "full"
     assert {s["recompute"] for s in best["stages"]} <= {"none", "full"}
     assert any("recompute_layers" in s for s in best["stages"])
-    bad = CliRunner().invoke(app, ["solve", "--recompute", "blocks"])
+    bad = CliRunner().invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--recompute",
+                                   "blocks"])
     assert bad.exit_code == 2 and "--recompute must be one of" in bad.output
