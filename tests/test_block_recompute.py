@@ -216,3 +216,21 @@ def test_the_block_pin_runs_megatrons_block_method_only():
     bad = CliRunner().invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--recompute",
                                    "blocks"])
     assert bad.exit_code == 2 and "--recompute must be one of" in bad.output
+
+
+def test_plan_json_carries_the_count_and_validates(tmp_path):
+    """plan.json's stage says recompute_layers where only some blocks recompute (and nowhere
+    else); the shipped schema accepts it and `plan simulate --plan` reads the plan back."""
+    import json
+
+    import jsonschema
+
+    from planner.launchers import export_plan, plan_json
+    from planner.pipeline.job import simulation_job
+
+    plan = _plan([2, None, 5, None])
+    export_plan(plan, ["json"], tmp_path, force=True)
+    doc = json.loads((tmp_path / "plan.json").read_text())
+    jsonschema.Draft202012Validator(plan_json.schema()).validate(doc)
+    assert [s.get("recompute_layers") for s in doc["stages"]] == [2, None, 5, None]
+    assert simulation_job(None, None, None, None, None, None, tmp_path / "plan.json")
