@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import constants
-from planner.cost import comm, context, mla, moe
+from planner.cost import comm, context, mla, moe, mtp
 from planner.cost import elementwise
 from planner.cost import gemm
 from planner.cost import precision
@@ -172,6 +172,14 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     gemm_rate = peak * (hw.matmul_efficiency or constants.MATMUL_EFFICIENCY)
     mem_rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency
                                                   or constants.MEMORY_EFFICIENCY)
+    if layer.kind == "head" and layer.mtp_depth:  # the head and its MTP modules (cost/mtp.py)
+        if measured is not None:
+            raise PlanInputError("--profile measures a plain output head; the multi-token "
+                                 "prediction modules it carries are priced analytically only: "
+                                 "drop --profile for this model")
+        return mtp.head_cost(layer, shape,
+                             lambda part: layer_cost(part, shape, recompute, hw, opts),
+                             sharded_params(layer, shape.tp, shape.ep, shape.etp), mem_rate)
     w = _work(layer, shape, flash, opts.fused_elementwise,
               floor=constants.EAGER_KERNEL_MIN_S * mem_rate)
     attn_rate = peak * (hw.attention_efficiency or constants.ATTENTION_EFFICIENCY) if flash \
