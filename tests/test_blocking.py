@@ -119,3 +119,58 @@ def test_charges_land_on_the_chunks_each_boundary_touches():
     assert list(fwd) == [0.0, 2.0, 4.0] and list(bwd) == [2.0, 4.0, 0.0]
     with pytest.raises(ValueError, match="need 2"):
         blocking_charges(np.array([1.0]), 3)
+
+
+def test_simulate_plan_blocks_where_the_plans_stack_does(tmp_path):
+    """`plan simulate --plan` replays a DeepSpeed plan's transfers inside both ranks' ops, as the
+    prediction did; --stack with a non-blocking stack puts them back on the dependency."""
+    import json
+    from dataclasses import replace
+
+    from planner.launchers import plan_json
+    from planner.pipeline.job import on_stack, run_simulation, simulation_job
+    from planner.stack import load_stack
+    from test_export import make_plan
+
+    base = make_plan()
+    ds = load_stack("deepspeed")
+    plan = replace(base, stack=ds, stages=tuple(
+        replace(s, fwd_s=0.01, bwd_s=0.03, wgrad_s=0.01, send_s=0.002) for s in base.stages))
+    path = tmp_path / "plan.json"
+    path.write_text(json.dumps(plan_json.document(plan)))
+    job = simulation_job(None, None, "1f1b", 1, None, 0.0, path)
+    assert job.p2p_blocking and job.p > 1
+    chunks = job.p * job.v
+    add_f, add_b = blocking_charges(np.array(job.comm_s), chunks)
+    expected = simulate(job.schedule, job.p, job.m, job.v, fwd_s=list(np.add(job.fwd_s, add_f)),
+                        bwd_s=list(np.add(job.bwd_s, add_b)), comm_s=0.0,
+                        timeline=False).makespan_s
+    assert run_simulation(job).makespan_s == pytest.approx(expected)
+    latency = on_stack(job, load_stack("megatron-core"))
+    assert not latency.p2p_blocking
+    assert run_simulation(latency).makespan_s < run_simulation(job).makespan_s
+
+
+def test_a_blocking_stack_pays_its_transfers_in_the_step():
+    """llama3-8b, tp2 pp4 dp2 on 2 nodes (stage hops cross nodes) on the deepspeed stack: the
+    predicted step with blocking transfers exceeds the same stack with transfers as latency
+    only, by no more than four transfers per microbatch slot of the pipeline."""
+    from dataclasses import replace
+
+    from planner.core.parallel import Parallel
+    from planner.hardware.profiles import Cluster, load_hardware
+    from planner.model.presets import PRESETS
+    from planner.predict.step import evaluate, stage_transfer_s
+    from planner.stack import load_stack
+
+    cluster = Cluster(hardware=load_hardware("a100-80gb"), nodes=2, gpus_per_node=8)
+    par = Parallel(tp=2, pp=4, dp=2, micro_batch=1, num_microbatches=16, schedule="1f1b",
+                   recompute="full", zero=1, sequence_parallel=False)
+    ds = load_stack("deepspeed")
+    model = PRESETS["llama3-8b"]
+    blocking = evaluate(model, cluster, par, ds, simulated=True).metrics.step_time_s
+    latency = evaluate(model, cluster, par, replace(ds, p2p_blocking=False),
+                       simulated=True).metrics.step_time_s
+    hop = max(stage_transfer_s(model, par, cluster, ds))
+    assert hop > 0
+    assert 0 < blocking - latency <= (par.num_microbatches + par.pp - 1) * 4 * hop

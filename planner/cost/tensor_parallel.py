@@ -3,9 +3,10 @@
 Megatron's tensor parallelism all-reduces each block's attention and MLP outputs over the TP
 group in the forward, and their input gradients in the backward: "f is an identity operator in
 the forward pass and all reduce in the backward pass while g is an all reduce in the forward
-pass and identity in the backward pass" (Shoeybi et al. 2019, Megatron-LM, Fig. 3); with sequence parallelism each all-reduce becomes an all-gather
-before the column-parallel GEMM and a reduce-scatter after the row-parallel one (Korthikanti et
-al. 2022, §4.2.2), the same bytes on the ring. The buffer is one microbatch's hidden states,
+pass and identity in the backward pass" (Shoeybi et al. 2019, Megatron-LM, Fig. 3). With
+sequence parallelism each all-reduce becomes an all-gather before the column-parallel GEMM and a
+reduce-scatter after the row-parallel one (Korthikanti et al. 2022, §4.2.2), the same bytes on
+the ring. The buffer is one microbatch's hidden states,
 tokens x hidden x 2 bytes, whatever the TP degree.
 
 The TP group is ``tp`` consecutive ranks (Megatron's rank order puts TP innermost): within one

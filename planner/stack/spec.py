@@ -193,9 +193,9 @@ _CHOICES = {
     "moe_dispatcher": ("alltoall", "deepep"),
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-          "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
-          "optimizer_post_validation", "fp8_weight_cache", "fp8_saved_activations",
-          "moe_probs_in_activation")
+          "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy",
+          "fused_elementwise", "optimizer_post_validation", "fp8_weight_cache",
+          "fp8_saved_activations", "moe_probs_in_activation")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0),
