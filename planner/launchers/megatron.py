@@ -137,6 +137,9 @@ def moe_flags(plan: Plan) -> list[tuple[str, str | None]]:
     if m.router_bias:  # DeepSeek-V3: sigmoid scores, auxiliary-loss-free expert bias
         out += [("--moe-router-score-function", "sigmoid"),
                 ("--moe-router-enable-expert-bias", None)]
+    if expert.moe_groups:  # group-limited routing (DeepSeek-V3's node-limited routing)
+        out += [("--moe-router-num-groups", str(expert.moe_groups)),
+                ("--moe-router-group-topk", str(expert.moe_group_top_k))]
     out += [("--expert-model-parallel-size", str(par.ep)),
             ("--expert-tensor-parallel-size", str(par.expert_tp)),
             ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", "alltoall")]

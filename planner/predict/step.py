@@ -43,7 +43,8 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
     """The cost of every layer of the model under one parallel shape and recompute mode."""
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
                   seq_len=model.seq_length // par.cp, cp=par.cp, cp_cross=cp_crosses(par, hw),
-                  recompute_modules=opts.recompute_modules, **moe.shape_fields(par, hw, opts))
+                  recompute_modules=opts.recompute_modules, loss_bytes=opts.loss_bytes,
+                  **moe.shape_fields(par, hw, opts))
     cache: dict = {}
     out = []
     for i, layer in enumerate(model.layers):
