@@ -244,5 +244,6 @@ def notes(model, par, opts) -> tuple[str, ...]:
     return (f"MoE: {model.num_experts} experts, top-{model.moe_top_k}; "
             f"{model.active_params / 1e9:.1f}B of {model.params / 1e9:.1f}B parameters active "
             f"per token (MFU counts active-parameter FLOPs); ep {par.ep}, etp {par.expert_tp}; "
-            f"expert load {opts.moe_expert_load:.2f}x the mean (--expert-load); "
-            "all-to-all not overlapped with compute",)
+            f"expert load {opts.moe_expert_load:.2f}x the mean (--expert-load); " +
+            ("all-to-all hidden in DualPipe's F&B pairs (pipeline/dualpipe.py)"
+             if par.schedule == "dualpipe" else "all-to-all not overlapped with compute"),)
