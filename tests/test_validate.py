@@ -305,7 +305,7 @@ def test_fp8_runs_are_summarised_apart(both):
     # up-projection recompute and MTP module, +7.1% -> +10.4%, then 7.9%)
     assert (fp8.cases, fp8.evaluated) == (8, 5 + 3)
     # + torchtitan's three Float8 rows (issue #18, FSDP2 pass): -8.0%, -17.7%, -29.5%: the
-    # group's mean 7.9% -> 12.0%
+    # group's mean 8.1% -> 12.0%
     assert fp8.mean_abs_time_error == pytest.approx(0.120, abs=0.02)
     gpt3 = {r.case: r for r in rows}["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
     assert " block 1 " in gpt3.configuration and "none would not fit" in gpt3.note
