@@ -143,7 +143,7 @@ FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, a
 def _first_short_run(name: str, p: int, v: int) -> int:
     """Microbatches of the first short run: warm-up (ZB-H1's last rank starts deferring W after
     p - 1 backwards), a cut, the next period and cool-down; doubled while no cut is found."""
-    return 6 * p if name == "interleaved" else 2 * p + 4
+    return 6 * p if name == "interleaved" else p + 2 if name == "1f1b" else 2 * p + 4
 
 
 def _gpipe_drawn(p: int) -> int:
