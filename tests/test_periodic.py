@@ -2,6 +2,8 @@
 
 import random
 
+import numpy as np
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -158,3 +160,16 @@ def test_1f1b_first_short_run_has_a_steady_cut(p):
     fast = simulate("1f1b", p, m, fwd_s=f, bwd_s=b, comm_s=comm, timeline=False)
     full = simulate("1f1b", p, m, fwd_s=f, bwd_s=b, comm_s=comm, timeline=False, method="full")
     assert fast.makespan_s == pytest.approx(full.makespan_s, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(1, 12), finite=st.floats(0.0, 1.0))
+def test_sparse_apply_is_the_dense_one_bit_for_bit(data, n, finite):
+    """The period map applied from its finite entries (periodic.apply_sparse) gives the very
+    floats the dense max-plus product gives, rows of -inf included."""
+    rng = random.Random(data.draw(st.integers(0, 10**6)))
+    T = np.array([[rng.uniform(-5, 5) if rng.random() < finite else -np.inf for _ in range(n)]
+                  for _ in range(n)])
+    s = np.array([rng.uniform(0, 100) for _ in range(n)])
+    dense, sparse = periodic.apply(T, s), periodic.apply_sparse(periodic.sparse_form(T), s)
+    assert np.array_equal(dense, sparse)
