@@ -483,12 +483,11 @@ def test_interleaved_keeps_the_even_split_on_a_tie():
     assert plain.bottleneck_s == res.bottleneck_s and plain.boundaries == (1, 2, 5, 8)
 
 
-@pytest.mark.xfail(strict=True, reason="known bug: HiGHS's lexicographic step returns a split "
-                   "that is not the lexicographic minimum here (CBC and the DP agree on (1,2,3,5))")
 def test_highs_interleaved_tie_break_matches_the_exact_reference():
     """Found by a random draw of test_block_count_milp_with_virtual_stages_matches_brute_force:
     both splits have bottleneck 9 and compute 12; the tie-break rule (problem.py) picks ends
-    (1, 2, 3, 5), which CBC and the DP return, while HiGHS's step 3 reports (1, 2, 4, 5) optimal."""
+    (1, 2, 3, 5), which CBC and the DP return. HiGHS 1.16 at its default MIP feasibility
+    tolerance proved (1, 2, 4, 5) optimal in step 3 (HIGHS_MIP_FEASIBILITY_TOLERANCE)."""
     prob = PartitionProblem(np.array([[1., 1, 1], [3, 4, 5], [3, 4, 5], [3, 4, 5], [2, 3, 3]]),
                             np.array([0., 3, 3, 3, 2]),
                             np.array([[1., 0, 0], [1, 0, 0], [1, 0, 0], [1, 0, 0], [3, 1, 1]]),

@@ -101,7 +101,7 @@ def test_attention_share_grows_with_seq_len():
     spec = ModelSpec(name="w", num_layers=1, hidden_size=64, num_attention_heads=2,
                      num_kv_heads=2, ffn_hidden_size=128, vocab_size=128, seq_length=32)
     share = []
-    for s in (32, 512):
+    for s in (32, 2048):  # a wide contrast: timings of tiny kernels are noisy under load
         block = profile_model(spec, seq_len=s, **FAST).layers[1]
         share.append(block.attention_fwd_flops / block.fwd_flops)
         share[-1] = (share[-1], block.attention_fwd_s / block.fwd_s)

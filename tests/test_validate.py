@@ -166,17 +166,23 @@ def test_default_validation_reads_both_files_and_summarises_each(both):
 
 def test_modern_step_time_error(both):
     # Issue targets (mean <= 10%, max <= 25%) are NOT met on the modern set: the model is still
-    # optimistic on every FSDP run (A100 -5..-21%, H100 -17..-40%) even though overlapped
-    # collectives now cost the SMs they hold (1-5 points), and the Llama 3 405B rows
-    # (micro-batch, recompute and interleaving unpublished) are pessimistic (+24%, +38%: their
-    # megatron-core stack reduce-scatters ZeRO-2 gradients once per step since issue #15, which
-    # keeps whole fp32 gradients, so the 16K row's unpublished recompute is guessed full).
+    # optimistic on every FSDP run (A100 -4..-16%, H100 -17..-30%) even though overlapped
+    # collectives now cost the SMs they hold (1-5 points). Two case corrections (issue #15,
+    # no constant changed) moved it from 17.5% / 37.2%:
+    # - Llama 3 405B (+25%, +37%, +25% -> +9%, +8%, -3%): the paper's own layout, v=8 (sec.
+    #   3.3.2: the first model chunk holds only the embedding after giving up one layer, so every
+    #   chunk is one layer), not the smallest interleaving v=2; the bubble (p-1)/(v·M) falls 4x.
+    #   Recompute is still guessed full (without it the 8K rows read -18% and do not fit).
+    # - torchtitan's Grand Teton H100s (-27..-30% -> -21..-25%): their published 2.4 TB/s HBM2e
+    #   (case field hbm_GBps), not the SXM profile's 3.35 TB/s HBM3.
+    # The worst row is now NeMo's GPT-3 175B FP8 (+33%, recompute guessed full; NeMo's recipe
+    # for that configuration runs none with TP-communication overlap).
     # Pinned at today's values so an improvement shows up as an easy tightening.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.175, abs=0.02)
-    assert modern.max_abs_time_error == pytest.approx(0.372, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.117, abs=0.015)  # with the MoE rows
+    assert modern.mean_abs_time_error == pytest.approx(0.146, abs=0.02)
+    assert modern.max_abs_time_error == pytest.approx(0.328, abs=0.03)
+    assert s.mean_abs_time_error == pytest.approx(0.105, abs=0.015)  # with the MoE rows
 
 
 def test_moe_step_time_error(both):
@@ -229,6 +235,14 @@ def test_modern_setups():
     h100 = case_setup(cases["llmfoundry-mpt7b-h100_80gb-8gpu-seq2048"])
     assert h100.cluster.hardware.attention_efficiency == pytest.approx(0.35)
     assert h100.cluster.hardware.memory_bandwidth_gbps == 3350
+    # torchtitan's Grand Teton H100s: "96GB HBM2e with 2.4 TB/sec peak memory bandwidth"
+    teton = case_setup(cases["torchtitan-llama3.1-8b-8gpu-fsdp"])
+    assert teton.cluster.hardware.memory_bandwidth_gbps == 2400
+    assert teton.cluster.hardware.matmul_efficiency == pytest.approx(0.801)  # the H100 profile's
+    # Llama 3 405B: 126 layers + embedding + head over 16 ranks x 8 chunks, one layer a chunk
+    llama = case_setup(cases["llama3-405b-paper-16384gpu-tp8-cp1-pp16-dp128-seq8192"])
+    assert (llama.parallel.schedule, llama.parallel.virtual_stages) == ("interleaved", 8)
+    assert len(llama.model.layers) == llama.parallel.pp * llama.parallel.virtual_stages
     nemo = case_setup(cases["nemo2407-llama2-7b-h100-8gpu-tp1-pp1-cp1-vp1-fp8"])
     assert not nemo.unsupported and nemo.options.precision == "fp8"
     assert nemo.options.fp8_recipe == "delayed"  # Transformer Engine's default under NeMo

@@ -80,7 +80,9 @@ def case_cluster(case: dict, hardware: Hardware | None = None) -> tuple[Cluster,
     """The case's GPUs and links on the bundled profile of its GPU kind (HBM bandwidth and
     efficiencies), or on ``hardware`` (a calibrated profile) when given; an unpublished
     inter-node bandwidth falls back to that profile's (one NIC per GPU: 200 Gb/s HDR on A100,
-    400 Gb/s NDR on H100) and says so."""
+    400 Gb/s NDR on H100) and says so. A source that names its part's HBM bandwidth
+    (``hbm_GBps``: torchtitan's Grand Teton H100s carry 96 GB of HBM2e at 2.4 TB/s, not the
+    SXM profile's HBM3 at 3.35) replaces the profile's."""
     cl = case["cluster"]
     profile = base_profile(str(cl.get("gpu", "")))
     base = hardware or load_hardware(profile)
@@ -97,6 +99,7 @@ def case_cluster(case: dict, hardware: Hardware | None = None) -> tuple[Cluster,
         nics = dict(nics_per_node=None, nic_gbps=None)
     hw = replace(base, name=cl.get("gpu", base.name), peak_tflops=float(cl["peak_tflops_bf16"]),
                  memory_gib=float(cl.get("hbm_gb") or base.memory_gib),
+                 memory_bandwidth_gbps=float(cl.get("hbm_GBps") or base.memory_bandwidth_gbps),
                  intra_node_gbps=float(cl["intra_node_GBps"]), inter_node_gbps=float(inter),
                  gpus_per_node=per_node, **nics)
     return Cluster(hardware=hw, nodes=max(1, gpus // per_node), gpus_per_node=min(per_node, gpus)), \

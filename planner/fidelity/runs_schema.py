@@ -31,6 +31,8 @@ CLUSTER = {
     "gpus": Int(1, _COUNT, required=True),
     "gpus_per_node": Int(1, 1024, required=True),
     "hbm_gb": Num(0, 1e6, low_open=True, nullable=True),
+    # the source's own HBM bandwidth where its part differs from the bundled profile's (GB/s)
+    "hbm_GBps": Num(0, 1e6, low_open=True, nullable=True),
     "peak_tflops_bf16": Num(0, 1e6, low_open=True, required=True),
     "intra_node_GBps": Num(0, 1e6, low_open=True, required=True),
     "inter_node_GBps": Num(0, 1e6, low_open=True, nullable=True),

@@ -31,6 +31,10 @@ CAP_SLACK = 1e-7
 # HiGHS can call the cap B <= B*(1 + CAP_SLACK) infeasible although step 1 found B* (a case in
 # tests/test_partition.py): the step is retried once with this slack, still far below any
 # difference in step time, and the split is re-checked exactly as always.
+HIGHS_MIP_FEASIBILITY_TOLERANCE = 1e-9
+# HiGHS 1.16's default (1e-6) lies above CAP_SLACK, and with it HiGHS proved a tie-break step
+# "optimal" at objective 144 where 129 is feasible (the interleaved case in tests/test_partition.py;
+# with presolve off, or this tolerance at 1e-8 or below, it finds 129). Kept below CAP_SLACK.
 RETRY_SLACK = 1e-5
 """Relative slack on the B and T caps handed to the solver (its feasibility tolerance is ~1e-6 on
 O(1) rows); every split it returns is re-checked exactly with ``TIE_RTOL``."""
@@ -217,7 +221,8 @@ def _make_solver(name: str, time_limit_s: float):
 
     tl = max(float(time_limit_s), 0.01)
     if name == "highs":
-        return pulp.HiGHS(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1)
+        return pulp.HiGHS(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1,
+                          mip_feasibility_tolerance=HIGHS_MIP_FEASIBILITY_TOLERANCE)
     with warnings.catch_warnings():  # bundled CBC: deprecated name, still the one that ships
         warnings.simplefilter("ignore", DeprecationWarning)
         return pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True)
