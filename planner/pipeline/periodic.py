@@ -173,10 +173,8 @@ def symbolic_run(ops, labels, keys: tuple, cut: int, stop: int | None, p: int, v
         return form
 
     free = [unit(index[("free", r)]) for r in range(p)]
-    # each op with its inputs from other ranks, found once (a rank blocked on an input tries
-    # its op again after every other rank's turn)
-    todo = [[(op, cross_inputs(op, p, chunks)) for op, x in zip(rank, lab)
-             if x >= cut and (stop is None or x < stop)] for rank, lab in zip(ops, labels)]
+    todo = [[op for op, x in zip(rank, lab) if x >= cut and (stop is None or x < stop)]
+            for rank, lab in zip(ops, labels)]
     ends: dict[tuple, np.ndarray] = {}
     ptr = [0] * p
     progress = True
@@ -184,10 +182,10 @@ def symbolic_run(ops, labels, keys: tuple, cut: int, stop: int | None, p: int, v
         progress = False
         for r in range(p):
             while ptr[r] < len(todo[r]):
-                op, inputs = todo[r][ptr[r]]
+                op = todo[r][ptr[r]]
                 start = free[r]
                 ready = True
-                for kind, mb, k, boundary in inputs:
+                for kind, mb, k, boundary in cross_inputs(op, p, chunks):
                     made = ends.get((kind, mb, k))
                     if made is not None:
                         start = join(start, made + comm[boundary])
