@@ -143,14 +143,22 @@ def test_deepep_prices_the_network_once_per_node():
     intra, inter = comm.links(H100)
     token = 2 * 4096 / 2 * H  # the GPU's T/tp tokens, 16-bit
     network = token * moe.remote_domains_per_token(BLOCK, 32, 8) / inter.bytes_per_s
-    nvlink = token * K * 7 / 8 / intra.bytes_per_s
+    # NVLink: the token once per rank holding one of its experts (DeepEP's is_token_in_rank):
+    # 32 ranks of 4 experts, each missed with probability C(124, 8) / C(128, 8)
+    ranks = 32 * (1 - comb(124, 8) / comb(128, 8))
+    assert moe.ranks_per_token(BLOCK, s) == pytest.approx(ranks)
+    nvlink = token * ranks * 7 / 8 / intra.bytes_per_s
     assert moe.deepep_s(BLOCK, s, H100) == pytest.approx(max(network, nvlink) + inter.latency_s)
     a2a = moe.dispatch_s(BLOCK, shape(ep_in_domain=8), H100)
     assert moe.dispatch_s(BLOCK, s, H100) < 0.6 * a2a
-    # inside one NVLink domain DeepEP is the all-to-all
+    # inside one NVLink domain DeepEP is an all-to-all of the token once per rank (8 ranks of 16
+    # experts), where the all-to-all dispatcher sends all k = 8 copies
     one = shape(ep=8, ep_in_domain=8)
+    per_rank = 8 * (1 - comb(112, 8) / comb(128, 8))
     assert moe.dispatch_s(BLOCK, dc_replace(one, moe_dispatcher="deepep"), H100) == \
-        pytest.approx(moe.dispatch_s(BLOCK, one, H100))
+        pytest.approx(moe.all_to_all_s(token * per_rank, 8, 8, H100))
+    assert moe.all_to_all_s(token * K, 8, 8, H100) == pytest.approx(
+        moe.dispatch_s(BLOCK, one, H100))
 
 
 def test_a_stack_naming_an_unknown_dispatcher_is_refused():

@@ -32,20 +32,28 @@ def _times(data, n, lo=0.1, hi=5.0):
        v=st.sampled_from((2, 3)), equal=st.booleans())
 def test_steady_period_equals_full_simulation(data, name, p, v, equal):
     """Uneven or equal stages, random transfers and weight-gradient shares, M up to a few hundred,
-    every schedule: the extrapolated step, busy/idle time and peaks equal the op-by-op run's."""
+    every schedule: the extrapolated step, busy/idle time and peaks equal the op-by-op run's.
+    DualPipe (even p, even M) also with random all-to-all shares its F&B pairs hide."""
     v = v if name == "interleaved" else 1
+    if name == "dualpipe":
+        p = max(2, p - p % 2)
     n = p * v
     if name == "interleaved":
         low = max(13, FULL_UP_TO // p + 1)
         m = p * data.draw(st.integers(low, max(low, 300 // p)))
     else:
         m = data.draw(st.integers(max(4 * p + 9, FULL_UP_TO + 1), 300))
+        m += m % 2 if name == "dualpipe" else 0
     fwd = [1.0] * n if equal else _times(data, n)
     bwd = [2.0] * n if equal else _times(data, n)
     wgrad = [b * data.draw(st.floats(0.0, 1.0)) for b in bwd]
     comm = _times(data, n - 1, 0.0, 2.0) if n > 1 else 0.0
     act = _times(data, n, 1.0, 100.0)
     args = dict(fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm, act_bytes=act)
+    if name == "dualpipe":
+        hide = data.draw(st.floats(0.0, 1.0))
+        args.update(overlap_fwd_s=[hide * f for f in fwd], overlap_bwd_s=[hide * b for b in bwd],
+                    interference=data.draw(st.floats(0.0, 0.3)))
     fast = simulate(name, p, m, v, **args)
     assert fast.timeline_m is not None and fast.timeline_m < m  # the short path ran
     _same(fast, simulate(name, p, m, v, method="full", **args))
@@ -100,12 +108,12 @@ def test_gpipe_closed_form_by_hand():
 
 def test_steady_cuts_found_for_every_schedule():
     for name, p, v, m in (("1f1b", 4, 1, 12), ("zb-h1", 4, 1, 12), ("zb-2p", 4, 1, 24),
-                          ("interleaved", 4, 2, 24)):
-        group = p if name == "interleaved" else 1
+                          ("interleaved", 4, 2, 24), ("dualpipe", 4, 1, 24)):
+        group = p if name == "interleaved" else 2 if name == "dualpipe" else 1
         ops = build_schedule(name, p, m, v)
         labels = periodic.group_labels(ops, group, v)
         keys = periodic.cut_keys(ops, labels, p, v, group)
-        release = "W" if name in ("zb-h1", "zb-2p") else "B"
+        release = {"zb-h1": ("W",), "zb-2p": ("W",), "dualpipe": ("W", "BW")}.get(name, ("B",))
         cuts = periodic.steady_cuts(ops, build_schedule(name, p, m + group, v), labels, keys,
                                     group, release)
         assert cuts, name

@@ -6,6 +6,7 @@ from collections import Counter
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from planner.core.parallel import schedule_problem
 from planner.pipeline.schedule import (
     SCHEDULES, Deadlock, Op, ScheduleError, build_schedule, find_deadlock, with_communication,
 )
@@ -51,13 +52,13 @@ def test_bad_arguments_raise_one_line(name, p, m, v, msg):
 
 
 def owned(name, p, m, v):
-    """Expected multiset of compute ops for rank r."""
+    """Expected multiset of compute ops for rank r (dualpipe: tests/test_dualpipe.py)."""
     kinds_ = ("F", "B", "W") if name in ("zb-h1", "zb-2p") else ("F", "B")
     return [Counter((k, mb, c * p + r) for k in kinds_ for mb in range(m) for c in range(v))
             for r in range(p)]
 
 
-@pytest.mark.parametrize("name", SCHEDULES)
+@pytest.mark.parametrize("name", [s for s in SCHEDULES if s != "dualpipe"])
 @pytest.mark.parametrize("p,m", [(1, 1), (1, 3), (2, 2), (3, 6), (4, 4), (4, 8), (5, 10), (8, 16)])
 def test_each_op_exactly_once(name, p, m):
     for v in ((1, 2, 3) if name == "interleaved" else (1,)):
@@ -117,6 +118,8 @@ def _cases():
                 for v in ((1, 2, 4) if name == "interleaved" else (1,)):
                     if name == "interleaved" and m % p:
                         continue
+                    if name == "dualpipe" and schedule_problem(name, p, m, v):
+                        continue
                     yield name, p, m, v
 
 
@@ -137,6 +140,9 @@ def test_every_generated_schedule_is_deadlock_free_sampled(name, p, m, v):
         v = 1
     else:
         m = max(p, m - m % p)
+    if name == "dualpipe":  # its rules: even p, an even m of at least 2p
+        p = max(2, p - p % 2)
+        m = max(2 * p, m - m % 2)
     assert find_deadlock(with_communication(build_schedule(name, p, m, v))) is None
 
 

@@ -4,6 +4,9 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from planner.pipeline.schedule import SCHEDULES, ScheduleError
+
+# schedules with chunk k on rank k mod p (dualpipe's two directions: tests/test_dualpipe.py)
+ONE_DIRECTION = tuple(s for s in SCHEDULES if s != "dualpipe")
 from planner.pipeline.simulate import closed_form_bubble, simulate
 
 
@@ -120,8 +123,8 @@ def _check_dependencies(r, fwd, bwd, wgrad, comm):
 
 
 @settings(max_examples=60, deadline=None)
-@given(data=st.data(), name=st.sampled_from(SCHEDULES), p=st.integers(1, 6), mult=st.integers(1, 3),
-       v=st.sampled_from((1, 2, 3)))
+@given(data=st.data(), name=st.sampled_from(ONE_DIRECTION), p=st.integers(1, 6),
+       mult=st.integers(1, 3), v=st.sampled_from((1, 2, 3)))
 def test_dependencies_hold_for_random_times(data, name, p, mult, v):
     v = v if name == "interleaved" else 1
     m = p * mult if name == "interleaved" else data.draw(st.integers(1, 12))

@@ -94,7 +94,7 @@ def simulate(
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step (M)."),
     schedule: str = typer.Option("1f1b", "--schedule",
-                                 help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p."),
+                                 help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p | dualpipe."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
     stage_times: Optional[str] = typer.Option(None, "--stage-times",
                                               help="Forward time per chunk, comma list "

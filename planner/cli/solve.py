@@ -72,7 +72,7 @@ def solve(
     micro_batch: Optional[int] = typer.Option(None, "--micro-batch", help="Micro-batch size.",
                                               rich_help_panel=PINS),
     schedule: Optional[str] = typer.Option(None, "--schedule",
-                                           help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p.",
+                                           help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p | dualpipe.",
                                            rich_help_panel=PINS),
     virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages",
                                                  help="Chunks per rank (interleaved).",

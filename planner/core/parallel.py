@@ -19,7 +19,9 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 # "layernorm": recompute the input_layernorm and pre_mlp_layernorm.' Its "mla_up_proj", "mlp",
 # "moe" and "shared_experts" are not priced (a stack naming them is refused).
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-2p")
+# dualpipe: DeepSeek-V3's bidirectional schedule (planner/pipeline/dualpipe.py), last: the search
+# ranks ties by this order, and no built-in stack runs it
+SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-2p", "dualpipe")
 
 
 @dataclass(frozen=True)
@@ -113,6 +115,15 @@ def schedule_problem(schedule: str, pp: int, num_microbatches: int, virtual_stag
     """
     if virtual_stages > 1 and schedule != "interleaved":
         return "virtual stages need the interleaved schedule"
+    if schedule == "dualpipe":
+        # DeepSeek-V3 report sec. 3.2.1: "DualPipe only requires that the pipeline stages and
+        # micro-batches be divisible by 2"; deepseek-ai/DualPipe's step() also asserts
+        # "num_chunks >= num_ranks * 2" (at least pp microbatches enter at each end)
+        if pp % 2:
+            return f"dualpipe needs an even pp (it pairs rank r with rank pp-1-r), got pp={pp}"
+        if num_microbatches % 2 or num_microbatches < 2 * pp:
+            return (f"dualpipe needs an even microbatch count of at least 2 x pp = {2 * pp} "
+                    f"(half enter at each end), got {num_microbatches}")
     if schedule == "interleaved":
         if pp == 1:
             return "interleaved needs pp > 1"

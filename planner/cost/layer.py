@@ -23,7 +23,7 @@ from planner.cost import gemm
 from planner.cost import precision
 from planner.cost import recompute as recompute_modules
 from planner.hardware.profiles import Hardware
-from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, Shape, activation_bytes, sharded_params,
+from planner.cost.memory import (ACT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
 from planner.core.errors import PlanInputError
 from planner.model.spec import Layer
@@ -261,7 +261,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
             fp8.saved_bytes if fp8 else 0.0),
         work_bytes=working_bytes(layer, shape, recompute, flash) + (
             0.0 if opts.fused_cross_entropy or layer.kind != "head"
-            else 2 * LOGIT_BYTES * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp) + (
+            else 2 * opts.loss_bytes * shape.tokens * layer.padded_vocab(shape.tp) / shape.tp) + (
             context.transient_bytes(shape.cp, opts.cp_comm, shape.micro_batch, shape.seq_len,
                                     layer.q_size / shape.tp,
                                     layer.num_kv_heads * layer.head_dim / shape.tp)

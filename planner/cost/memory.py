@@ -24,7 +24,8 @@ from planner.cost import constants, mla, moe, recompute as modules
 from planner.model.spec import Layer
 
 ACT_BYTES = 2  # 16-bit activations
-LOGIT_BYTES = 4  # the cross-entropy keeps fp32 logits (DESIGN.md §3)
+LOGIT_BYTES = 4  # the cross-entropy keeps fp32 logits (DESIGN.md §3), unless the stack's
+# loss_dtype says bf16 (Shape.loss_bytes)
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,12 @@ class Shape:
     moe_probs_in_activation: bool = False
     # the stack's token dispatcher: "alltoall", or "deepep" (cost/moe.py deepep_s)
     moe_dispatcher: str = "alltoall"
+    # how tokens pick their experts (cost/routing.py): "scores", or "round_robin"
+    moe_routing: str = "scores"
     # the stack's modules a "selective" recompute recomputes (cost/recompute.py)
     recompute_modules: tuple[str, ...] = ("core_attn",)
+    # bytes per logit of the loss's kept log-probabilities (the stack's loss_dtype)
+    loss_bytes: int = LOGIT_BYTES
 
     @property
     def tokens(self) -> int:
@@ -79,8 +84,9 @@ def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) ->
     if layer.kind == "linear":
         return ACT_BYTES * sbh * rep  # the input of the matmul
     if layer.kind == "head":
-        # final norm input + output-projection input (16-bit) + fp32 logits of the loss.
-        return 2 * ACT_BYTES * sbh * rep + LOGIT_BYTES * s * b * layer.padded_vocab(t) / t
+        # final norm input + output-projection input (16-bit) + the loss's log-probabilities
+        # (fp32, or 16-bit where the stack's loss runs on the 16-bit logits).
+        return 2 * ACT_BYTES * sbh * rep + shape.loss_bytes * s * b * layer.padded_vocab(t) / t
     if recompute == "full":
         return ACT_BYTES * sbh * rep
     if recompute == "selective":

@@ -37,7 +37,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.cost import comm
+from planner.cost import comm, routing
 from planner.hardware.profiles import Hardware
 from planner.stack.spec import ACTIVATION_BYTES as ACT_BYTES
 
@@ -82,7 +82,16 @@ def local_expert_params(layer: Layer, shape) -> float:
 def routed_copies(layer: Layer, shape) -> float:
     """Routed token copies one GPU's experts process per microbatch, at the stated load: with
     each expert split etp ways, every copy is seen by etp GPUs, T·k·etp/tp on average."""
-    return shape.tokens * layer.moe_top_k * expert_tp(shape) / shape.tp * shape.expert_load
+    return mean_routed_copies(layer, shape) * shape.expert_load
+
+
+def mean_routed_copies(layer: Layer, shape) -> float:
+    """Routed token copies per GPU per microbatch at the mean load, T·k·etp/tp: what a GPU
+    keeps summed over many layers. Each layer routes on its own scores to its own experts, so
+    the GPU that is busiest in one layer is not the busiest in the next; the activations a
+    stage holds (its layers times its in-flight microbatches) add up to about the mean, while
+    each layer's time, which waits for its busiest GPU at the combine, carries the load."""
+    return shape.tokens * layer.moe_top_k * expert_tp(shape) / shape.tp
 
 
 def mlp_gemm_shapes(layer: Layer, shape) -> tuple[tuple[float, float, float], ...]:
@@ -126,21 +135,24 @@ def all_to_all_s(nbytes: float, ep: int, in_domain: int, hw: Hardware) -> float:
     return max(nvlink, network) + latency
 
 
-def remote_domains_per_token(layer: Layer, ep: int, in_domain: int) -> float:
+def remote_domains_per_token(layer: Layer, ep: int, in_domain: int,
+                             how: str = "scores") -> float:
     """Expected number of other NVLink domains of the EP group that hold at least one of a
-    token's top-k experts, routing uniform over the experts (the balanced routing the load
-    knob's 1.0 states): the group spans D = ceil(ep / in_domain) domains of E / D experts each;
-    a domain receives none of the k distinct experts with probability
-    C(E - E/D, k) / C(E, k) = prod_{i<k} (E - E/D - i) / (E - i)."""
+    token's top-k experts: the group spans D = ceil(ep / in_domain) domains of E / D experts
+    each, and a token touches routing.parts_per_token of them (balanced routing, the load knob's
+    1.0; DeepSeek-V3's group limit where the model has one; the stack's routing); the token's
+    own domain is one of the D alike, so (D - 1) / D of those are others."""
     domains = -(-ep // max(1, in_domain))
     if domains <= 1:
         return 0.0
-    e, k = layer.num_experts, layer.moe_top_k
-    per = e / domains
-    miss = 1.0
-    for i in range(k):
-        miss *= max(0.0, (e - per - i) / (e - i))
-    return (domains - 1) * (1 - miss)
+    return routing.parts_per_token(layer, domains, how) * (domains - 1) / domains
+
+
+def ranks_per_token(layer: Layer, shape) -> float:
+    """Expected EP ranks that hold at least one of a token's experts (DeepEP sends the token
+    once to each: its get_dispatch_layout returns is_token_in_rank, one flag per token and
+    rank), at most k."""
+    return routing.parts_per_token(layer, shape.ep, shape.moe_routing)
 
 
 def deepep_s(layer: Layer, shape, hw: Hardware) -> float:
@@ -149,18 +161,22 @@ def deepep_s(layer: Layer, shape, hw: Hardware) -> float:
     there over NVLink to each GPU holding one of its experts. DeepEP csrc/kernels/internode.cu:
     the token's network copy carries ``SourceMeta(int rdma_rank, const bool*
     is_token_in_nvl_ranks)``, one bit per NVLink peer of the destination node that needs it.
-    Network: the token (2h, times the load) times the expected remote domains; NVLink: every
-    copy for another GPU of a domain, sent directly or forwarded, crosses NVLink once:
-    k·(d - 1)/d copies with d EP members per domain. Both at once, plus a network latency.
-    Within one domain it is the all-to-all (all_to_all_s)."""
+    Network: the token (2h, times the load) times the expected remote domains; NVLink: the
+    token once per rank holding one of its experts (ranks_per_token, not once per expert),
+    sent directly or forwarded, crossing NVLink unless it is the rank the network delivers to:
+    R·(d - 1)/d copies with d EP members per domain. Both at once, plus a network latency.
+    Within one domain it is an all-to-all of the token once per rank (DeepEP's intranode
+    kernels: the same is_token_in_rank)."""
     ep = shape.ep
     in_domain = max(1, min(shape.ep_in_domain or ep, ep))
-    if in_domain >= ep:
-        return all_to_all_s(dispatch_bytes(layer, shape), ep, in_domain, hw)
-    intra, inter = comm.links(hw)
     token = ACT_BYTES * shape.tokens / shape.tp * layer.hidden_size * shape.expert_load
-    network = token * remote_domains_per_token(layer, ep, in_domain) / inter.bytes_per_s
-    nvlink = token * layer.moe_top_k * (in_domain - 1) / in_domain / intra.bytes_per_s
+    ranks = ranks_per_token(layer, shape)
+    if in_domain >= ep:
+        return all_to_all_s(token * ranks, ep, in_domain, hw)
+    intra, inter = comm.links(hw)
+    network = token * remote_domains_per_token(layer, ep, in_domain,
+                                               shape.moe_routing) / inter.bytes_per_s
+    nvlink = token * ranks * (in_domain - 1) / in_domain / intra.bytes_per_s
     return max(network, nvlink) + inter.latency_s
 
 
@@ -182,6 +198,7 @@ def dispatch_s(layer: Layer, shape, hw: Hardware) -> float:
 def kept_bytes(layer: Layer, shape) -> float:
     """Activations an MoE MLP keeps for the backward, beyond its input (counted as a dense MLP's
     is): the router's fp32 probabilities (T·E, replicated across TP unless SP), per routed copy
+    (at the mean load, mean_routed_copies)
     the expert's input (2h), its FC1 outputs and activation (SwiGLU 6f/etp, GeLU 4f/etp), and
     the shared experts as a dense MLP (sharded by tp). Where the routing weights multiply the
     experts' outputs (torchtitan, DeepSpeed-MoE) the weights' gradient needs each copy's output
@@ -196,7 +213,7 @@ def kept_bytes(layer: Layer, shape) -> float:
     weight = ROUTER_PROB_BYTES if shape.moe_probs_in_activation else 2 * layer.hidden_size
     per_copy = 2 * layer.hidden_size + (6 if layer.mlp == "swiglu" else 4) * f + weight
     shared = sb * (6 if layer.mlp == "swiglu" else 4) * layer.shared_ffn_hidden_size / t
-    return router + routed_copies(layer, shape) * per_copy + shared
+    return router + mean_routed_copies(layer, shape) * per_copy + shared
 
 
 def ep_in_domain(etp: int, ep: int, domain: int) -> int:
@@ -217,7 +234,7 @@ def shape_fields(par, hw: Hardware, opts) -> dict:
                 ep_in_domain=ep_in_domain(par.expert_tp, par.ep, domain),
                 expert_load=opts.moe_expert_load,
                 moe_probs_in_activation=opts.moe_probs_in_activation,
-                moe_dispatcher=opts.moe_dispatcher)
+                moe_dispatcher=opts.moe_dispatcher, moe_routing=opts.moe_routing)
 
 
 def notes(model, par, opts) -> tuple[str, ...]:
@@ -227,5 +244,6 @@ def notes(model, par, opts) -> tuple[str, ...]:
     return (f"MoE: {model.num_experts} experts, top-{model.moe_top_k}; "
             f"{model.active_params / 1e9:.1f}B of {model.params / 1e9:.1f}B parameters active "
             f"per token (MFU counts active-parameter FLOPs); ep {par.ep}, etp {par.expert_tp}; "
-            f"expert load {opts.moe_expert_load:.2f}x the mean (--expert-load); "
-            "all-to-all not overlapped with compute",)
+            f"expert load {opts.moe_expert_load:.2f}x the mean (--expert-load); " +
+            ("all-to-all hidden in DualPipe's F&B pairs (pipeline/dualpipe.py)"
+             if par.schedule == "dualpipe" else "all-to-all not overlapped with compute"),)

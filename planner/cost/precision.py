@@ -187,7 +187,8 @@ def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Sta
     mlp = sb * h * rep + sb * layer.ffn_hidden_size / t
     if layer.is_moe:  # each routed copy's up and down inputs (cost/moe.py), and shared experts'
         sf = layer.shared_ffn_hidden_size
-        mlp = moe.routed_copies(layer, shape) * (h + layer.ffn_hidden_size / moe.expert_tp(shape))
+        mlp = moe.mean_routed_copies(layer, shape) * (h + layer.ffn_hidden_size /
+                                                       moe.expert_tp(shape))
         mlp += (sb * h * rep + sb * sf / t) if sf else 0.0
     # MLA: the latent up-projections' inputs are not counted (left 16-bit: conservative)
     values = sb * h * rep + sb * layer.v_size / t + mlp
@@ -197,7 +198,7 @@ def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Sta
             values -= sb * h * rep + (sb * h * rep if not layer.is_moe or
                                       layer.shared_ffn_hidden_size else 0.0)
         if "moe_act" in mods and layer.is_moe:
-            values -= moe.routed_copies(layer, shape) * layer.ffn_hidden_size / \
+            values -= moe.mean_routed_copies(layer, shape) * layer.ffn_hidden_size / \
                 moe.expert_tp(shape)
     return (ACT_BYTES - FP8_BYTES) * values
 

@@ -56,10 +56,11 @@ def norm_output_bytes(layer: Layer, shape) -> float:
 
 
 def moe_act_output_bytes(layer: Layer, shape) -> float:
-    """The routed copies' activation outputs (the FC2 inputs) on this GPU, 16-bit."""
+    """The routed copies' activation outputs (the FC2 inputs) on this GPU, 16-bit, at the mean
+    load as what the block keeps is (cost/moe.py mean_routed_copies)."""
     if not layer.is_moe:
         return 0.0
-    return ACT_BYTES * moe.routed_copies(layer, shape) * layer.ffn_hidden_size / \
+    return ACT_BYTES * moe.mean_routed_copies(layer, shape) * layer.ffn_hidden_size / \
         moe.expert_tp(shape)
 
 

@@ -285,11 +285,12 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
     published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split."""
     name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
     skip = ""
-    if "dualpipe" in str(cf.get("techniques") or "").lower():
-        # as ZB-2p: a schedule plan3d has no equivalent of (DeepSeek-V3 report sec. 3.2.1:
-        # bidirectional, each chunk's all-to-all hidden behind another's compute)
-        skip = "DualPipe: no equivalent schedule (its all-to-all overlap is not modelled)"
-    elif opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
+    # DeepSeek-V3 report sec. 3.2.1: bidirectional, each F&B pair's all-to-all hidden behind
+    # its compute (planner/pipeline/dualpipe.py)
+    dual = "dualpipe" in str(cf.get("techniques") or "").lower()
+    if dual:
+        notes.append("DualPipe: two stage copies per rank, all-to-all hidden in F&B pairs")
+    if opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
         skip = f"FP8 run on {cluster.hardware.name}, a profile without an FP8 peak"
     if skip:
         return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
@@ -312,7 +313,8 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
                      f"{', '.join(opts.recompute_modules)}")
     etp = cf.get("etp")
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
-                   schedule="interleaved" if v > 1 else "1f1b", virtual_stages=v,
+                   schedule="dualpipe" if dual else "interleaved" if v > 1 else "1f1b",
+                   virtual_stages=v,
                    recompute=recompute, zero=int(cf.get("zero") or 0),
                    sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
                    etp=None if etp in (None, tp) else int(etp))

@@ -44,6 +44,9 @@ def parallel_rules(f: Facts) -> list[str]:
         label = {"zb-h1": "ZB-H1", "zb-2p": "ZB-2p"}[f.schedule]
         out.append(f"{NAME}: zero-bubble {label} is not in stock Megatron-LM; choose 1f1b or "
                    "interleaved")
+    if f.pp > 1 and f.schedule == "dualpipe":
+        out.append(f"{NAME} has no DualPipe schedule (DeepSeek's bidirectional pipeline runs in "
+                   "deepseek-ai/DualPipe and DeepSeek's own HAI-LLM); choose 1f1b or interleaved")
     if f.schedule == "interleaved" and f.pp > 1 and f.num_microbatches % f.pp:
         out.append(f"{NAME}: the interleaved schedule needs microbatches ({f.num_microbatches}) "
                    f"divisible by pp ({f.pp})")
@@ -137,6 +140,9 @@ def moe_flags(plan: Plan) -> list[tuple[str, str | None]]:
     if m.router_bias:  # DeepSeek-V3: sigmoid scores, auxiliary-loss-free expert bias
         out += [("--moe-router-score-function", "sigmoid"),
                 ("--moe-router-enable-expert-bias", None)]
+    if expert.moe_groups:  # group-limited routing (DeepSeek-V3's node-limited routing)
+        out += [("--moe-router-num-groups", str(expert.moe_groups)),
+                ("--moe-router-group-topk", str(expert.moe_group_top_k))]
     out += [("--expert-model-parallel-size", str(par.ep)),
             ("--expert-tensor-parallel-size", str(par.expert_tp)),
             ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", "alltoall")]

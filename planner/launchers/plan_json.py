@@ -69,7 +69,8 @@ def architecture(model: ModelSpec) -> dict:
 
 
 MOE_FIELDS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "shared_ffn_hidden_size",
-              "shared_expert_gate", "router_bias", "dense_layers")
+              "shared_expert_gate", "router_bias", "moe_groups", "moe_group_top_k",
+              "dense_layers")
 MLA_FIELDS = ("q_lora_rank", "kv_lora_rank", "qk_nope_head_dim", "qk_rope_head_dim",
               "v_head_dim")
 

@@ -104,7 +104,8 @@ def _checked(spec: ModelSpec, origin: str, explicit: bool = False) -> ModelSpec:
                              f"the model has {spec.num_layers} blocks (0 to {spec.num_layers - 1})")
     if not spec.num_experts and (spec.moe_top_k or spec.moe_ffn_hidden_size or spec.dense_layers
                                  or spec.shared_ffn_hidden_size or spec.router_bias
-                                 or spec.shared_expert_gate):
+                                 or spec.shared_expert_gate or spec.moe_groups
+                                 or spec.moe_group_top_k):
         raise PlanInputError(f"{origin}: moe_top_k, moe_ffn_hidden_size, dense_layers, shared "
                              "experts and router_bias need num_experts > 0")
     for layer in dict.fromkeys(spec.layers):
@@ -153,7 +154,7 @@ def _from_ours(data: dict, origin: str) -> ModelSpec:
 
 
 _MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "shared_ffn_hidden_size",
-              "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
+              "moe_groups", "moe_group_top_k", "q_lora_rank", "kv_lora_rank", "qk_rope_head_dim", "qk_nope_head_dim", "v_head_dim")
 
 
 def _dense_layers(data: dict, origin: str) -> tuple[int, ...]:
@@ -172,9 +173,11 @@ def check_moe(layer: Layer, where: str) -> None:
         raise PlanInputError(f"{where}: moe_top_k must be between 1 and num_experts "
                              f"({layer.num_experts}), got {layer.moe_top_k}")
     if not layer.num_experts and (layer.moe_top_k or layer.shared_ffn_hidden_size
-                                  or layer.shared_expert_gate or layer.router_bias):
-        raise PlanInputError(f"{where}: moe_top_k, shared experts and router_bias need "
-                             "num_experts > 0")
+                                  or layer.shared_expert_gate or layer.router_bias
+                                  or layer.moe_groups or layer.moe_group_top_k):
+        raise PlanInputError(f"{where}: moe_top_k, shared experts, router_bias and routing "
+                             "groups need num_experts > 0")
+    check_groups(layer, where)
     if layer.kv_lora_rank and not (layer.qk_nope_head_dim and layer.qk_rope_head_dim
                                    and layer.v_head_dim):
         raise PlanInputError(f"{where}: multi-head latent attention (kv_lora_rank) needs "
@@ -211,3 +214,18 @@ def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
             _positive(where, out_features=fields.get("out_features"))
         layers.extend([Layer(**fields)] * repeat)
     return tuple(layers)
+
+
+def check_groups(layer: Layer, where: str) -> None:
+    """One line for group-limited routing that cannot exist: groups that do not split the
+    experts evenly, more chosen groups than groups, or too few experts in them for top-k."""
+    groups, chosen = layer.moe_groups, layer.moe_group_top_k
+    if not (groups or chosen):
+        return
+    if groups < 1 or not 1 <= chosen <= groups or layer.num_experts % groups:
+        raise PlanInputError(f"{where}: moe_groups ({groups}) must divide num_experts "
+                             f"({layer.num_experts}) and moe_group_top_k ({chosen}) be between "
+                             "1 and moe_groups")
+    if chosen * layer.num_experts // groups < layer.moe_top_k:
+        raise PlanInputError(f"{where}: {chosen} of {groups} groups hold fewer experts than "
+                             f"moe_top_k ({layer.moe_top_k})")

@@ -17,7 +17,7 @@ from planner.model.huggingface import FAMILIES, MOE_FAMILIES, _llama_layout, req
 # the routing rule among the top-k (the router is one h x E matmul and a top-k in every case).
 _COST_FREE = {
     "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "norm_topk_prob",
-    "aux_loss_alpha", "seq_aux", "routed_scaling_factor", "n_group", "topk_group",
+    "aux_loss_alpha", "seq_aux", "routed_scaling_factor",
     "ep_size",  # DeepSeek-V2's inference-time expert sharding; the plan chooses ep itself
 }
 # (key, values priced): router variants whose cost is the same h x E matmul plus a top-k
@@ -34,7 +34,8 @@ _READ = {
                   "decoder_sparse_step", "mlp_only_layers"},
     "deepseek_v2": {"n_routed_experts", "n_shared_experts", "num_experts_per_tok",
                     "moe_intermediate_size", "first_k_dense_replace", "moe_layer_freq",
-                    "topk_method", "scoring_func", "num_nextn_predict_layers"},
+                    "topk_method", "scoring_func", "num_nextn_predict_layers", "n_group",
+                    "topk_group"},
 }
 _READ["deepseek_v3"] = _READ["deepseek_v2"]
 assert tuple(_READ) == MOE_FAMILIES
@@ -108,7 +109,30 @@ def _deepseek(data: dict, origin: str, kind: str) -> dict:
             "moe_ffn_hidden_size": expert_ffn, "shared_ffn_hidden_size": shared * expert_ffn,
             # DeepSeek-V3's noaux_tc router adds a per-expert e_score_correction_bias
             "router_bias": data.get("topk_method") == "noaux_tc",
+            **_groups(data, origin, kind, experts),
             "dense_layers": tuple(i for i in range(layers) if i < first or i % freq)}
+
+
+def _groups(data: dict, origin: str, kind: str, experts: int) -> dict:
+    """Group-limited routing: HuggingFace's DeepseekV3Config, "n_group: Number of groups for
+    routed experts" and "topk_group: Number of selected groups for each token (for each token,
+    ensuring the selected experts is only within `topk_group` groups)". DeepSeek-V3's router
+    always limits (its gate picks topk_group groups by their experts' top scores, then the top-k
+    inside them: the report's node-limited routing, sec. 2.1.2, "we ensure that each token will
+    be sent to at most M nodes"); DeepSeek-V2's only with topk_method group_limited_greedy (its
+    "greedy" takes the top-k of all experts). One group is no limit."""
+    limited = kind == "deepseek_v3" or data.get("topk_method") == "group_limited_greedy"
+    groups = data.get("n_group") or 1
+    if not limited or groups == 1:
+        return {}
+    chosen = data.get("topk_group") or groups
+    for key, value in (("n_group", groups), ("topk_group", chosen)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise PlanInputError(f"{origin}: '{key}' must be a positive integer, got {value!r}")
+    if experts % groups or chosen > groups:
+        raise PlanInputError(f"{origin}: n_group ({groups}) must divide n_routed_experts "
+                             f"({experts}) and topk_group ({chosen}) be at most n_group")
+    return {"moe_groups": groups, "moe_group_top_k": chosen}
 
 
 def _refuse_unknown(data: dict, origin: str, kind: str) -> None:

@@ -59,6 +59,8 @@ MODEL_JSON = {
     "shared_ffn_hidden_size": Int(0, MAX_FFN),
     "shared_expert_gate": Bool(),
     "router_bias": Bool(),
+    "moe_groups": Int(0, MAX_EXPERTS),
+    "moe_group_top_k": Int(0, MAX_EXPERTS),
     "dense_layers": Free(),  # a list of block indices, checked by model/load.py
     "q_lora_rank": Int(0, MAX_HIDDEN),
     "kv_lora_rank": Int(0, MAX_HIDDEN),
@@ -95,6 +97,8 @@ LAYER_ENTRY = {
     "shared_ffn_hidden_size": Int(0, MAX_FFN),
     "shared_expert_gate": Bool(),
     "router_bias": Bool(),
+    "moe_groups": Int(0, MAX_EXPERTS),
+    "moe_group_top_k": Int(0, MAX_EXPERTS),
     "q_lora_rank": Int(0, MAX_HIDDEN),
     "kv_lora_rank": Int(0, MAX_HIDDEN),
     "qk_rope_head_dim": Int(0, MAX_HIDDEN),

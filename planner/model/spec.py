@@ -80,6 +80,11 @@ class Layer:
     shared_ffn_hidden_size: int = 0
     shared_expert_gate: bool = False
     router_bias: bool = False
+    # Group-limited routing (DeepSeek-V3's node-limited routing, HuggingFace n_group and
+    # topk_group): the experts form moe_groups groups of consecutive experts and a token's
+    # experts lie within moe_group_top_k of them; 0: no limit (cost/routing.py)
+    moe_groups: int = 0
+    moe_group_top_k: int = 0
     # Multi-head latent attention (DeepSeek-V2 §2.1, DeepSeek-V3 §2.1.1), on when kv_lora_rank >
     # 0: queries through a low-rank q_lora_rank bottleneck (0: a direct projection), keys and
     # values through a compressed kv_lora_rank latent plus a shared qk_rope_head_dim RoPE key;
@@ -248,6 +253,8 @@ class ModelSpec:
     shared_ffn_hidden_size: int = 0
     shared_expert_gate: bool = False
     router_bias: bool = False
+    moe_groups: int = 0  # group-limited routing (see Layer.moe_groups)
+    moe_group_top_k: int = 0
     dense_layers: tuple[int, ...] = ()
     # Multi-head latent attention (see Layer.kv_lora_rank); kv_lora_rank 0: not MLA
     q_lora_rank: int = 0
@@ -342,7 +349,8 @@ def _standard_layers(spec: ModelSpec) -> tuple[Layer, ...]:
         moe = replace(block, ffn_hidden_size=spec.moe_ffn_hidden_size or spec.ffn_hidden_size,
                       num_experts=spec.num_experts, moe_top_k=spec.moe_top_k,
                       shared_ffn_hidden_size=spec.shared_ffn_hidden_size,
-                      shared_expert_gate=spec.shared_expert_gate, router_bias=spec.router_bias)
+                      shared_expert_gate=spec.shared_expert_gate, router_bias=spec.router_bias,
+                      moe_groups=spec.moe_groups, moe_group_top_k=spec.moe_group_top_k)
         dense = set(spec.dense_layers)
         blocks = [block if i in dense else moe for i in range(spec.num_layers)]
     embedding = Layer(kind="embedding", position_embeddings=spec.position_embeddings,

@@ -79,6 +79,10 @@ FIELDS: tuple[Field, ...] = (
           "A sigmoid gate (an h x 1 weight) on the shared expert (Qwen2-MoE)."),
     Field("router_bias", "bool", "false",
           "A per-expert routing bias (DeepSeek-V3's auxiliary-loss-free balancing)."),
+    Field("moe_groups", "integer", "0",
+          "Routing groups of consecutive experts (HuggingFace n_group; DeepSeek-V3 8); 0: none."),
+    Field("moe_group_top_k", "integer", "0",
+          "Groups a token's experts may come from (topk_group; DeepSeek-V3 4, one group a node)."),
     Field("dense_layers", "list", "[]",
           "Block indices (from 0) that keep a dense MLP of ffn_hidden_size (DeepSeek's first "
           "first_k_dense_replace blocks)."),

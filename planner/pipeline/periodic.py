@@ -24,6 +24,11 @@ cycle of dependencies paces every rank).  Near ties between cycles can delay it;
 point makes "one constant" equal to about 1e-14 of the times, so components may differ by
 ``REL_TOL`` of the largest.
 
+DualPipe (pipeline/dualpipe.py) fits the same frame with P = 2 (one microbatch of each direction
+a period), its full backwards (BW) counted as backwards, an F&B pair timed as one op that waits
+for both inputs (``pair``), and ``mirrored`` transfers: an odd microbatch's boundary k is the
+link of boundary p - 2 - k, indexed p - 1 + k in the transfer list comm + reversed(comm).
+
 GPipe runs all forwards, then all backwards: each phase is a flow shop of identical jobs with a
 closed-form longest path (`gpipe_makespan`), so it needs no period.
 """
@@ -56,7 +61,7 @@ def group_labels(ops: tuple[tuple[Op, ...], ...], group: int, v: int) -> list[li
         done, labels = 0, []
         for op in rank:
             labels.append(done)
-            if op.kind == "B":
+            if op.kind in ("B", "BW"):
                 g = op.microbatch // group
                 counts[g] = counts.get(g, 0) + 1
                 while counts.get(done, 0) == per_group:
@@ -65,14 +70,29 @@ def group_labels(ops: tuple[tuple[Op, ...], ...], group: int, v: int) -> list[li
     return out
 
 
-def cross_inputs(op: Op, p: int, chunks: int) -> list[tuple[str, int, int, int]]:
-    """Inputs of a compute op made on another rank: (kind, microbatch, chunk, boundary) of each
-    producer.  Inputs from the same rank ended before the op's rank became free."""
+def key_of(op: Op) -> tuple[str, int, int]:
+    """(kind, microbatch, chunk) of an op's end, a BW's filed as its B (what consumers wait on)."""
+    return ("B" if op.kind == "BW" else op.kind), op.microbatch, op.chunk
+
+
+def boundary_index(kind: str, mb: int, k: int, p: int, mirrored: bool) -> int:
+    """Index in the transfer list of the boundary that ``kind``'s output of chunk k crosses
+    (module docstring: mirrored, an odd microbatch's sits at p - 1 + its boundary)."""
+    boundary = k if kind == "F" else k - 1
+    return boundary + p - 1 if mirrored and mb % 2 else boundary
+
+
+def cross_inputs(op: Op, p: int, chunks: int,
+                 mirrored: bool = False) -> list[tuple[str, int, int, int]]:
+    """Inputs of a compute op made on another rank: (kind, microbatch, chunk, boundary index)
+    of each producer.  Inputs from the same rank ended before the op's rank became free."""
     k = op.chunk
     if op.kind == "F" and k > 0 and (k - 1) % p != k % p:
-        return [("F", op.microbatch, k - 1, k - 1)]
-    if op.kind == "B" and k < chunks - 1 and (k + 1) % p != k % p:
-        return [("B", op.microbatch, k + 1, k)]
+        return [("F", op.microbatch, k - 1, boundary_index("F", op.microbatch, k - 1, p,
+                                                            mirrored))]
+    if op.kind in ("B", "BW") and k < chunks - 1 and (k + 1) % p != k % p:
+        return [("B", op.microbatch, k + 1, boundary_index("B", op.microbatch, k + 1, p,
+                                                            mirrored))]
     return []
 
 
@@ -81,8 +101,7 @@ def cut_keys(ops, labels, p: int, v: int, group: int) -> dict[int, tuple] | None
     made before the cut and used after it, its microbatch relative to the cut.  None when an op
     before a cut needs one after it (a cut would not separate past from future)."""
     chunks = p * v
-    label_of = {(op.kind, op.microbatch, op.chunk): x
-                for rank, lab in zip(ops, labels) for op, x in zip(rank, lab)}
+    label_of = {key_of(op): x for rank, lab in zip(ops, labels) for op, x in zip(rank, lab)}
     last = max(max(lab) for lab in labels)
     crossing: dict[int, set] = {j: set() for j in range(last + 2)}
     for rank, lab in zip(ops, labels):
@@ -98,11 +117,11 @@ def cut_keys(ops, labels, p: int, v: int, group: int) -> dict[int, tuple] | None
 
 
 def steady_cuts(short, longer, labels, keys: dict[int, tuple], group: int,
-                release: str) -> list[int]:
+                release: tuple[str, ...]) -> list[int]:
     """Cuts past every rank's warm-up, where the schedule is in its periodic part: the period
     after the cut (i) is what ``longer`` (one group more) inserts, everything after it
     renumbered by one group; (ii) leaves the state with the same components; (iii) frees on
-    every rank the activations it stores (F stores, ``release`` frees)."""
+    every rank the activations it stores (F stores, the ``release`` kinds free)."""
     ok = None
     for s_ops, l_ops, lab in zip(short, longer, labels):
         s = [(op.kind, op.microbatch, op.chunk) for op in s_ops]
@@ -118,7 +137,7 @@ def steady_cuts(short, longer, labels, keys: dict[int, tuple], group: int,
         balance: dict[int, dict[int, int]] = {}
         for i, ((kind, _, chunk), x) in enumerate(zip(s, lab)):
             start.setdefault(x, i)
-            if kind in ("F", release):
+            if kind == "F" or kind in release:
                 held = balance.setdefault(x, {})
                 held[chunk] = held.get(chunk, 0) + (1 if kind == "F" else -1)
         here = set()
@@ -132,34 +151,37 @@ def steady_cuts(short, longer, labels, keys: dict[int, tuple], group: int,
 
 
 def state_values(end: Callable[[str, int, int], float], ops, labels, keys: tuple, cut: int,
-                 group: int, comm: list[float]) -> np.ndarray:
+                 group: int, comm: list[float], mirrored: bool = False) -> np.ndarray:
     """The numeric state of a simulated run at a cut (components in ``keys`` order); ``end``
     gives an op's end from its (kind, microbatch, chunk)."""
     free = {}
     for r, (rank, lab) in enumerate(zip(ops, labels)):
         before = [op for op, x in zip(rank, lab) if x < cut]
-        free[r] = end(before[-1].kind, before[-1].microbatch, before[-1].chunk) if before else 0.0
+        free[r] = end(*key_of(before[-1])) if before else 0.0
+    p = len(ops)
     out = []
     for key in keys:
         if key[0] == "free":
             out.append(free[key[1]])
         else:
             kind, rel, k = key
-            boundary = k if kind == "F" else k - 1
-            out.append(end(kind, rel + cut * group, k) + comm[boundary])
+            mb = rel + cut * group
+            out.append(end(kind, mb, k) + comm[boundary_index(kind, mb, k, p, mirrored)])
     return np.array(out)
 
 
 def symbolic_run(ops, labels, keys: tuple, cut: int, stop: int | None, p: int, v: int,
                  group: int, comm: list[float], duration: Callable[[Op], float],
-                 state: np.ndarray | None = None):
+                 state: np.ndarray | None = None, mirrored: bool = False,
+                 pair: Callable[[Op, Op], float] | None = None):
     """Time the ops between cut ``cut`` and cut ``stop`` (None: to the end) with symbolic times:
     each time is a max-plus form over the state at ``cut`` (a vector, -inf where it does not
     depend on a component).  Returns the end form of every op timed, keyed by (kind, microbatch,
     chunk), and each rank's free form at the end; None if an input is neither timed nor in the
     state (the ops do not form a closed period).  Given the ``state``'s values, the times are
     numbers instead (each form applied to the state: the same max-plus arithmetic, in scalars):
-    the cool-down, timed once from the state the periods reach, costs a float per op, not a form."""
+    the cool-down, timed once from the state the periods reach, costs a float per op, not a form.
+    An F followed by a paired BW runs as one op of ``pair(f, bw)`` that waits for both inputs."""
     chunks = p * v
     n = len(keys)
     index = {key: i for i, key in enumerate(keys)}
@@ -183,40 +205,49 @@ def symbolic_run(ops, labels, keys: tuple, cut: int, stop: int | None, p: int, v
         for r in range(p):
             while ptr[r] < len(todo[r]):
                 op = todo[r][ptr[r]]
+                unit_ops = [op]
+                if ptr[r] + 1 < len(todo[r]) and todo[r][ptr[r] + 1].paired:
+                    unit_ops.append(todo[r][ptr[r] + 1])
                 start = free[r]
                 ready = True
-                for kind, mb, k, boundary in cross_inputs(op, p, chunks):
-                    made = ends.get((kind, mb, k))
-                    if made is not None:
-                        start = join(start, made + comm[boundary])
-                    elif (kind, mb - cut * group, k) in index:
-                        start = join(start, unit(index[(kind, mb - cut * group, k)]))
-                    else:
-                        ready = False
+                for one in unit_ops:
+                    for kind, mb, k, boundary in cross_inputs(one, p, chunks, mirrored):
+                        made = ends.get((kind, mb, k))
+                        if made is not None:
+                            start = join(start, made + comm[boundary])
+                        elif (kind, mb - cut * group, k) in index:
+                            start = join(start, unit(index[(kind, mb - cut * group, k)]))
+                        else:
+                            ready = False
                 if not ready:
                     break
-                free[r] = ends[(op.kind, op.microbatch, op.chunk)] = start + duration(op)
-                ptr[r] += 1
+                took = duration(op) if len(unit_ops) == 1 else pair(*unit_ops)
+                free[r] = start + took
+                for one in unit_ops:
+                    ends[key_of(one)] = free[r]
+                ptr[r] += len(unit_ops)
                 progress = True
     if any(ptr[r] < len(todo[r]) for r in range(p)):
         return None
     return ends, free
 
 
-def period_map(ends, free, keys: tuple, cut: int, group: int, comm: list[float]) -> np.ndarray:
+def period_map(ends, free, keys: tuple, cut: int, group: int, comm: list[float],
+               mirrored: bool = False) -> np.ndarray:
     """T: the state one period later (the same components, microbatches relative to the next
     cut) as max-plus forms over the state at ``cut``; row i is component i's form."""
     index = {key: i for i, key in enumerate(keys)}
+    p = sum(1 for key in keys if key[0] == "free")
     rows = []
     for key in keys:
         if key[0] == "free":
             rows.append(free[key[1]])
             continue
         kind, rel, k = key
-        boundary = k if kind == "F" else k - 1
-        made = ends.get((kind, rel + (cut + 1) * group, k))
+        mb = rel + (cut + 1) * group
+        made = ends.get((kind, mb, k))
         if made is not None:
-            rows.append(made + comm[boundary])
+            rows.append(made + comm[boundary_index(kind, mb, k, p, mirrored)])
         else:  # made before the cut: already a component, one group further on
             row = np.full(len(keys), NEG)
             row[index[(kind, rel + group, k)]] = 0.0

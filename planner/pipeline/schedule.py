@@ -16,6 +16,10 @@ Schedules (see DESIGN.md §3):
 - zb-2p: zero bubble under the 2p activation limit (Qi et al. 2023's ZB-2p runs): rank i runs
   2(p - i) - 1 warm-up forwards, then B and F alternately, a W before any F that would hold more
   than 2p microbatches' activations, and in the cool-down a W before each B (see `_zb_2p`).
+- dualpipe: DeepSeek-V3's bidirectional schedule, two directions of microbatches, forwards and
+  full backwards of different microbatches overlapped in pairs (planner/pipeline/dualpipe.py).
+  Its ops name the model stage they run (rank k for even microbatches, p - 1 - k for odd ones)
+  and add the kind "BW", a backward that computes the input and weight gradients together.
 """
 
 from __future__ import annotations
@@ -25,36 +29,14 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.core.parallel import SCHEDULES, schedule_problem
-COMPUTE_KINDS = ("F", "B", "W")
+from planner.pipeline import dualpipe
+from planner.pipeline.ops import Op  # defined apart so dualpipe.py builds ops without a cycle
+COMPUTE_KINDS = ("F", "B", "W", "BW")
 COMM_KINDS = ("SEND_F", "RECV_F", "SEND_B", "RECV_B")
 
 
 class ScheduleError(ValueError):
     """A schedule was asked for with arguments it cannot honour (one-line message)."""
-
-
-@dataclass(frozen=True)
-class Op:
-    """One step of a rank's program.
-
-    kind: "F", "B", "W" (compute) or "SEND_F", "RECV_F", "SEND_B", "RECV_B" (point-to-point).
-    microbatch: 0-based microbatch index.
-    chunk: global model-chunk index 0..p*v-1.  For SEND/RECV it is the chunk that *produced* the
-        tensor: SEND_F/RECV_F(m, k) move F(m, k)'s output to chunk k+1's rank, SEND_B/RECV_B(m, k)
-        move B(m, k)'s input-gradient to chunk k-1's rank.
-    peer: the other rank of a SEND/RECV, None for compute ops.
-    """
-
-    kind: str
-    microbatch: int
-    chunk: int
-    peer: int | None = None
-
-    def __str__(self) -> str:
-        text = f"{self.kind}(mb={self.microbatch}, chunk={self.chunk}"
-        if self.peer is not None:
-            text += f", {'to' if self.kind.startswith('SEND') else 'from'} rank {self.peer}"
-        return text + ")"
 
 
 def check_args(name: str, p: int, m: int, v: int) -> None:
@@ -173,50 +155,76 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Op, ...
     outside interleaved, interleaved with m not divisible by p).
     """
     check_args(name, p, m, v)
+    if name == "dualpipe":
+        return tuple(tuple(dualpipe.rank_order(p, m, r)) for r in range(p))
     if name == "interleaved":
         return tuple(tuple(interleaved_order(p, m, v, r)) for r in range(p))
     make = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-2p": _zb_2p}[name]
     return tuple(tuple(make(p, m, r)) for r in range(p))
 
 
-def _exchange(prev: Op | None, nxt: Op | None, r: int, p: int, chunks: int) -> tuple[list[Op], list[Op]]:
-    """Sends owed by `prev`'s output and receives needed by `nxt`'s input on rank r."""
+def _placement(compute_ops: tuple[tuple[Op, ...], ...]):
+    """(microbatch, chunk) -> the rank that runs it: chunk k on rank k mod p, or, where a rank
+    runs chunks not its own (DualPipe's reverse direction), whatever rank lists the op."""
+    p = len(compute_ops)
+    if all(op.chunk % p == r for r, ops in enumerate(compute_ops) for op in ops):
+        return lambda mb, k: k % p
+    where = {(op.microbatch, op.chunk): r for r, ops in enumerate(compute_ops) for op in ops}
+    return lambda mb, k: where[(mb, k)]
+
+
+def _exchange(prev: tuple[Op, ...], nxt: tuple[Op, ...], r: int, chunks: int,
+              rank_of) -> tuple[list[Op], list[Op]]:
+    """Sends owed by the outputs of the ops in `prev` and receives needed by the inputs of the
+    ops in `nxt` on rank r (one op each, or DualPipe's overlapped F&B pair)."""
     sends: list[Op] = []
     recvs: list[Op] = []
-    if prev is not None:
-        k = prev.chunk
-        if prev.kind == "F" and k + 1 < chunks and (k + 1) % p != r:
-            sends.append(Op("SEND_F", prev.microbatch, k, (k + 1) % p))
-        elif prev.kind == "B" and k > 0 and (k - 1) % p != r:
-            sends.append(Op("SEND_B", prev.microbatch, k, (k - 1) % p))
-    if nxt is not None:
-        k = nxt.chunk
-        if nxt.kind == "F" and k > 0 and (k - 1) % p != r:
-            recvs.append(Op("RECV_F", nxt.microbatch, k - 1, (k - 1) % p))
-        elif nxt.kind == "B" and k + 1 < chunks and (k + 1) % p != r:
-            recvs.append(Op("RECV_B", nxt.microbatch, k + 1, (k + 1) % p))
+    for op in prev:
+        k = op.chunk
+        if op.kind == "F" and k + 1 < chunks and rank_of(op.microbatch, k + 1) != r:
+            sends.append(Op("SEND_F", op.microbatch, k, rank_of(op.microbatch, k + 1)))
+        elif op.kind in ("B", "BW") and k > 0 and rank_of(op.microbatch, k - 1) != r:
+            sends.append(Op("SEND_B", op.microbatch, k, rank_of(op.microbatch, k - 1)))
+    for op in nxt:
+        k = op.chunk
+        if op.kind == "F" and k > 0 and rank_of(op.microbatch, k - 1) != r:
+            recvs.append(Op("RECV_F", op.microbatch, k - 1, rank_of(op.microbatch, k - 1)))
+        elif op.kind in ("B", "BW") and k + 1 < chunks and rank_of(op.microbatch, k + 1) != r:
+            recvs.append(Op("RECV_B", op.microbatch, k + 1, rank_of(op.microbatch, k + 1)))
     return sends, recvs
 
 
-def _programs(compute_ops: tuple[tuple[Op, ...], ...]) -> list[list[Op | list[Op]]]:
-    """Each rank's compute ops with, between consecutive ones, the exchange (list of p2p ops).
+def _units(ops: tuple[Op, ...]) -> list[tuple[Op, ...]]:
+    """A rank's ops as the units it runs: one op, or an F with the paired BW after it."""
+    units: list[tuple[Op, ...]] = []
+    for op in ops:
+        if op.paired and units:
+            units[-1] = units[-1] + (op,)
+        else:
+            units.append((op,))
+    return units
 
-    An exchange holds the send of what the previous op produced and the receive of what the next
-    op needs, listed in Megatron's parity order: even ranks send first, odd ranks receive first.
+
+def _programs(compute_ops: tuple[tuple[Op, ...], ...]) -> list[list[Op | list[Op]]]:
+    """Each rank's compute ops with, between consecutive units, the exchange (list of p2p ops).
+
+    An exchange holds the sends of what the previous unit produced and the receives of what the
+    next unit needs, listed in Megatron's parity order: even ranks send first, odd ranks
+    receive first. An overlapped F&B pair is one unit: both inputs arrive before it and both
+    outputs leave after it (deepseek-ai/DualPipe's _forward_backward_chunk).
     """
-    p = len(compute_ops)
     chunks = 1 + max((op.chunk for ops in compute_ops for op in ops), default=-1)
+    rank_of = _placement(compute_ops)
     programs = []
     for r, ops in enumerate(compute_ops):
         items: list[Op | list[Op]] = []
-        prev: Op | None = None
-        for op in list(ops) + [None]:
-            sends, recvs = _exchange(prev, op, r, p, chunks)
+        prev: tuple[Op, ...] = ()
+        for unit in _units(ops) + [()]:
+            sends, recvs = _exchange(prev, unit, r, chunks, rank_of)
             if sends or recvs:
                 items.append(recvs + sends if r % 2 else sends + recvs)
-            if op is not None:
-                items.append(op)
-            prev = op
+            items.extend(unit)
+            prev = unit
         programs.append(items)
     return programs
 

@@ -6,6 +6,10 @@ work on the compute stream.  Dependencies:
     F(m, k) <- F(m, k-1) + comm[k-1]
     B(m, k) <- F(m, k) and B(m, k+1) + comm[k]      (the last chunk's B needs only its own F)
     W(m, k) <- B(m, k)
+DualPipe (planner/pipeline/dualpipe.py) adds BW, a backward computing both gradients (its
+dependencies are B's), and the overlapped F&B pair: an F and the paired BW after it start
+together once both inputs are in and end together, after `dualpipe.pair_s`; its microbatches of
+the reverse direction cross boundary k on the link between ranks p-1-k and p-2-k.
 The pass visits every op once or twice (a rank is parked on the op it waits for and woken when
 that op's input finishes), so it is linear in the number of ops: `simulate_ops` and
 ``simulate(..., method="full")`` are the reference.  For long runs `simulate` simulates a short
@@ -25,7 +29,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-from planner.pipeline import periodic
+from planner.pipeline import dualpipe, periodic
 from planner.pipeline.schedule import Op, ScheduleError, build_schedule, check_args
 
 PerChunk = float | Sequence[float]
@@ -73,9 +77,13 @@ def closed_form_bubble(name: str, p: int, m: int, v: int = 1) -> float:
     (p-1)/(3m+p-1), i.e. a third of 1F1B's idle time (Qi et al. 2023). zb-2p reaches the same
     with F = B = W once m > p (the last rank cannot start before p-1 forwards): its gain over
     zb-h1 shows when B and W differ or transfers cost time (tests/test_simulate.py).
+    dualpipe with F = B = W and no overlap: every rank idles the report's (p/2-1)(F&B+B-3W) =
+    (p-2)F beside 3mF of work, (p-2)/(3m+p-2) (tests/test_dualpipe.py).
     """
     if name == "interleaved":
         return (p - 1) / (v * m + p - 1)
+    if name == "dualpipe":  # (p/2 - 1)(F&B + B - 3W) idle with F&B = F + B = 3, B = 2, W = 1
+        return (p - 2) / (3 * m + p - 2)
     if name in SPLIT_BACKWARD:
         return (p - 1) / (3 * m + p - 1)
     return (p - 1) / (m + p - 1)
@@ -107,6 +115,9 @@ def simulate(
     method: str = "auto",
     action_s: float = 0.0,
     split_backward: float = 0.0,
+    overlap_fwd_s: PerChunk = 0.0,
+    overlap_bwd_s: PerChunk = 0.0,
+    interference: float = 0.0,
 ) -> SimResult:
     """Simulate schedule `name` for p ranks, m microbatches, v chunks per rank.
 
@@ -120,21 +131,26 @@ def simulate(
     exact closed form): the same step, busy, idle and peaks, at a cost that stops growing with m.
     The timeline is then the short run's (``timeline_m`` says how many microbatches it draws).
     ``action_s`` and ``split_backward``: the engine's per-action costs (see `charge_actions`).
+    ``overlap_fwd_s`` / ``overlap_bwd_s`` (per chunk) and ``interference``: DualPipe's F&B pairs
+    (`dualpipe.pair_s`): the all-to-all in a chunk's forward and full backward that a pair hides,
+    and the share of the compute the hiding costs; other schedules ignore them.
     """
     if method not in ("auto", "full"):
         raise ScheduleError(f"unknown simulation method {method!r}; choose auto or full")
     check_args(name, p, m, v)
-    fwd_s, bwd_s, wgrad_s = charge_actions(name in SPLIT_BACKWARD, p * v, fwd_s, bwd_s, wgrad_s,
-                                           action_s, split_backward)
+    fwd_s, bwd_s, wgrad_s = charge_actions(name in SPLIT_BACKWARD or name == "dualpipe", p * v,
+                                           fwd_s, bwd_s, wgrad_s, action_s, split_backward)
     args = dict(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s, comm_s=comm_s, act_bytes=act_bytes)
+    overlap = (overlap_fwd_s, overlap_bwd_s, interference)
     if method == "auto" and m > FULL_UP_TO:
         if name == "gpipe" and m > _gpipe_drawn(p):
             return _gpipe(p, m, timeline, **args)
         if name != "gpipe" and m > 2 * _first_short_run(name, p, v):
-            fast = _extrapolated(name, p, m, v, timeline, **args)
+            fast = _extrapolated(name, p, m, v, timeline, overlap, **args)
             if fast is not None:
                 return fast
-    return simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline, **args)
+    return _simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline,
+                         overlap=overlap, **args)[0]
 
 
 FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, and drawn in full
@@ -142,10 +158,13 @@ FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, a
 
 def _first_short_run(name: str, p: int, v: int) -> int:
     """Microbatches of the first short run: warm-up (ZB-H1's last rank starts deferring W after
-    p - 1 backwards), a cut, the next period and cool-down; doubled while no cut is found.
-    1F1B has a steady cut from p + 1 microbatches on (checked for p = 2 to 64 in
-    tests/test_periodic.py): its run is half as long as 2p + 4, and the cut found there is as
-    exact as any (planner/pipeline/periodic.py checks it, not assumes it)."""
+    p - 1 backwards; DualPipe's rank 0 enters its steady pairs after 2p), a cut, the next period
+    and cool-down; doubled while no cut is found.  1F1B has a steady cut from p + 1 microbatches
+    on (checked for p = 2 to 64 in tests/test_periodic.py): its run is half as long as 2p + 4,
+    and the cut found there is as exact as any (planner/pipeline/periodic.py checks it, not
+    assumes it)."""
+    if name == "dualpipe":
+        return 2 * p + 8
     return 6 * p if name == "interleaved" else p + 2 if name == "1f1b" else 2 * p + 4
 
 
@@ -198,16 +217,21 @@ def _op_times(split: bool, chunks: int, fwd_s, bwd_s, wgrad_s) -> tuple[list[flo
     return fwd, bwd, [0.0] * chunks
 
 
-def _extrapolated(name, p, m, v, keep_timeline, **args) -> SimResult | None:
+def _group(name: str, p: int) -> int:
+    """Microbatches of one period: p for interleaved, one of each direction for DualPipe."""
+    return p if name == "interleaved" else 2 if name == "dualpipe" else 1
+
+
+def _extrapolated(name, p, m, v, keep_timeline, overlap, **args) -> SimResult | None:
     """The step of m microbatches from a short run and its steady period (see
     planner/pipeline/periodic.py); None when no short run of at most m/2 microbatches has a cut
     in its periodic part (the caller then simulates all m)."""
-    group = p if name == "interleaved" else 1
+    group = _group(name, p)
     short = _first_short_run(name, p, v)
     while 2 * short <= m:
         found = _steady_cut(name, p, v, short, group)
         if found is not None:
-            return _repeated(name, p, m, v, short, group, *found, keep_timeline, args)
+            return _repeated(name, p, m, v, short, group, *found, keep_timeline, args, overlap)
         short *= 2
     return None
 
@@ -222,46 +246,65 @@ def _steady_cut(name, p, v, short, group):
     keys = periodic.cut_keys(ops, labels, p, v, group)
     if keys is None:
         return None
+    release = ("W",) if name in SPLIT_BACKWARD else ("W", "BW") if name == "dualpipe" else ("B",)
     cuts = periodic.steady_cuts(ops, build_schedule(name, p, short + group, v), labels, keys,
-                                group, "W" if name in SPLIT_BACKWARD else "B")
+                                group, release)
     # the last one: the fewest ops left to time symbolically after it
     return (ops, labels, cuts[-1], keys[cuts[-1]]) if cuts else None
 
 
-def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline, args):
+def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline, args,
+              overlap=(0.0, 0.0, 0.0)):
     """Time the short run, read the period map T after ``cut`` and the cool-down's forms, and
     apply T (m - short) / group times (planner/pipeline/periodic.py)."""
+    mirrored = name == "dualpipe"  # transfers of odd microbatches: comm reversed, after comm
     comm = _effective_comm(args["comm_s"], p, v)
-    fwd, bgrad, wgrad = _op_times(name in SPLIT_BACKWARD, p * v, args["fwd_s"], args["bwd_s"],
-                                  args["wgrad_s"])
-    times = {"F": fwd, "B": bgrad, "W": wgrad}
+    comm = comm + comm[::-1] if mirrored else comm
+    chunks = p * v
+    fwd, bgrad, wgrad = _op_times(name in SPLIT_BACKWARD or mirrored, chunks, args["fwd_s"],
+                                  args["bwd_s"], args["wgrad_s"])
+    full = _per_chunk(args["bwd_s"], chunks, "bwd_s")
+    times = {"F": fwd, "B": bgrad, "W": wgrad, "BW": full}
+    o_fwd = _per_chunk(overlap[0], chunks, "overlap_fwd_s")
+    o_bwd = _per_chunk(overlap[1], chunks, "overlap_bwd_s")
 
     def duration(op: Op) -> float:
         return times[op.kind][op.chunk]
 
-    period = periodic.symbolic_run(ops, labels, keys, cut, cut + 1, p, v, group, comm, duration)
+    def pair(f: Op, b: Op) -> float:
+        return dualpipe.pair_s(fwd[f.chunk], o_fwd[f.chunk], full[b.chunk], o_bwd[b.chunk],
+                               overlap[2])
+
+    period = periodic.symbolic_run(ops, labels, keys, cut, cut + 1, p, v, group, comm, duration,
+                                   mirrored=mirrored, pair=pair)
     if period is None:
         return None
-    T = periodic.period_map(*period, keys, cut, group, comm)
-    run, done = _simulate_ops(ops, name, p, short, v, timeline=keep_timeline, **args)
-    chunks = p * v
+    T = periodic.period_map(*period, keys, cut, group, comm, mirrored)
+    run, done = _simulate_ops(ops, name, p, short, v, timeline=keep_timeline, overlap=overlap,
+                              **args)
 
     def end(kind: str, mb: int, chunk: int) -> float:
         return done["FBW".index(kind)][mb * chunks + chunk]
 
     k = (m - short) // group
     state = periodic.power_apply(T, periodic.state_values(end, ops, labels, keys, cut + 1, group,
-                                                          comm), k)
+                                                          comm, mirrored), k)
     # the cool-down from that state, in numbers (its max-plus forms applied to the state)
     cooldown = periodic.symbolic_run(ops, labels, keys, cut + 1, None, p, v, group, comm,
-                                     duration, state)
+                                     duration, state, mirrored=mirrored, pair=pair)
     if cooldown is None:
         return None
     rank_end = [float(x) for x in cooldown[1]]
     makespan = max(rank_end)
     span = max(e - s for e, s in zip(rank_end, run.rank_start_s))
-    busy = [b + k * sum(duration(op) for op, x in zip(rank, lab) if x == cut)
-            for b, rank, lab in zip(run.busy_s, ops, labels)]
+
+    def work(rank, lab) -> float:  # one period's compute on a rank, an F&B pair once
+        ops_in = [op for op, x in zip(rank, lab) if x == cut]
+        return sum(pair(op, nxt) if nxt is not None and nxt.paired else
+                   0.0 if op.paired else duration(op)
+                   for op, nxt in zip(ops_in, ops_in[1:] + [None]))
+
+    busy = [b + k * work(rank, lab) for b, rank, lab in zip(run.busy_s, ops, labels)]
     return _result(name, p, m, v, run.timeline, makespan, busy, run.peak_inflight,
                    run.peak_activation_bytes, timeline_m=short if keep_timeline else None,
                    span=span, rank_start=run.rank_start_s)
@@ -313,23 +356,47 @@ def simulate_ops(
     timeline: bool = True,
     action_s: float = 0.0,
     split_backward: float = 0.0,
+    overlap_fwd_s: PerChunk = 0.0,
+    overlap_bwd_s: PerChunk = 0.0,
+    interference: float = 0.0,
 ) -> SimResult:
     """Time given per-rank compute op lists (SEND/RECV are skipped); see `simulate`."""
     split = any(op.kind == "W" for rank in ops for op in rank)
     fwd_s, bwd_s, wgrad_s = charge_actions(split, p * v, fwd_s, bwd_s, wgrad_s, action_s,
                                            split_backward)
     return _simulate_ops(ops, name, p, m, v, fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s,
-                         comm_s=comm_s, act_bytes=act_bytes, timeline=timeline)[0]
+                         comm_s=comm_s, act_bytes=act_bytes, timeline=timeline,
+                         overlap=(overlap_fwd_s, overlap_bwd_s, interference))[0]
 
 
-def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes, timeline):
+def _comm_by_op(comm: list[float], chunks: int, m: int, mirrored: bool):
+    """Per op index (microbatch * chunks + chunk): the transfer after its F and after its B.
+    ``mirrored``: odd microbatches run the reverse direction (DualPipe), whose boundary k
+    joins ranks p-1-k and p-2-k: transfer comm[p-2-k], the reversed list."""
+    fwd, bwd = comm + [0.0], [0.0] + comm
+    if not mirrored:
+        return fwd * m, bwd * m
+    rev = comm[::-1]
+    return (fwd + rev + [0.0]) * (m // 2) + fwd * (m % 2), \
+        (bwd + [0.0] + rev) * (m // 2) + bwd * (m % 2)
+
+
+def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes, timeline,
+                  overlap=(0.0, 0.0, 0.0)):
     """`simulate_ops`, and the end of every op: ``ends[kind][microbatch * chunks + chunk]`` with
-    kind 0, 1, 2 for F, B, W."""
+    kind 0, 1, 2 for F, B, W (a BW's end is its B's and its W's)."""
     chunks = p * v
     split = any(op.kind == "W" for rank in ops for op in rank)
     fwd, bgrad, wgrad = _op_times(split, chunks, fwd_s, bwd_s, wgrad_s)
+    full = _per_chunk(bwd_s, chunks, "bwd_s")
     comm = _effective_comm(comm_s, p, v)
     act = _per_chunk(act_bytes, chunks, "act_bytes") or [0.0] * chunks
+    cf, cb = _comm_by_op(comm, chunks, m, name == "dualpipe")
+    o_fwd = _per_chunk(overlap[0], chunks, "overlap_fwd_s")
+    o_bwd = _per_chunk(overlap[1], chunks, "overlap_bwd_s")
+
+    def pair_s(kf: int, kb: int) -> float:
+        return dualpipe.pair_s(fwd[kf], o_fwd[kf], full[kb], o_bwd[kb], overlap[2])
 
     prog = _program(ops, chunks)
     size = m * chunks
@@ -340,8 +407,45 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
     free = [0.0] * p
     starts: list[list[float]] = [[] for _ in range(p)]
     ends: list[list[float]] = [[] for _ in range(p)]
+    shared = [0.0] * p  # per rank, time counted twice in starts/ends (F&B pairs)
     last = chunks - 1
-    dur = (fwd, bgrad, wgrad)
+    dur = (fwd, bgrad, wgrad, full, full, fwd)
+
+    def backward_input(idx: int):
+        """(what B/BW(idx) waits on, or None; when its inputs are in, or None)."""
+        k = idx % chunks
+        if done[0][idx] is None:
+            return (0, idx), None
+        if k < last:
+            t = ready[1][idx + 1]
+            return (1, idx + 1), (None if t is None else max(t, done[0][idx]))
+        return None, done[0][idx]
+
+    def run_pair(r: int, idx: int, pidx: int) -> bool:
+        """Run rank r's F(idx) and the BW(pidx) paired with it, if their inputs are in (else
+        park r on the missing one): they start together and end after `dualpipe.pair_s`."""
+        k = idx % chunks
+        dep, t = ((0, idx - 1), ready[0][idx - 1]) if k > 0 else (None, 0.0)
+        if t is not None:
+            dep, t_b = backward_input(pidx)
+            t = None if t_b is None else max(t, t_b)
+        if t is None:
+            waiters.setdefault(dep, []).append(r)
+            return False
+        start = max(free[r], t)
+        end = start + pair_s(k, pidx % chunks)
+        shared[r] += end - start
+        for slot, i in ((0, idx), (1, pidx)):
+            _record(done, r, slot, i, chunks, end)
+            starts[r].append(start)
+            ends[r].append(end)
+        done[2][pidx] = free[r] = end
+        ready[0][idx] = end + cf[idx]
+        ready[1][pidx] = end + cb[pidx]
+        ptr[r] += 2
+        for key in ((0, idx), (1, pidx)):
+            work.extend(waiters.pop(key, ()))
+        return True
 
     work = list(range(p))
     while work:
@@ -350,20 +454,23 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
         while ptr[r] < len(plist):
             kind, idx = plist[ptr[r]]
             k = idx % chunks
+            if kind == 5:  # an F&B pair (DualPipe): both ops at once, apart from the hot path
+                if not run_pair(r, idx, plist[ptr[r] + 1][1]):
+                    break
+                continue
             if kind == 0:
                 dep = (0, idx - 1) if k > 0 else None
                 t = ready[0][idx - 1] if k > 0 else 0.0
-            elif kind == 1:
-                if done[0][idx] is None:
-                    dep, t = (0, idx), None
-                elif k < last:
-                    dep, t = (1, idx + 1), ready[1][idx + 1]
-                    if t is not None:
-                        t = max(t, done[0][idx])
-                else:
-                    dep, t = None, done[0][idx]
-            else:
+            elif kind == 2:
                 dep, t = (1, idx), done[1][idx]
+            elif done[0][idx] is None:  # B or BW
+                dep, t = (0, idx), None
+            elif k < last:
+                dep, t = (1, idx + 1), ready[1][idx + 1]
+                if t is not None:
+                    t = max(t, done[0][idx])
+            else:
+                dep, t = None, done[0][idx]
             if t is None:
                 waiters.setdefault(dep, []).append(r)
                 break
@@ -372,35 +479,58 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
             free[r] = end
             starts[r].append(start)
             ends[r].append(end)
-            if done[kind][idx] is not None:
-                raise ScheduleError(f"rank {r} runs {'FBW'[kind]}(mb={idx // chunks}, chunk={k}) twice")
-            done[kind][idx] = end
+            slot = kind if kind < 3 else 1
+            if done[slot][idx] is not None:
+                _record(done, r, slot, idx, chunks, end)  # raises
+            done[slot][idx] = end
             if kind == 0:
-                ready[0][idx] = end + comm[k] if k < last else end
-            elif kind == 1:
-                ready[1][idx] = end + comm[k - 1] if k > 0 else end
+                ready[0][idx] = end + cf[idx]
+            elif slot == 1:
+                ready[1][idx] = end + cb[idx]
+                if kind == 3:
+                    done[2][idx] = end
             ptr[r] += 1
-            woken = waiters.pop((kind, idx), None)
+            woken = waiters.pop((slot, idx), None)
             if woken:
                 work.extend(woken)
     stuck = [r for r in range(p) if ptr[r] < len(prog[r])]
     if stuck:
         raise ScheduleError(f"schedule cannot finish: ranks {stuck} wait on inputs that never come")
-    return _summarise(name, p, m, v, prog, starts, ends, act, split, timeline), done
+    return _summarise(name, p, m, v, prog, starts, ends, act, split, timeline, shared), done
+
+
+def _record(done, r: int, slot: int, idx: int, chunks: int, end: float) -> None:
+    if done[slot][idx] is not None:
+        raise ScheduleError(f"rank {r} runs {'FBW'[slot]}(mb={idx // chunks}, "
+                            f"chunk={idx % chunks}) twice")
+    done[slot][idx] = end
 
 
 _PROGRAMS: dict[int, tuple] = {}  # id(ops) -> (ops, program): build_schedule's ops are memoised
 
 
+# op codes of a program: F, B, W, BW (both gradients), BW paired with the F before it, and an
+# F that opens such a pair
+_KIND_CODE = {"F": 0, "B": 1, "W": 2, "BW": 3}
+_CODE_KIND = ("F", "B", "W", "BW", "BW", "F")
+
+
 def _program(ops, chunks: int) -> list[list[tuple[int, int]]]:
-    """Per rank, each compute op as (kind 0/1/2 for F/B/W, microbatch * chunks + chunk); kept
-    for the last few op lists (the same memoised schedule is timed for many configurations)."""
+    """Per rank, each compute op as (kind code, microbatch * chunks + chunk); kept for the last
+    few op lists (the same memoised schedule is timed for many configurations)."""
     held = _PROGRAMS.get(id(ops))
     if held is not None and held[0] is ops:
         return held[1]
-    kind_code = {"F": 0, "B": 1, "W": 2}
-    prog = [[(kind_code[o.kind], o.microbatch * chunks + o.chunk) for o in rank
-             if o.kind in kind_code] for rank in ops]
+    prog = []
+    for rank in ops:
+        row = [(_KIND_CODE[o.kind] + (1 if o.paired else 0), o.microbatch * chunks + o.chunk)
+               for o in rank if o.kind in _KIND_CODE]
+        for i in range(1, len(row)):
+            if row[i][0] == 4:
+                if row[i - 1][0] != 0:
+                    raise ScheduleError("a paired BW must follow an F on its rank")
+                row[i - 1] = (5, row[i - 1][1])
+        prog.append(row)
     if isinstance(ops, tuple):  # immutable: the same object is the same program
         if len(_PROGRAMS) >= 16:
             _PROGRAMS.pop(next(iter(_PROGRAMS)))
@@ -408,28 +538,30 @@ def _program(ops, chunks: int) -> list[list[tuple[int, int]]]:
     return prog
 
 
-def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline) -> SimResult:
-    """Busy/idle, bubble and peak activations from the placed ops."""
+def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline,
+               shared=None) -> SimResult:
+    """Busy/idle, bubble and peak activations from the placed ops (``shared``: per rank, time
+    an F&B pair's two ops both count, taken off once)."""
     chunks = p * v
-    kinds = "FBW"
     makespan = max((e[-1] for e in ends if e), default=0.0)
     timeline = []
     busy, peak_n, peak_b = [], [], []
-    release = 2 if split else 1  # activation freed when W (zero bubble) or B ends
+    release = 2 if split else 1  # activation freed when W (zero bubble), B or BW ends
     for r in range(p):
         if keep_timeline:
-            timeline.append(tuple(TimedOp(Op(kinds[kind], idx // chunks, idx % chunks), s, e)
+            timeline.append(tuple(TimedOp(Op(_CODE_KIND[kind], idx // chunks, idx % chunks,
+                                             paired=kind == 4), s, e)
                                   for (kind, idx), s, e in zip(prog[r], starts[r], ends[r])))
-        busy.append(sum(ends[r]) - sum(starts[r]))
+        busy.append(sum(ends[r]) - sum(starts[r]) - (shared[r] if shared else 0.0))
         n = best_n = 0
         held = best_b = 0.0
         for kind, idx in prog[r]:
             k = idx % chunks
-            if kind == 0:
+            if kind == 0 or kind == 5:
                 n += 1
                 held += act[k]
                 best_n, best_b = max(best_n, n), max(best_b, held)
-            elif kind == release:
+            elif kind == release or kind == 3 or kind == 4:
                 n -= 1
                 held -= act[k]
         peak_n.append(best_n)

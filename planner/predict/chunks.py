@@ -3,7 +3,7 @@ parameters, activations and FLOPs (what the memory formula and the step predicti
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -57,6 +57,23 @@ class ChunkArrays:
 
     def rank_max(self, values: np.ndarray, pp: int) -> np.ndarray:
         return values.reshape(-1, pp).max(axis=0)
+
+
+@dataclass(frozen=True, eq=False)
+class MirroredChunks(ChunkArrays):
+    """DualPipe's split (pipeline/dualpipe.py): one chunk per stage, rank r holding chunk r and
+    a copy of chunk p - 1 - r, so every per-rank sum or maximum takes both."""
+
+    def by_rank(self, values: np.ndarray, pp: int) -> np.ndarray:
+        return values + values[::-1]
+
+    def rank_max(self, values: np.ndarray, pp: int) -> np.ndarray:
+        return np.maximum(values, values[::-1])
+
+
+def mirrored(stages: ChunkArrays) -> MirroredChunks:
+    """The same split as DualPipe places it."""
+    return MirroredChunks(**{f.name: getattr(stages, f.name) for f in fields(ChunkArrays)})
 
 
 class CostTable:

@@ -8,7 +8,7 @@ import numpy as np
 
 from planner.core.parallel import Parallel
 from planner.cost import constants
-from planner.cost.memory import (ACT_BYTES, LOGIT_BYTES, fragmentation, model_state_parts,
+from planner.cost.memory import (ACT_BYTES, fragmentation, model_state_parts,
                                  sharded_params)
 from planner.model.spec import ModelSpec
 from planner.predict.chunks import ChunkArrays
@@ -79,12 +79,14 @@ def largest_layer_params(model: ModelSpec, tp: int, ep: int, etp: int) -> float:
     return held[1]
 
 
-def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays) -> np.ndarray:
-    """Per chunk: the fp32 logits one microbatch keeps for the loss (the chunk with the head)."""
+def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays,
+                loss_bytes: int = 4) -> np.ndarray:
+    """Per chunk: the log-probabilities one microbatch keeps for the loss (the chunk with the
+    head), ``loss_bytes`` each: 4 (fp32), or the stack's loss_bytes."""
     out = np.zeros(len(stages.first))
     head = model.layers[-1]
     if head.kind == "head":
-        out[stages.last == len(model.layers)] = (LOGIT_BYTES * par.micro_batch * model.seq_length
+        out[stages.last == len(model.layers)] = (loss_bytes * par.micro_batch * model.seq_length
                                                  / par.cp * head.padded_vocab(par.tp) / par.tp)
     return out
 
@@ -109,7 +111,7 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
     else:
         acts = np.asarray(held_activations, dtype=float)
     acts = acts + stages.by_rank(kept_outputs(model, par, inflight, opts), p)
-    logits = np.minimum(stages.by_rank(inflight * logit_bytes(model, par, stages), p), acts)
+    logits = np.minimum(stages.by_rank(inflight * logit_bytes(model, par, stages, opts.loss_bytes), p), acts)
     transient = stages.rank_max(stages.work_bytes, p) + gathered_bytes(
         model, par, opts, stages.by_rank(stages.params, p))
     held = weights + grads + optim + acts + transient

@@ -26,11 +26,12 @@ from planner.cost.memory import ACT_BYTES, Shape
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
+from planner.pipeline import dualpipe
 from planner.pipeline.schedule import ZB_2P_LIMIT
 from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import state_bytes, memory_parts
-from planner.predict.chunks import ChunkArrays, CostTable, split_stages
+from planner.predict.chunks import ChunkArrays, CostTable, mirrored, split_stages
 
 # Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
 # m, v (12 B) and the 16-bit weight (2 B): 30 bytes, memory-bound (Megatron's fused Adam).
@@ -42,7 +43,8 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
     """The cost of every layer of the model under one parallel shape and recompute mode."""
     shape = Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
                   seq_len=model.seq_length // par.cp, cp=par.cp, cp_cross=cp_crosses(par, hw),
-                  recompute_modules=opts.recompute_modules, **moe.shape_fields(par, hw, opts))
+                  recompute_modules=opts.recompute_modules, loss_bytes=opts.loss_bytes,
+                  **moe.shape_fields(par, hw, opts))
     cache: dict = {}
     out = []
     for i, layer in enumerate(model.layers):
@@ -97,6 +99,8 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
     tests/test_evaluate.py checks every rank against the simulator."""
     if schedule == "gpipe":
         return [m] * (p * v)
+    if schedule == "dualpipe":  # per stage, on each of its two ranks (pipeline/dualpipe.py)
+        return list(dualpipe.held_at_peak(p, m))
     if schedule == "zb-h1":
         return [min(p, m)] * p
     if schedule == "zb-2p":  # every rank fills up to its limit (pipeline/schedule.py _zb_2p)
@@ -136,27 +140,32 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     the schedule runs op by op (planner/simulate.py): step time, bubble and the activations each
     rank holds come from the simulation instead of the closed forms."""
     hw, p = cluster.hardware, par.pp
+    if par.schedule == "dualpipe":  # rank r also holds stage p - 1 - r: every per-rank sum
+        stages = mirrored(stages)  # counts both (pipeline/dualpipe.py)
     p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
     inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
                                              par.virtual_stages), dtype=float)
     # the pipeline engine's own costs; with one stage no pipeline engine runs (a plain loop)
     engine = ((opts.pipeline_action_overhead_s, opts.split_backward_overhead) if p > 1
               else (0.0, 0.0))
-    charged = charge_actions(par.schedule in SPLIT_BACKWARD, par.num_chunks, stages.fwd_s,
-                             stages.bwd_s, stages.bwd_weight_s, *engine)  # the engine's costs
+    charged = charge_actions(par.schedule in SPLIT_BACKWARD or par.schedule == "dualpipe",
+                             par.num_chunks, stages.fwd_s, stages.bwd_s, stages.bwd_weight_s,
+                             *engine)  # the engine's costs
     rank_time = stages.by_rank(np.add(charged[0], charged[1]) + 2 * p2p, p)
     held = None
+    pairs = _pair_overlap(par, hw, stages)
     if simulated:
         args = (par.schedule, p, par.num_microbatches, par.virtual_stages,
                 tuple(stages.fwd_s.tolist()), tuple(stages.bwd_s.tolist()),
                 tuple(stages.bwd_weight_s.tolist()), tuple(p2p[:-1].tolist()),
-                tuple(stages.act_bytes.tolist()), engine)
+                tuple(stages.act_bytes.tolist()), engine, pairs)
         sim = (sim_cache or {}).get(args)
         if sim is None:
-            name, pp, m, v, fwd, bwd, wgrad, comm_s, act, (action_s, split) = args
+            name, pp, m, v, fwd, bwd, wgrad, comm_s, act, (action_s, split), (o_f, o_b, i) = args
             sim = simulate(name, pp, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm_s,
                            act_bytes=act, timeline=False, action_s=action_s,
-                           split_backward=split)
+                           split_backward=split, overlap_fwd_s=o_f, overlap_bwd_s=o_b,
+                           interference=i)
             if sim_cache is not None:  # configurations differing only in ZeRO share a schedule
                 sim_cache[args] = sim
         pipeline_s, bubble = sim.makespan_s, sim.bubble_fraction
@@ -164,7 +173,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
             pipeline_s = sim.span_s
         held = np.array(sim.peak_activation_bytes)
     else:
-        pipeline_s = _pipeline_closed_form(par, rank_time)
+        pipeline_s = _pipeline_closed_form(par, rank_time, stages)
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
 
@@ -248,11 +257,30 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
     return plan, pred
 
 
-def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray) -> float:
+def _pair_overlap(par: Parallel, hw, stages: ChunkArrays) -> tuple:
+    """DualPipe's F&B pairs (pipeline/dualpipe.py): per chunk, the all-to-all of its forward
+    and of its full backward (a full-recompute chunk's backward repeats the forward's: layer
+    cost's a2a_s is 2 or 3 times a forward's), and the share of compute hiding it costs; zeros
+    for other schedules, which overlap nothing."""
+    if par.schedule != "dualpipe":
+        return (0.0, 0.0, 0.0)
+    per_fwd = np.array([3.0 if mode == "full" else 2.0 for mode in stages.recompute])
+    fwd = stages.a2a_s / per_fwd
+    return (tuple(fwd.tolist()), tuple((stages.a2a_s - fwd).tolist()),
+            dualpipe.interference(hw.sm_count, constants.OVERLAP_INTERFERENCE))
+
+
+def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray,
+                          stages: ChunkArrays | None = None) -> float:
     """1F1B/GPipe with unequal stages: the slowest rank paces the M-1 steady steps, every rank
     is on the critical path once (fill and drain). Interleaving divides the fill and drain by v;
-    ZB-H1 hides about two thirds of it (Qi et al. 2023)."""
+    ZB-H1 hides about two thirds of it (Qi et al. 2023). DualPipe: each rank runs a microbatch
+    of each direction per M/2 steps (rank_time counts both of its stages), plus the report's
+    bubble (PP/2-1)(F&B + B - 3W) taken at F&B = F + B (no overlap: an upper bound)."""
     m, v = par.num_microbatches, par.virtual_stages
+    if par.schedule == "dualpipe" and stages is not None:
+        bubble = float((stages.fwd_s + 2 * stages.bwd_s - 3 * stages.bwd_weight_s).max())
+        return m / 2 * float(rank_time.max()) + (par.pp / 2 - 1) * bubble
     slowest = float(rank_time.max())
     fill = float(rank_time.sum())
     if par.schedule == "interleaved" and v > 1:

@@ -22,9 +22,12 @@ from rich.text import Text
 
 from planner.pipeline.simulate import SPLIT_BACKWARD, SimResult, closed_form_bubble
 
-STYLE = {"F": "white on blue", "B": "black on green", "W": "black on yellow"}
-FILL = {"F": "#4a78c2", "B": "#4caf50", "W": "#e6c229"}
-MARK = {"F": "-", "B": "=", "W": "~"}  # fills an op's span: readable without colour
+# BW: a backward of both gradients (DualPipe); a paired one shares its F's span and is drawn
+# over it, labelled "&"
+STYLE = {"F": "white on blue", "B": "black on green", "W": "black on yellow",
+         "BW": "black on cyan"}
+FILL = {"F": "#4a78c2", "B": "#4caf50", "W": "#e6c229", "BW": "#26a69a"}
+MARK = {"F": "-", "B": "=", "W": "~", "BW": "#"}  # fills an op's span: readable without colour
 MIN_CELLS = 3  # cells the median op needs to show its kind and a microbatch number
 CUT = " ⋯ "  # where a compressed chart leaves out the middle of the step
 
@@ -68,9 +71,10 @@ def _draw(row, window: Window) -> Text:
         if b <= a and t.end_s > t.start_s and a < window.cells:
             b = a + 1  # never hide an op entirely
         kind = t.op.kind
-        label = f"{kind}{t.op.microbatch}" if t.start_s >= window.start_s else MARK[kind]
+        name = "&" + kind if t.op.paired else kind
+        label = f"{name}{t.op.microbatch}" if t.start_s >= window.start_s else MARK[kind]
         if len(label) > b - a:
-            label = kind if t.start_s >= window.start_s else MARK[kind]
+            label = name if t.start_s >= window.start_s else MARK[kind]
         text = (label + MARK[kind] * (b - a))[:b - a]
         for i, ch in zip(range(a, b), text):
             cells[i], styles[i] = ch, STYLE[kind]
@@ -116,6 +120,9 @@ def _closed_form_note(result: SimResult) -> str:
     p, m, v = result.p, result.m, result.v
     if result.schedule == "interleaved":
         return f"(p-1)/(vM+p-1) = {closed_form_bubble('interleaved', p, m, v):.1%}"
+    if result.schedule == "dualpipe":
+        return (f"(p-2)/(3M+p-2) = {closed_form_bubble('dualpipe', p, m):.1%} when F = B = W "
+                "without overlap (report: (PP/2-1)(F&B+B-3W) idle per rank)")
     if result.schedule in SPLIT_BACKWARD:
         return (f"(p-1)/(3M+p-1) = {closed_form_bubble(result.schedule, p, m):.1%} when F = B = W: "
                 f"idle time about a third of 1F1B's (1F1B: {closed_form_bubble('1f1b', p, m):.1%} "
@@ -140,8 +147,10 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     for r, text in enumerate(gantt_rows(result, width)):
         console.print(Text(f"rank {r}".ljust(label_w)) + text + Text("|"), no_wrap=True, overflow="crop")
     legend = Text("legend: ")
-    for kind, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad")):
-        if kind != "W" or result.schedule in SPLIT_BACKWARD:
+    split = result.schedule in SPLIT_BACKWARD or result.schedule == "dualpipe"
+    for kind, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"),
+                       ("BW", "both grads (&: overlapped with the F before it)")):
+        if (kind != "W" or split) and (kind != "BW" or result.schedule == "dualpipe"):
             legend.append(f"{kind}3{MARK[kind] * 2}", style=STYLE[kind]).append(f" {name}  ")
     legend.append("(of microbatch 3); blank: idle")
     console.print(legend)
@@ -151,9 +160,13 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     table.add_column("closed form")
     table.add_row("idle share of step", f"{result.bubble_fraction:.1%}", _closed_form_note(result))
     ratio_form = (result.p - 1) / (result.v * result.m)
-    table.add_row("idle / ideal compute", f"{result.bubble_ratio:.1%}",
-                  f"(p-1)/(vM) = {ratio_form:.1%}" if result.schedule not in SPLIT_BACKWARD
-                  else f"(p-1)/(3M) = {ratio_form / 3:.1%} when F = B = W")
+    if result.schedule == "dualpipe":
+        ratio_note = f"(p-2)/(3M) = {(result.p - 2) / (3 * result.m):.1%} when F = B = W"
+    elif result.schedule in SPLIT_BACKWARD:
+        ratio_note = f"(p-1)/(3M) = {ratio_form / 3:.1%} when F = B = W"
+    else:
+        ratio_note = f"(p-1)/(vM) = {ratio_form:.1%}"
+    table.add_row("idle / ideal compute", f"{result.bubble_ratio:.1%}", ratio_note)
     console.print(table)
     peak = Table(show_header=True, header_style="bold")
     peak.add_column("rank", justify="right")

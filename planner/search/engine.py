@@ -110,9 +110,24 @@ class _Costs:
                          par.ep, par.expert_tp)
             if times_key not in self.layer_times:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
-            self.bounds[key] = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
-                                          self.problem(par) if with_memory else None)
+            bound = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
+                               self.problem(par) if with_memory else None)
+            if par.schedule == "dualpipe":
+                bound = self._dualpipe_bound(par, bound)
+            self.bounds[key] = bound
         return self.bounds[key]
+
+    def _dualpipe_bound(self, par: Parallel, bound: Bound) -> Bound:
+        """DualPipe's bound (planner/search/bound.py's pipeline terms count one stage per rank
+        and the all-to-all its pairs hide): it runs Megatron's even split (`refined`), rank r
+        M/2 microbatches of stages r and p - 1 - r, each F and B at least its compute (an F&B
+        pair takes at least both computes: pipeline/dualpipe.py pair_s), so the step is at
+        least the busiest rank's M/2 x that; bound.py's data-parallel and optimizer part holds
+        (it counts one stage's parameters of the two)."""
+        even = self.even_stages(par)
+        compute = even.fwd_s + even.bwd_s - even.a2a_s
+        pipeline = par.num_microbatches / 2 * float((compute + compute[::-1]).max())
+        return Bound(pipeline + bound.rest_s, bound.rest_s, None)
 
     def problem(self, par: Parallel):
         """The configuration's partition problem (its memory terms), built once."""
@@ -173,6 +188,13 @@ class _Costs:
         r = self.req
         self.refinements += 1
         known = self.known(par)
+        if par.schedule == "dualpipe":
+            # the partitioner counts one stage per rank, not DualPipe's two copies: Megatron's
+            # even split, its memory from the prediction (the caller checks it fits)
+            plan = evaluate(r.model, r.cluster, par, r.options, tables=known, profile=r.profile,
+                            simulated=True, sim_cache=self.simulations)
+            return replace(plan, notes=plan.notes + (
+                "stage split: even (dualpipe: the partitioner counts one stage per rank)",))
         try:
             split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
         except PartitionError:

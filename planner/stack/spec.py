@@ -80,6 +80,10 @@ class Stack:
     # MoE token dispatcher: "alltoall" (every routed copy sent to its expert's GPU), "deepep"
     # (DeepEP: a token crosses the network once per destination node; cost/moe.py deepep_s)
     moe_dispatcher: str
+    # MoE: how a token's experts are picked (planner/cost/routing.py): "scores" (the router's
+    # top-k, balanced, within the model's routing groups), "round_robin" (NeMo Automodel's
+    # FakeBalancedGate: k consecutive experts a token); sets where DeepEP sends a token
+    moe_routing: str
     # Megatron's --recompute-modules: what a block recomputes when its recompute mode is
     # "selective" (planner/cost/recompute.py): "core_attn" (the s x s scores; nothing more with
     # flash attention), "layernorm" (the two norm outputs), "moe_act" (the routed experts'
@@ -108,6 +112,17 @@ class Stack:
     fp8_weight_cache: bool
     # GEMM inputs saved for the backward in FP8 (1 byte) instead of 16-bit and cast again
     fp8_saved_activations: bool
+    # --- memory of the loss and the gradient reduction ---
+    # dtype the cross-entropy runs in: "fp32" (logits upcast: Megatron's fused vocab-parallel
+    # loss, torchtitan), "bf16" (F.cross_entropy on the 16-bit logits, NeMo Automodel's
+    # MaskedCrossEntropy with fp32_upcast false): the log-probabilities kept for the backward
+    # and, unless fused, its two gradient buffers are of this dtype (cost/memory.py)
+    loss_dtype: str
+    # dtype gradients are reduced over DP in when it differs from grad_dtype (FSDP2's
+    # MixedPrecisionPolicy reduce_dtype fp32 over bf16-resident parameters: reduced in fp32,
+    # kept in the parameters' bf16); None: as the held gradients (grad_dtype, or the fp32
+    # accumulation buffer where there is one)
+    grad_reduce_dtype: str | None
     # where each value comes from, by field name
     sources: tuple[tuple[str, str], ...] = ()
     # fields changed from the named stack by flags or a case ("field", "value" as text)
@@ -129,8 +144,16 @@ class Stack:
         return DTYPE_BYTES[self.grad_dtype] + (4 if self.fp32_accumulation(zero) else 0)
 
     def reduced_grad_bytes(self, zero: int) -> int:
-        """Bytes per parameter the DP reduction moves: the fp32 buffer where there is one."""
+        """Bytes per parameter the DP reduction moves: the stack's reduce dtype where it names
+        one, else the fp32 buffer where there is one, else the held gradients."""
+        if self.grad_reduce_dtype is not None:
+            return DTYPE_BYTES[self.grad_reduce_dtype]
         return 4 if self.fp32_accumulation(zero) else DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def loss_bytes(self) -> int:
+        """Bytes per logit of the cross-entropy's kept log-probabilities and gradient buffers."""
+        return DTYPE_BYTES[self.loss_dtype]
 
     @property
     def accumulation_bytes(self) -> int:
@@ -187,6 +210,9 @@ _CHOICES = {
     "precision": ("bf16", "fp8"),
     "fp8_recipe": ("delayed", "current", "rowwise", "blockwise"),
     "moe_dispatcher": ("alltoall", "deepep"),
+    "moe_routing": ("scores", "round_robin"),
+    "loss_dtype": ("fp32", "bf16"),
+    "grad_reduce_dtype": (None,) + tuple(DTYPE_BYTES),
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
