@@ -8,8 +8,9 @@ ending in a backslash continues on the next). Every command of a block runs, in 
 fresh temporary directory (so ``--out run/`` then ``ls run/`` work), with the terminal width set by
 an optional ``<!-- readme: columns=N -->`` line right above the fence (default 100), ``plan``
 being this repository's CLI and ``python`` this interpreter (with the repository importable). A command's shown output that ends in a line ``...`` is a prefix: only
-the lines above it are compared and regenerated. The validation table between
-``<!-- validation:start -->`` and ``<!-- validation:end -->`` is ``plan validate --markdown``.
+the lines above it are compared and regenerated. Two marked tables are generated too: between
+``<!-- validation:start -->`` and ``<!-- validation:end -->``, ``plan validate --markdown``;
+between ``<!-- model-fields:start -->`` and ``<!-- model-fields:end -->``, the model.json fields.
 
 Timings vary from run to run, so ``in 0.47 s`` compares as ``in <t> s``; nothing else is masked.
 tests/test_readme.py runs the check; the lead regenerates with ``--write`` after merges.
@@ -31,7 +32,6 @@ README = ROOT / "README.md"
 DEFAULT_COLUMNS = 100
 FENCE = re.compile(r"(?:<!-- readme: columns=(?P<columns>\d+) -->\n)?```text\n(?P<body>.*?)```",
                    re.S)
-VALIDATION = re.compile(r"(<!-- validation:start -->\n)(.*?)(<!-- validation:end -->)", re.S)
 VOLATILE = re.compile(r"\bin \d+\.\d+ s\b")
 ELLIPSIS = "..."
 
@@ -151,14 +151,29 @@ def validation_markdown() -> str:
     return md(*validate_file(DEFAULT_FILES))
 
 
+def model_fields_markdown() -> str:
+    from planner.model.template import fields_markdown
+
+    return fields_markdown()
+
+
+TABLES = {"validation": ("the validation table (plan validate --markdown)", validation_markdown),
+          "model-fields": ("the model.json field table", model_fields_markdown)}
+
+
+def _table(name: str) -> re.Pattern:
+    return re.compile(rf"(<!-- {name}:start -->\n)(.*?)(<!-- {name}:end -->)", re.S)
+
+
 def check(text: str) -> list[str]:
     """Every stale block of the README text, as messages (empty when all are current)."""
     problems = []
     for block in parse_blocks(text):
         problems += block_diffs(block, run_block(block))
-    match = VALIDATION.search(text)
-    if match and match.group(2) != validation_markdown():
-        problems.append("the validation table (plan validate --markdown) is stale")
+    for name, (label, make) in TABLES.items():
+        match = _table(name).search(text)
+        if match and match.group(2) != make():
+            problems.append(f"{label} is stale")
     return problems
 
 
@@ -166,7 +181,9 @@ def regenerate(text: str) -> str:
     """The README text with every output block replaced by what the code prints now."""
     for block in reversed(parse_blocks(text)):  # from the end: earlier offsets stay valid
         text = text[:block.start] + render_block(block, run_block(block)) + text[block.end:]
-    return VALIDATION.sub(lambda m: m.group(1) + validation_markdown() + m.group(3), text)
+    for name, (_, make) in TABLES.items():
+        text = _table(name).sub(lambda m: m.group(1) + make() + m.group(3), text)
+    return text
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -179,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         tmp = README.with_suffix(".md.tmp")
         tmp.write_text(new)
         tmp.replace(README)
-        print(f"README.md: {len(parse_blocks(new))} output blocks and the validation table "
+        print(f"README.md: {len(parse_blocks(new))} output blocks and {len(TABLES)} tables "
               "regenerated")
         return 0
     problems = check(text)

@@ -78,7 +78,10 @@ def solve(
                                                  help="Chunks per rank (interleaved).",
                                                  rich_help_panel=PINS),
     recompute: Optional[str] = typer.Option(None, "--recompute",
-                                            help="none | selective | full.",
+                                            help="none | selective | full | block (each "
+                                                 "stage recomputes its first N blocks, N "
+                                                 "chosen per stage: Megatron's "
+                                                 "--recompute-method block).",
                                             rich_help_panel=PINS),
     zero: Optional[int] = typer.Option(None, "--zero",
                                        help="ZeRO stage 0-3 (1 = distributed optimizer).",

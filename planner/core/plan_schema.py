@@ -37,6 +37,7 @@ _STAGE_COMMON = {
     "rank": Int(0, MAX_CHUNKS),
     "layers": Free(),
     "recompute": Text(),
+    "recompute_layers": Int(1, 2**20),
     "time_s": Num(0, MAX_SECONDS),
     "fwd_s": Num(0, MAX_SECONDS, required=True),
     "send_s": Num(0, MAX_SECONDS),

@@ -54,6 +54,9 @@ class CaseSetup:
     half_recompute: bool = False
     # unpublished recompute: none, unless none would not fit where the run did (validate_case)
     recompute_guessed: bool = False
+    # Megatron's --recompute-method block: the first N blocks of every chunk recompute (with
+    # recompute "full"); None: every block (validate_case's guess sets it)
+    recompute_layers: int | None = None
 
 
 # --- building the cases --------------------------------------------------------------------------

@@ -117,11 +117,13 @@ def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, 
     """(step s, tokens/s, MFU, HFU, peak bytes) of a case's configuration; a half recompute is
     the mean of the none and full evaluations."""
     modes = ("none", "full") if setup.half_recompute else (setup.parallel.recompute,)
+    layers = None if setup.recompute_layers is None else \
+        [setup.recompute_layers] * setup.parallel.num_chunks
     got = []
     for mode in modes:
         plan = evaluate(setup.model, setup.cluster, replace(setup.parallel, recompute=mode),
                         setup.options, bounds=list(setup.bounds) if setup.bounds else None,
-                        simulated=simulated)
+                        simulated=simulated, recompute_layers=layers)
         mt = plan.metrics
         got.append((mt.step_time_s, mt.mfu * mt.step_time_s, mt.hfu * mt.step_time_s,
                     mt.peak_memory_bytes))
@@ -158,14 +160,13 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
                              **common)
     step, mfu, hfu, peak_bytes = _predicted(setup, simulated)
     if setup.recompute_guessed and peak_bytes > setup.cluster.hardware.memory_bytes:
-        # the run fitted, so it recomputed: the guess moves to full recompute
-        notes = tuple(n for n in setup.notes if not n.startswith("recompute unpublished"))
-        setup = replace(setup, parallel=replace(setup.parallel, recompute="full"),
-                        notes=notes + ("recompute unpublished: full (none would not fit)",))
-        step, mfu, hfu, peak_bytes = _predicted(setup, simulated)
+        # the run fitted, so it recomputed: the guess moves to the least recompute that fits
+        setup, (step, mfu, hfu, peak_bytes) = _least_recompute(setup, simulated)
     peak = setup.cluster.hardware.peak_tflops
     predicted_mem = peak_bytes / MEMORY_UNIT_BYTES
     config = _configuration(setup.parallel)
+    if setup.recompute_layers is not None:
+        config = config.replace(" full ZeRO", f" block {setup.recompute_layers} ZeRO")
     if setup.half_recompute:
         config = config.replace(" none ZeRO", " half ZeRO")
     return ValidationRow(
@@ -174,6 +175,43 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
         predicted_memory_gib=predicted_mem if mem is not None else None,
         predicted_oom=peak_bytes > setup.cluster.hardware.memory_bytes,
         note="; ".join(setup.notes), **common)
+
+
+def _least_recompute(setup: CaseSetup, simulated: bool) -> tuple[CaseSetup, tuple]:
+    """An unpublished recompute where none does not fit: the least Megatron block-method count N
+    (the first N blocks of every chunk recompute, one N for all chunks as Megatron's
+    --recompute-num-layers sets it) whose peak fits the GPU, found by bisection (memory falls as
+    N grows); full recompute when only every block fits or nothing does. What it returns is
+    evaluated."""
+    notes = tuple(n for n in setup.notes if not n.startswith("recompute unpublished"))
+    full = replace(setup, parallel=replace(setup.parallel, recompute="full"))
+    bounds = list(setup.bounds) if setup.bounds else None
+    most = _most_blocks(setup.model, setup.parallel.num_chunks, bounds)
+    capacity = setup.cluster.hardware.memory_bytes
+    lo, hi, best = 1, most - 1, None  # N in [1, most - 1]; most is full recompute
+    while lo <= hi:
+        mid = (lo + hi) // 2
+        got = _predicted(replace(full, recompute_layers=mid), simulated)
+        if got[3] <= capacity:
+            best, hi = (mid, got), mid - 1
+        else:
+            lo = mid + 1
+    if best is None:
+        return (replace(full, notes=notes + ("recompute unpublished: full (none would not fit)",)),
+                _predicted(full, simulated))
+    n, got = best
+    return (replace(full, recompute_layers=n,
+                    notes=notes + (f"recompute unpublished: block {n} (the least Megatron "
+                                   "--recompute-num-layers that fits; none would not fit)",)),
+            got)
+
+
+def _most_blocks(model, chunks: int, bounds) -> int:
+    """The most transformer blocks any chunk of the case's split holds."""
+    from planner.predict.step import even_block_bounds
+
+    bounds = bounds or even_block_bounds(model, chunks)
+    return max(sum(1 for layer in model.layers[a:b] if layer.kind == "block") for a, b in bounds)
 
 
 def _memory_gib(measured: dict) -> float | None:

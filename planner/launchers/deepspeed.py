@@ -163,9 +163,19 @@ def _pipeline_py(plan: Plan) -> str:
              "linear": "linear"}
     kinds = [layer.kind for layer in plan.model.layers]
     interval = 1 if strongest_recompute(plan) == "full" else 0
+    # DeepSpeed's PipelineModule checkpoints every run of activation_checkpoint_interval layers
+    # (deepspeed/runtime/pipe/module.py forward: ``for start_idx in range(0, num_layers,
+    # self.activation_checkpoint_interval)``): no count of layers left unrecomputed, so a stage
+    # that recomputes only some blocks (Megatron's block method) recomputes all of them here
+    partial = [s.stage for s in plan.stages if s.recompute_layers is not None]
     stage_lines = "".join(
         f"#   stage {s.stage}: layers [{s.first}, {s.last}) = {s.last - s.first} layers, "
         f"first {names[kinds[s.first]]}, last {names[kinds[s.last - 1]]}\n" for s in plan.stages)
+    if partial:
+        stage_lines += (f"# stage(s) {', '.join(map(str, partial))} recompute only some blocks in "
+                        "the plan; DeepSpeed's activation_checkpoint_interval\n# checkpoints every "
+                        "layer group, so every block recomputes (slower than planned, never more "
+                        "memory).\n")
     method = partition_method(plan)
     head = (header(plan, TARGET)
             + "# The plan's pipeline stage boundaries for deepspeed.pipe.PipelineModule.\n"

@@ -243,7 +243,11 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
     if not m.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
     recompute = strongest_recompute(plan)
-    if recompute == "full":
+    block = block_recompute_layers(plan)
+    if recompute == "full" and block is not None:
+        out += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
+                ("--recompute-num-layers", str(block))]
+    elif recompute == "full":
         out += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
                 ("--recompute-num-layers", "1")]
     elif recompute == "selective":
@@ -254,6 +258,30 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
         out += [("--attention-dropout", "0"), ("--hidden-dropout", "0")]
     out += stack_flags(plan)
     return out
+
+
+def block_recompute_layers(plan: Plan) -> int | None:
+    """Megatron's --recompute-num-layers for --recompute-method block, or None when no stage
+    recomputes only part of its blocks (then uniform with one layer per unit is exact).
+
+    Megatron-LM arguments.py: '--recompute-method' "2) recompute the input activations of only
+    a set number of individual Transformer layers per pipeline stage and do the rest without any
+    recomputing"; '--recompute-num-layers' "2) block: the number of individual Transformer
+    layers to recompute within each pipeline stage." One N serves every stage (with virtual
+    pipelining, every model chunk: each builds its own TransformerBlock, transformer_block.py
+    ``if l < self.config.recompute_num_layers``). A stage that recomputes all of its blocks asks
+    for its block count, one that recomputes none for 0; the largest is exported, so a stage
+    asking for fewer recomputes more than its plan (render's comment says which)."""
+    if not any(s.recompute_layers is not None for s in plan.stages):
+        return None
+    return max(_asked_layers(plan))
+
+
+def _asked_layers(plan: Plan) -> list[int]:
+    """Per stage, the transformer blocks it recomputes under full granularity."""
+    counts = block_counts(plan)
+    return [(s.recompute_layers if s.recompute_layers is not None else n)
+            if s.recompute == "full" else 0 for s, n in zip(plan.stages, counts)]
 
 
 def stack_flags(plan: Plan) -> list[tuple[str, str | None]]:
@@ -299,6 +327,16 @@ def render(plan: Plan) -> dict[str, str]:
     if strongest_recompute(plan) != par.recompute:
         lines.append(f"# Stages ask for different recompute modes; Megatron sets one, so the "
                      f"strongest ({strongest_recompute(plan)}) is used.\n")
+    block = block_recompute_layers(plan)
+    if block is not None:
+        asked = _asked_layers(plan)
+        more = [str(s.stage) for s, n in zip(plan.stages, asked) if n < block
+                and n < block_counts(plan)[s.stage]]
+        lines.append(f"# Stages recompute their first {', '.join(map(str, asked))} transformer "
+                     f"blocks (Megatron's block method); Megatron takes one "
+                     f"--recompute-num-layers for every stage, so the largest ({block}) is used"
+                     + (f" and stage(s) {', '.join(more)} recompute more than planned (slower, "
+                        "never more memory).\n" if more else ".\n"))
     lines.append(f"PLAN3D_WORLD_SIZE={par.gpus}  # tp*pp*dp; Megatron derives dp = "
                  f"world size / (tp*pp) = {par.dp}\n")
     lines.append("MEGATRON_ARGS=(\n")
@@ -396,6 +434,7 @@ def parse_megatron_args(text: str) -> dict:
         if tail is not None:
             stage_blocks[-1] = tail
     granularity = flags.get("--recompute-granularity")
+    method = flags.get("--recompute-method")
     out = {
         "tp": tp, "pp": pp, "cp": num("--context-parallel-size", 1),
         "cp_comm": flags.get("--cp-comm-type") or "p2p",
@@ -404,6 +443,9 @@ def parse_megatron_args(text: str) -> dict:
         "sequence_parallel": "--sequence-parallel" in flags,
         "virtual_stages": v, "schedule": "interleaved" if v > 1 else "1f1b",
         "recompute": granularity or "none",
+        # Megatron's block method: the first N blocks of every stage recompute
+        "recompute_layers": (num("--recompute-num-layers")
+                             if granularity == "full" and method == "block" else None),
         "zero": 1 if "--use-distributed-optimizer" in flags else 0,
         "first_stage_layers": first, "last_stage_layers": last, "layout": layout,
         "num_layers": blocks, "stage_blocks": stage_blocks,

@@ -142,6 +142,8 @@ def stages(plan: Plan) -> list[dict]:
     return [{"stage": s.stage, "rank": s.rank, "layers": {"start": s.first, "stop": s.last},
              "modules": [m for layer in names[s.first:s.last] for m in layer],
              "holds_loss": s.last == n, "recompute": s.recompute,
+             **({"recompute_layers": s.recompute_layers} if s.recompute_layers is not None
+                else {}),
              "fwd_s": _round(s.fwd_s), "bwd_input_s": _round(s.bwd_s - s.wgrad_s),
              "bwd_weight_s": _round(s.wgrad_s), "send_s": _round(s.send_s),
              "time_s": _round(s.time_s), "memory_bytes": int(s.memory_bytes)}

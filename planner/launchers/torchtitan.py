@@ -32,7 +32,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
-from planner.launchers.common import (ExportError, Facts, header, is_standard_gpt_model,
+from planner.launchers.common import (ExportError, Facts, block_counts, header,
+                                      is_standard_gpt_model,
                                       moe_problems,
                                       schedule_basics, strongest_recompute, structure_problems,
                                       tp_divisibility)
@@ -276,6 +277,11 @@ def _args_sh(plan: Plan) -> str:
         else:
             lines.append(f"  {flag}" + (f" {sh_word(value)}" if value is not None else "")
                          + "\n")
+    if layer_sac(plan) is not None:
+        lines.append("# The plan recomputes only some blocks of each stage (Megatron's block method);"
+                     " torchtitan 0.2.x's\n# TOML takes it as layer SAC (selective_ac_option), "
+                     "not checked against 0.3.0's tyro flags here,\n# so every block "
+                     "recomputes: slower than planned, never more memory.\n")
     lines += [")\n", f"TORCHTITAN_TAIL=(activation-checkpoint:{strongest_recompute(plan)})\n"]
     return "".join(lines)
 
@@ -305,10 +311,50 @@ def _toml(plan: Plan) -> str:
             lines.append("module_fqns_per_model_part = "
                          f"{_toml_value(module_fqns_per_model_part(plan, '0.2.x'))}\n")
     recompute = strongest_recompute(plan)
+    sac = layer_sac(plan)
+    if sac is not None:
+        k, exact, asked = sac
+        lines += ["\n[activation_checkpoint]\n",
+                  "# layer SAC: every k-th transformer block of a rank is checkpointed, "
+                  f"floor(blocks / k); the plan recomputes {', '.join(map(str, asked))} per "
+                  "rank" + (": exactly that.\n" if exact else
+                            f": k = {k} is the largest that recomputes at least that on every "
+                            "rank (slower than planned, never more memory).\n"),
+                  'mode = "selective"\n', f"selective_ac_option = {toml_str(str(k))}\n"]
+        return "".join(lines)
     lines += ["\n[activation_checkpoint]\n", f"mode = {toml_str(recompute)}\n"]
     if recompute == "selective":
         lines.append('selective_ac_option = "op"\n')
     return "".join(lines)
+
+
+def layer_sac(plan: Plan) -> tuple[int, bool, list[int]] | None:
+    """torchtitan's layer SAC for a plan that recomputes only some blocks (Megatron's block
+    method), or None for a plan without it: (k, exact, blocks each rank recomputes).
+
+    torchtitan/config/job_config.py ActivationCheckpoint.selective_ac_option: "'int' (e.g., 2)
+    for every nth layer"; torchtitan/distributed/activation_checkpoint.py _apply_layer_sac
+    counts the blocks it wraps in a process-wide counter and checkpoints a block when
+    ``_layer_sac_count % ac_freq == 0``, so a rank with n blocks recomputes floor(n / k) of
+    them (every k-th, not the first ones: the same cost for identical Llama blocks). One k serves
+    every rank: exact when floor(n_r / k) is each rank's planned count and each rank holds one
+    chunk (with several, which chunk a recomputed block falls in changes the memory); else the
+    largest k that recomputes at least the plan's count on every rank."""
+    if not any(s.recompute_layers is not None for s in plan.stages):
+        return None
+    if any(s.recompute == "selective" for s in plan.stages):
+        return None  # one policy per run: the strongest (full) is exported
+    pp = plan.parallel.pp
+    counts = block_counts(plan)
+    held, asked = [0] * pp, [0] * pp
+    for s, n in zip(plan.stages, counts):
+        held[s.rank] += n
+        asked[s.rank] += (s.recompute_layers if s.recompute_layers is not None else n) \
+            if s.recompute == "full" else 0
+    k = max(k for k in range(1, max(held) + 1)
+            if all(n // k >= a for n, a in zip(held, asked)))
+    exact = plan.parallel.virtual_stages == 1 and all(n // k == a for n, a in zip(held, asked))
+    return k, exact, asked
 
 
 def render(plan: Plan, version: str = DEFAULT_VERSION) -> dict[str, str]:

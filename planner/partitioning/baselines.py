@@ -30,12 +30,17 @@ def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, m
     modes = []
     start = 0
     for k, e in enumerate(ends):
-        order = np.argsort(prep.pt[e] - prep.pt[start], kind="stable")
-        # fastest mode whose chunk alone fits next to the rank's extra bytes
+        # fastest option whose chunk alone fits next to the rank's extra bytes: the modes and
+        # the least partial recompute that fits (the lower index first on equal time)
+        options = list(range(prep.R))
+        c = int(prep.least_partial(k, start, e))
+        if c:
+            options.append(prep.R + c - 1)
+        order = sorted(options, key=lambda r: (prep.chunk_time(k, start, e, r), r))
         pick = next(
-            (int(r) for r in order
-             if prep.chunk_mem(k, start, e, int(r)) + prep.extra[k % prep.p] <= prep.cap[int(r)]),
-            int(order[-1]),
+            (r for r in order
+             if prep.chunk_mem(k, start, e, r) + prep.extra[k % prep.p] <= prep.option_cap(r)),
+            int(np.argsort(prep.pt[e] - prep.pt[start], kind="stable")[-1]),
         )
         modes.append(pick)
         start = e

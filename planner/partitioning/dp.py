@@ -5,7 +5,11 @@ For v = 1 (one chunk per rank) the problem decomposes per chunk, so
     f[k][j] = min_{i<j} max(f[k-1][i], c_k(i, j)),
     c_k(i, j) = min over modes r whose memory fits of time of layers [i, j),
 
-is exact.  With prefix sums every c_k(i, j) is O(R), and numpy evaluates a
+is exact.  With partial recompute (``PartitionProblem.partial``) chunk k's one useful partial
+option is the least number of recomputed blocks that fits (one chunk per rank: recomputing
+more only costs time), so it joins the R modes as one more column, found by a binary search
+over the prefix of the blocks' activation savings.  With prefix sums every c_k(i, j) is
+O(R), and numpy evaluates a
 whole (i, j) table at once, so the DP costs O(K * L^2 * R) arithmetic in
 O(K) vectorised steps (512 layers x 64 stages: ~50 M operations).
 
@@ -63,11 +67,14 @@ def _max_span(prep: Prepared, b_cap: float) -> int:
     return int(max(1, min(L - K + 1, int((last - np.arange(L + 1)).max()))))
 
 
-def _band(prep: Prepared, k: int, W: int, by_end: bool) -> tuple[np.ndarray, np.ndarray]:
-    """Time (boundary included) and fits-in-memory mask of chunk k over a band.
+def _band(prep: Prepared, k: int, W: int, by_end: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Time (boundary included) and fits-in-memory mask of chunk k over a band, and the
+    recomputed block count of its partial column.
 
     Entry ``[a, w-1, r]`` is the chunk of w layers ending at a (``by_end``) or
-    starting at a; out-of-range chunks are masked out.
+    starting at a; out-of-range chunks are masked out. With partial recompute column R is the
+    chunk's least partial option that fits (``Prepared.least_partial``; its count in the third
+    array, 0 where there is none).
     """
     L = prep.L
     a = np.arange(L + 1)[:, None]
@@ -78,7 +85,14 @@ def _band(prep: Prepared, k: int, W: int, by_end: bool) -> tuple[np.ndarray, np.
     time = prep.pt[j] - prep.pt[i] + prep.bnd[k]
     mem = (prep.ps[j] - prep.ps[i])[:, :, None] + prep.inflight[k] * (prep.pa[j] - prep.pa[i])
     fits = (mem + prep.extra[k % prep.p] <= _cap(prep.cap)) & valid[:, :, None]
-    return time, fits
+    count = prep.least_partial(k, i, j) * valid
+    if prep.nb is not None:
+        b = prep.problem.partial[0]
+        q = prep.nb[i]
+        t_part = prep.pt[j, b] - prep.pt[i, b] + prep.dt[q + count] - prep.dt[q] + prep.bnd[k]
+        time = np.concatenate([time, t_part[:, :, None]], axis=2)
+        fits = np.concatenate([fits, (count > 0)[:, :, None]], axis=2)
+    return time, fits, count
 
 
 def _bottleneck_v1(prep: Prepared, ub: float = INF) -> float:
@@ -95,7 +109,7 @@ def _bottleneck_v1(prep: Prepared, ub: float = INF) -> float:
     f = np.full(L + 1, INF)
     f[0] = 0.0
     for k in range(K):
-        time, fits = _band(prep, k, W, by_end=True)
+        time, fits, _ = _band(prep, k, W, by_end=True)
         c = np.where(fits, time, INF).min(axis=2)  # (end, width)
         prev = np.where(ok_start, f[starts], INF)
         f = np.maximum(prev, c).min(axis=1)
@@ -103,11 +117,12 @@ def _bottleneck_v1(prep: Prepared, ub: float = INF) -> float:
     return float(f[L])
 
 
-def _suffix_v1(prep: Prepared, b_cap: float) -> tuple[np.ndarray, list[np.ndarray], int]:
+def _suffix_v1(prep: Prepared, b_cap: float) -> tuple[np.ndarray, list, int]:
     """Phase B: S[k][i] = least compute time of layers [i, L) in chunks k..K-1, each <= b_cap.
 
-    Also returns, per chunk, the (start, width, r) table of compute times with
-    INF where the mode does not fit or exceeds the cap, for phase C.
+    Also returns, per chunk, the (start, width, column) table of compute times with
+    INF where the option does not fit or exceeds the cap, and the (start, width) partial
+    counts, for phase C.
     """
     L, K = prep.L, prep.K
     W = _max_span(prep, b_cap)
@@ -116,11 +131,11 @@ def _suffix_v1(prep: Prepared, b_cap: float) -> tuple[np.ndarray, list[np.ndarra
     ends = np.clip(ends, 0, L)
     S = np.full((K + 1, L + 1), INF)
     S[K, L] = 0.0
-    tables: list[np.ndarray] = [None] * K  # type: ignore[list-item]
+    tables: list = [None] * K
     for k in range(K - 1, -1, -1):
-        time, fits = _band(prep, k, W, by_end=False)
+        time, fits, count = _band(prep, k, W, by_end=False)
         g = np.where(fits & (time <= b_cap), time - prep.bnd[k], INF)
-        tables[k] = g
+        tables[k] = (g, count)
         nxt = np.where(ok_end, S[k + 1][ends], INF)
         S[k] = (g.min(axis=2) + nxt).min(axis=1)
     return S, tables, W
@@ -133,17 +148,19 @@ def _canonical_v1(prep: Prepared, b_cap: float, t_cap: float | None) -> tuple[li
     t_cap = _cap(S[0, 0]) if t_cap is None else min(t_cap, _cap(S[0, 0]))
     ends, modes = [], []
     i, spent = 0, 0.0
+    cols = prep.R + (prep.nb is not None)
     for k in range(prep.K):
-        g, nxt = tables[k][i], S[k + 1]
+        g, count = tables[k][0][i], tables[k][1][i]
+        nxt = S[k + 1]
         found = False
         for e in range(i + 1, min(i + W, prep.L) + 1):
             if not math.isfinite(nxt[e]):
                 continue
-            for r in range(prep.R):
+            for r in range(cols):  # the modes by index, then the partial option (R + c - 1)
                 c = g[e - i - 1, r]
                 if spent + c + nxt[e] <= t_cap:
                     ends.append(e)
-                    modes.append(r)
+                    modes.append(r if r < prep.R else prep.R + int(count[e - i - 1]) - 1)
                     spent += c
                     i = e
                     found = True
@@ -173,6 +190,8 @@ def min_peak_memory(prep: Prepared) -> tuple[float, int, float]:
     Exact for v = 1: a min-max DP over each chunk's excess over its mode's capacity, every
     chunk at its least-excess mode (with one capacity: the smallest achievable peak). For
     v > 1 a lower bound (average over ranks of the lightest layout, the largest capacity).
+    Partial recompute never lowers it: a partial option holds more activations than its
+    recompute mode at that mode's capacity.
     """
     L, K, p = prep.L, prep.K, prep.p
     if K == p:
@@ -210,7 +229,8 @@ def min_peak_memory(prep: Prepared) -> tuple[float, int, float]:
 def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
     """All splits x modes (v > 1 oracle); rule steps 1-3 applied literally."""
     L, K, p, R = prep.L, prep.K, prep.p, prep.R
-    count = math.comb(L - 1, K - 1) * R**K
+    per_chunk = R + (max(L - K, 0) if prep.nb is not None else 0)  # modes + partial counts
+    count = math.comb(L - 1, K - 1) * per_chunk**K
     if count > EXHAUSTIVE_LIMIT:
         raise PartitionError(
             f"exact search over {count} candidates is too large for v > 1: use the ILP (partition())"
@@ -218,7 +238,9 @@ def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
     cands = []
     for cuts in itertools.combinations(range(1, L), K - 1):
         ends = list(cuts) + [L]
-        for modes in itertools.product(range(R), repeat=K):
+        starts = [0] + ends[:-1]
+        options = [list(range(R)) + list(prep.partial_options(i, e)) for i, e in zip(starts, ends)]
+        for modes in itertools.product(*options):
             rank_t = [0.0] * p
             rank_m = [float(x) for x in prep.extra]
             rank_cap = [prep.cap_max] * p
@@ -227,7 +249,7 @@ def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
                 t = prep.chunk_time(k, i, e, r)
                 rank_t[k % p] += t
                 rank_m[k % p] += prep.chunk_mem(k, i, e, r)
-                rank_cap[k % p] = min(rank_cap[k % p], prep.cap[r])
+                rank_cap[k % p] = min(rank_cap[k % p], prep.option_cap(r))
                 comp += t - prep.bnd[k]
                 i = e
             if all(m <= _cap(c) for m, c in zip(rank_m, rank_cap)):

@@ -50,6 +50,9 @@ def build(prep: Prepared, ub: float | None) -> _Model | None:
     except _Infeasible:
         return None
     lo, hi = windows(prep, ub)
+    if prep.problem.partial is not None:
+        raise PartitionError("partial recompute is solved by the option MILP only "
+                             "(embedding, identical blocks, head)")
     n_binaries = sum(h - l for l, h in zip(lo, hi)) + prep.K * prep.R
     if n_binaries > MAX_BINARIES:
         raise PartitionError(f"MILP too large ({n_binaries} binaries > {MAX_BINARIES})")
@@ -114,7 +117,7 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
     t_star = None
     step2 = master or model
     step2.B.upBound = b_star * (1 + CAP_SLACK) / step2.tscale
-    if prep.R > 1:
+    if prep.n_options > 1:
         step2.warm_start(ends, modes)
         step2.prob.setObjective(step2.compute_time())
         status, _ = run_milp(step2, name, deadline - time.monotonic())
@@ -129,13 +132,14 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
         t_star = total_compute_s(prep, ends, modes)
     if steps == 2:
         return Outcome("optimal", tuple(ends), tuple(modes), b_star,
-                       "ties broken by least recompute only" if prep.R > 1 else "ties not broken")
+                       "ties broken by least recompute only" if prep.n_options > 1
+                       else "ties not broken")
     if master is not None:
         model = build(prep, b_star) or fallback_model
         model.B.upBound = b_star * (1 + CAP_SLACK) / model.tscale
     if t_star is not None:
         model.prob += model.compute_time() <= (t_star * (1 + CAP_SLACK) + 1e-300) / model.tscale
-    if prep.K == prep.p and prep.R == 1:
+    if prep.K == prep.p and prep.n_options == 1:
         # One chunk per rank, one mode: a chunk inside a feasible chunk is feasible, so the
         # chunk-wise smallest ends of two feasible splits are feasible, and the least element
         # (the lexicographic minimum) is the one unique minimiser of the sum of the ends.
@@ -157,7 +161,7 @@ def _lexicographic_keys(model: _Model, name: str, deadline: float, ends: list[in
     objective; a chunk whose key in the incumbent is already the smallest possible after the
     fixed prefix is fixed without a solve."""
     prep = model.prep
-    K, R = prep.K, prep.R
+    K, R = prep.K, prep.n_options
 
     def key(ends, modes, j):  # R * layers + mode, as model.key(j)
         return R * (ends[j] - (ends[j - 1] if j else 0)) + modes[j]

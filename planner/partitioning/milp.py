@@ -55,8 +55,11 @@ def uniform_blocks(prep: Prepared) -> bool:
     if prep.L < 3:
         return False
     mid = slice(1, prep.L - 1)
-    return bool((pr.time_s[mid] == pr.time_s[1]).all() and (pr.act_bytes[mid] == pr.act_bytes[1]).all()
+    same = bool((pr.time_s[mid] == pr.time_s[1]).all() and (pr.act_bytes[mid] == pr.act_bytes[1]).all()
                 and (pr.state_bytes[mid] == pr.state_bytes[1]).all())
+    # partial recompute counts the middle layers only (the embedding and head are no blocks)
+    return same and (pr.partial is None or (bool(pr.blocks[mid].all())
+                                            and not pr.blocks[0] and not pr.blocks[-1]))
 
 
 def _lin(pairs):
@@ -106,12 +109,13 @@ class _Model:
         return max(1, self.end_lo[k] - before_hi), self.end_hi[k] - before_lo
 
     def key(self, k: int):
-        """``R * layers_k + mode_k``: with the chunks before k fixed, the chunk's place in the
-        tie-break order (a shorter chunk ends earlier), an integer in a narrow range."""
-        return self.prep.R * self.count(k) + self.mode(k)
+        """``R * layers_k + mode_k`` (R: the option count, partial recompute included): with the
+        chunks before k fixed, the chunk's place in the tie-break order (a shorter chunk ends
+        earlier), an integer in a narrow range."""
+        return self.prep.n_options * self.count(k) + self.mode(k)
 
     def key_range(self, k: int) -> tuple[int, int]:
-        R = self.prep.R
+        R = self.prep.n_options
         lo, hi = self.count_range(k)
         return R * lo, R * hi + R - 1
 
@@ -129,6 +133,8 @@ class BoundaryModel(_Model):
     def __init__(self, prep: Prepared, ub: float | None) -> None:
         import pulp
 
+        if prep.problem.partial is not None:  # its chunk costs are not linear in the ends
+            raise PartitionError("the boundary MILP has no partial-recompute options")
         self.prep = prep
         K, p, R = prep.K, prep.p, prep.R
         lo, hi = self.lo, self.hi = windows(prep, ub)

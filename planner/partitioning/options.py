@@ -19,8 +19,9 @@ from planner.partitioning.problem import TIE_RTOL, Prepared, _lower_bound
 
 class OptionModel(_Model):
     """Embedding + N identical blocks + head: binary ``y[k, n, r]`` = chunk k holds n blocks
-    under mode r (chunk 0 also the embedding, chunk K-1 also the head; middle chunks at least
-    one block). ``sum_{n,r} y[k, n, r] = 1``, ``sum n y = N``; a rank's time and memory are
+    under option r (chunk 0 also the embedding, chunk K-1 also the head; middle chunks at least
+    one block; an option is a mode, or with partial recompute r = R + c - 1: the first c of the
+    n blocks recomputed). ``sum_{n,r} y[k, n, r] = 1``, ``sum n y = N``; a rank's time and memory are
     linear in y, and an option that overruns the bound B or its mode's capacity even with the
     rank's other chunks at their smallest is not created. The LP relaxation of each chunk is the
     convex hull of its options, which is what makes it far stronger than counting blocks with
@@ -48,6 +49,15 @@ class OptionModel(_Model):
                         + prep.inflight[k] * (sum(a[i, r] for i in e) + n * a[1, r]))
             return tm, mem
 
+        def partial_cost(k: int, n: int, o: int) -> tuple[float, float]:
+            """Option o >= R: the first c = o - R + 1 of the n blocks recomputed (the problem's
+            partial modes), the others and the edges in the base mode."""
+            b, f = pr.partial
+            c = o - R + 1
+            tm, mem = cost(k, n, b)
+            return (tm + c * float(t[1, f] - t[1, b]),
+                    mem + float(prep.inflight[k] * c * (a[1, f] - a[1, b])))
+
         least = [min(cost(k, nmin[k], r) for r in range(R)) for k in range(K)]
         least_mem = [min(cost(k, nmin[k], r)[1] for r in range(R)) for k in range(K)]
         prob = pulp.LpProblem("partition_options", pulp.LpMinimize)
@@ -69,6 +79,24 @@ class OptionModel(_Model):
                         break
                     self.y[k, n, r] = prob.add_variable(f"y_{k}_{n}_{r}", cat="Binary")
                     self.cost[k, n, r] = (tm, mem)
+            if pr.partial is None:
+                continue
+            cap_f = prep.cap[pr.partial[1]] * (1 + TIE_RTOL)
+            for n in range(max(nmin[k], 2), nmax + 1):
+                # recomputing more blocks only costs time: with one chunk per rank only the
+                # least count that fits is worth an option; with several, every count that fits
+                # alone (the rank's memory row then picks among them)
+                for c in range(1, n):
+                    o = R + c - 1
+                    tm, mem = partial_cost(k, n, o)
+                    if ub is not None and tm + t_rest > ub * (1 + 1e-7):
+                        break
+                    if mem + m_rest > cap_f:
+                        continue
+                    self.y[k, n, o] = prob.add_variable(f"y_{k}_{n}_{o}", cat="Binary")
+                    self.cost[k, n, o] = (tm, mem)
+                    if len(others) == 0:
+                        break
         self.by_chunk: list[list[tuple[int, int, int]]] = [[] for _ in range(K)]
         for key in self.y:
             self.by_chunk[key[0]].append(key)
@@ -89,11 +117,11 @@ class OptionModel(_Model):
             if worst + prep.extra[rho] > prep.cap.min():
                 prob += _lin(mem) <= room
                 for k in ks:
-                    for r in range(R):
-                        short = (prep.cap_max - prep.cap[r]) / ms
-                        if short > 0:  # using mode r on this rank lowers its capacity
+                    for level in sorted({prep.option_cap(o[2]) for o in self.by_chunk[k]}):
+                        short = (prep.cap_max - level) / ms
+                        if short > 0:  # an option of this capacity lowers the rank's
                             prob += _lin(mem + [(self.y[o], short) for o in self.by_chunk[k]
-                                                if o[2] == r]) <= room
+                                                if prep.option_cap(o[2]) == level]) <= room
         if ub is not None:
             self.B.upBound = ub * (1 + 1e-7) / ts
         self.rank_bound_s = self._rank_bound()
@@ -138,7 +166,7 @@ class OptionModel(_Model):
             best = np.full(N + 1, math.inf)
             how: dict[int, tuple] = {}  # c -> ((n_k, r_k) per chunk of the rank)
             for level in sorted(set(prep.cap.tolist())):
-                ok = [r for r in range(prep.R) if prep.cap[r] >= level]
+                ok = {o[2] for k in ks for o in self.by_chunk[k] if prep.option_cap(o[2]) >= level}
                 cap = level / ms * (1 + TIE_RTOL)
                 # columns: blocks, seconds, memory, then (n, r) of each chunk so far
                 states = np.array([[0.0, 0.0, prep.extra[rho] / ms]])

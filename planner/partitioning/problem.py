@@ -3,7 +3,8 @@
 The model is a sequence of L layers.  It is cut into K = p*v contiguous,
 non-empty chunks in order; chunk k runs on rank ``k % p`` (v virtual stages
 per rank, v = 1 is the plain pipeline).  Every chunk picks one recompute mode
-for all its layers.  We minimise the pipeline bottleneck: the largest per-rank
+for all its layers, or, when the problem allows it, recomputes only its first c transformer
+blocks (Megatron's ``--recompute-method block``: see ``PartitionProblem.partial``).  We minimise the pipeline bottleneck: the largest per-rank
 sum of chunk times (plus one boundary transfer for every chunk but the last),
 subject to a per-rank memory capacity.  The capacity may depend on the recompute
 mode (recomputing rebuilds activations: a larger transient and more allocator
@@ -17,7 +18,8 @@ partition, not only the same objective):
 2. among those, smallest total compute time ``T`` (= least recompute);
 3. among those, the lexicographically smallest sequence
    ``(end_0, mode_0, end_1, mode_1, ...)``: walking the chunks in order, each
-   chunk is as short as possible, then uses the lowest-index mode.
+   chunk is as short as possible, then uses the lowest-index option (the R modes
+   by index, then partial recompute of c blocks as option ``R + c - 1``).
 
 Values within a relative tolerance of ``TIE_RTOL`` count as equal in 1 and 2.
 
@@ -30,6 +32,7 @@ result and their scoring; the entry point is :mod:`planner.partitioning.solve`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -67,6 +70,16 @@ class PartitionProblem:
         boundary_s: seconds to ship one microbatch across a chunk boundary;
             a scalar or a (K-1,) array, added to every chunk but the last.
         extra_bytes: optional (p,) constant bytes per rank (buffers, ...).
+        partial: optional (base, full) mode indices: a chunk may also recompute only its
+            first c blocks under mode ``full`` and run its other layers under ``base``
+            (1 <= c < its block count: c = 0 is ``base`` and c = all is ``full``). Megatron-LM's
+            --recompute-method block (TransformerConfig.recompute_num_layers: "When
+            recompute_method is block, recompute_num_layers is the number of transformer layers
+            to recompute within each pipeline stage"). Recomputing a block must cost time and
+            save memory (``full`` no faster and no heavier than ``base`` on every block), so the
+            least c that fits is a chunk's fastest partial option.
+        blocks: (L,) which layers are the transformer blocks the partial option counts (the
+            embedding and the head are never recomputed); default every layer.
     """
 
     time_s: np.ndarray
@@ -77,6 +90,8 @@ class PartitionProblem:
     modes: tuple[str, ...] = ("none",)
     boundary_s: float | np.ndarray = 0.0
     extra_bytes: np.ndarray | None = None
+    partial: tuple[int, int] | None = None
+    blocks: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         t = np.atleast_2d(np.asarray(self.time_s, dtype=float))
@@ -112,6 +127,25 @@ class PartitionProblem:
             raise PartitionError(f"capacity_bytes needs one finite number or one per mode ({t.shape[1]})")
         else:
             object.__setattr__(self, "capacity_bytes", _readonly(cap))
+        self._check_partial(t, a)
+
+    def _check_partial(self, t: np.ndarray, a: np.ndarray) -> None:
+        blocks = np.ones(t.shape[0], dtype=bool) if self.blocks is None else \
+            np.asarray(self.blocks, dtype=bool).reshape(-1)
+        if blocks.shape[0] != t.shape[0]:
+            raise PartitionError(f"blocks has {blocks.shape[0]} entries, time_s {t.shape[0]} layers")
+        blocks = blocks.copy()
+        blocks.setflags(write=False)
+        object.__setattr__(self, "blocks", blocks)
+        if self.partial is None:
+            return
+        base, full = (int(x) for x in self.partial)
+        if not (0 <= base < t.shape[1] and 0 <= full < t.shape[1]) or base == full:
+            raise PartitionError(f"partial needs two different mode indices, got {self.partial}")
+        object.__setattr__(self, "partial", (base, full))
+        if np.any(t[blocks, full] < t[blocks, base]) or np.any(a[blocks, full] > a[blocks, base]):
+            raise PartitionError("partial recompute needs the recompute mode no faster and no "
+                                 "heavier than the base mode on every block")
 
     @property
     def num_layers(self) -> int:
@@ -133,7 +167,9 @@ class Chunk:
 
     ``time_s`` includes the boundary transfer when the chunk is not the last;
     ``memory_bytes`` is state plus ``inflight[k]`` times activations (without
-    the rank's ``extra_bytes``).
+    the rank's ``extra_bytes``). ``recompute_layers``: None when ``recompute`` applies to every
+    layer; c when only the first c blocks run under ``recompute`` and the rest under the
+    problem's partial base mode (Megatron's block method).
     """
 
     first: int
@@ -141,6 +177,7 @@ class Chunk:
     recompute: str
     time_s: float
     memory_bytes: float
+    recompute_layers: int | None = None
 
 
 @dataclass(frozen=True)
@@ -175,6 +212,10 @@ class Partition:
     def recompute(self) -> tuple[str, ...]:
         return tuple(c.recompute for c in self.chunks)
 
+    @property
+    def recompute_layers(self) -> tuple[int | None, ...]:
+        return tuple(c.recompute_layers for c in self.chunks)
+
 
 # ---------------------------------------------------------------- shared helpers
 
@@ -197,6 +238,9 @@ class Prepared:
     inflight: np.ndarray  # (K,)
     extra: np.ndarray  # (p,)
     cap: np.ndarray  # (R,) capacity of a rank that uses mode r
+    nb: np.ndarray | None = None  # (L+1,) blocks before each layer (partial recompute only)
+    dt: np.ndarray | None = None  # (blocks+1,) prefix of each block's extra time recomputed
+    da: np.ndarray | None = None  # (blocks+1,) prefix of each block's activation change (<= 0)
 
     @property
     def cap_max(self) -> float:
@@ -210,16 +254,76 @@ class Prepared:
     def R(self) -> int:
         return self.problem.num_modes
 
+    @property
+    def n_options(self) -> int:
+        """Option indices a chunk may take: the R modes, then partial recompute of c blocks as
+        ``R + c - 1`` (c < the model's block count)."""
+        if self.nb is None:
+            return self.R
+        return self.R + max(int(self.nb[-1]) - 1, 0)
+
+    def partial_count(self, o: int) -> int | None:
+        """Blocks recomputed by option ``o``: None for a whole-chunk mode."""
+        return None if o < self.R else o - self.R + 1
+
+    def option_mode(self, o: int) -> int:
+        """The mode an option's recomputed layers run (its name and capacity)."""
+        return o if o < self.R else self.problem.partial[1]
+
+    def option_cap(self, o: int) -> float:
+        return float(self.cap[self.option_mode(o)])
+
+    def blocks_in(self, i: int, j: int) -> int:
+        return int(self.nb[j] - self.nb[i]) if self.nb is not None else 0
+
+    def partial_options(self, i: int, j: int) -> range:
+        """The partial options of a chunk of layers [i, j): c = 1 .. blocks - 1."""
+        if self.nb is None:
+            return range(0)
+        return range(self.R, self.R + max(self.blocks_in(i, j) - 1, 0))
+
     def chunk_time(self, k: int, i: int, j: int, r: int) -> float:
-        """Seconds of chunk k = layers [i, j) under mode r, boundary included."""
-        return float(self.pt[j, r] - self.pt[i, r] + self.bnd[k])
+        """Seconds of chunk k = layers [i, j) under option r, boundary included (inf for a
+        partial count the chunk cannot take)."""
+        if r < self.R:
+            return float(self.pt[j, r] - self.pt[i, r] + self.bnd[k])
+        c, b = r - self.R + 1, self.problem.partial[0]
+        if not 1 <= c < self.blocks_in(i, j):
+            return math.inf
+        q = int(self.nb[i])
+        return float(self.pt[j, b] - self.pt[i, b] + self.dt[q + c] - self.dt[q] + self.bnd[k])
 
     def chunk_mem(self, k: int, i: int, j: int, r: int) -> float:
-        return float(self.ps[j] - self.ps[i] + self.inflight[k] * (self.pa[j, r] - self.pa[i, r]))
+        if r < self.R:
+            return float(self.ps[j] - self.ps[i] + self.inflight[k] * (self.pa[j, r] - self.pa[i, r]))
+        c, b = r - self.R + 1, self.problem.partial[0]
+        if not 1 <= c < self.blocks_in(i, j):
+            return math.inf
+        q = int(self.nb[i])
+        return float(self.ps[j] - self.ps[i] + self.inflight[k] * (
+            self.pa[j, b] - self.pa[i, b] + self.da[q + c] - self.da[q]))
 
     def rank_capacity(self, modes: Sequence[int]) -> float:
-        """Capacity of a rank whose chunks use ``modes``: the smallest of theirs."""
-        return float(min(self.cap[r] for r in modes)) if len(modes) else self.cap_max
+        """Capacity of a rank whose chunks use options ``modes``: the smallest of theirs."""
+        return float(min(self.option_cap(r) for r in modes)) if len(modes) else self.cap_max
+
+    def least_partial(self, k: int, i, j):
+        """Per chunk k = layers [i, j) (arrays of equal shape): the least c (1 <= c < blocks)
+        whose partial option fits the recompute mode's capacity beside the rank's extra bytes,
+        0 where none does. Recomputing more blocks only costs time (``partial``'s condition),
+        so with one chunk per rank this is the chunk's one useful partial option."""
+        i, j = np.asarray(i), np.asarray(j)
+        if self.nb is None:
+            return np.zeros(np.broadcast(i, j).shape, dtype=int)
+        b, f = self.problem.partial
+        room = self.cap[f] * (1 + TIE_RTOL) + 1e-300 - self.extra[k % self.p]
+        base = self.ps[j] - self.ps[i] + self.inflight[k] * (self.pa[j, b] - self.pa[i, b])
+        q = self.nb[i]
+        target = self.da[q] + (room - base) / self.inflight[k]  # da[q + c] <= target
+        first = np.searchsorted(-self.da, -target, side="left")
+        c = np.maximum(first - q, 1)
+        ok = (c < self.nb[j] - q) & (first < len(self.da))
+        return np.where(ok, c, 0)
 
 
 def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
@@ -252,6 +356,14 @@ def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
     if extra.shape[0] != p:
         raise PartitionError(f"extra_bytes has {extra.shape[0]} entries, need one per rank ({p})")
     z = np.zeros((1, problem.num_modes))
+    nb = dt = da = None
+    if problem.partial is not None:
+        b, f = problem.partial
+        blocks = problem.blocks
+        nb = np.concatenate([[0], np.cumsum(blocks)]).astype(int)
+        dt = np.concatenate([[0.0], np.cumsum(problem.time_s[blocks, f] - problem.time_s[blocks, b])])
+        da = np.concatenate([[0.0], np.cumsum(problem.act_bytes[blocks, f]
+                                              - problem.act_bytes[blocks, b])])
     return Prepared(
         problem=problem,
         K=K,
@@ -263,6 +375,7 @@ def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
         inflight=np.asarray(inflight, dtype=float),
         extra=extra,
         cap=np.array(problem.mode_capacity, dtype=float),
+        nb=nb, dt=dt, da=da,
     )
 
 
@@ -293,7 +406,8 @@ def score_split(
     for k, (e, r) in enumerate(zip(ends, modes)):
         t = prep.chunk_time(k, start, e, r)
         m = prep.chunk_mem(k, start, e, r)
-        chunks.append(Chunk(start, int(e), names[r], t, m))
+        chunks.append(Chunk(start, int(e), names[prep.option_mode(int(r))], t, m,
+                            prep.partial_count(int(r))))
         rank_t[k % p] += t
         rank_m[k % p] += m
         rank_modes[k % p].append(int(r))
@@ -320,6 +434,12 @@ def score_split(
     )
 
 
+def option_indices(problem: PartitionProblem, part: Partition) -> list[int]:
+    """Each chunk's option index (its mode's, or ``R + c - 1`` for c blocks recomputed)."""
+    return [problem.modes.index(c.recompute) if c.recompute_layers is None
+            else problem.num_modes + c.recompute_layers - 1 for c in part.chunks]
+
+
 def fits(part: Partition) -> bool:
     """Every rank within the capacity of the modes it uses (up to the tie tolerance)."""
     return all(le_tol(m, c) for m, c in zip(part.rank_memory_bytes, part.rank_capacity_bytes))
@@ -328,8 +448,8 @@ def fits(part: Partition) -> bool:
 def total_compute_s(prep: Prepared, ends: Sequence[int], modes: Sequence[int]) -> float:
     """Sum of chunk compute time (boundaries excluded: they are a constant)."""
     start, tot = 0, 0.0
-    for e, r in zip(ends, modes):
-        tot += float(prep.pt[e, r] - prep.pt[start, r])
+    for k, (e, r) in enumerate(zip(ends, modes)):
+        tot += prep.chunk_time(k, start, e, int(r)) - float(prep.bnd[k])
         start = e
     return tot
 

@@ -12,7 +12,7 @@ from planner.partitioning import lexicographic
 from planner.partitioning.dp import infeasible_error, partition_dp
 from planner.partitioning.baselines import _fixed_split, _upper_bound
 from planner.partitioning.problem import (Partition, PartitionError, PartitionProblem, _gap, fits,
-                                       prepare, score_split)
+                                       option_indices, prepare, score_split)
 
 
 def _highs_available() -> bool:
@@ -105,7 +105,7 @@ def partition(
             model.prob.writeLP(os.fspath(lp_path))
         except OSError as e:  # the user's --lp path: one line (core/fileset.py), no fallback
             raise output_error(e, lp_path) from None
-    keep = None if kept is None else (kept.boundaries, [problem.modes.index(m) for m in kept.recompute],
+    keep = None if kept is None else (kept.boundaries, option_indices(problem, kept),
                                       kept.bottleneck_s)
     try:
         out = lexicographic.solve_lexicographic(model, name, deadline, keep, tie_break_steps)

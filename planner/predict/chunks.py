@@ -98,14 +98,45 @@ class CostTable:
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
 
 
-def split_stages(tables: dict[str, CostTable], bounds, modes) -> ChunkArrays:
-    """Per-chunk totals of a split, each chunk under its own recompute mode: compute only (the
-    pipeline engine's per-action costs are charged per action by the prediction)."""
+def partial_segments(blocks, a: int, b: int, mode: str,
+                     layers: int | None) -> list[tuple[str, int, int]]:
+    """The (mode, first, last) layer ranges of chunk [a, b) under ``mode``: the whole chunk, or
+    with ``layers`` = N Megatron's block method, its first N transformer blocks in ``mode`` and
+    everything else without recompute. Megatron-LM, megatron/core/transformer/
+    transformer_block.py, _checkpointed_forward: "block: Checkpoint the input activation of only
+    a set number of individual Transformer layers and skip the rest. A method fully use the
+    device memory removing redundant re-computation." (``for l in range(self.
+    num_layers_per_pipeline_rank): if l < self.config.recompute_num_layers:`` checkpoint layer l
+    alone, else run it plainly; the chunk's layers are those of one pipeline stage or virtual
+    chunk). ``blocks``: per model layer, whether it is a transformer block (the embedding and
+    the head are not: never recomputed)."""
+    if layers is None or mode == "none":
+        return [(mode, a, b)]
+    blocks = [i for i in range(a, b) if blocks[i]]
+    if layers >= len(blocks):
+        return [(mode, a, b)]
+    if layers <= 0:
+        return [("none", a, b)]
+    cut = blocks[layers - 1] + 1  # after the N-th block: layers before it are blocks or edges
+    return [(mode, a, cut), ("none", cut, b)]
+
+
+def split_stages(tables: dict[str, CostTable], bounds, modes, counts=None,
+                 blocks=None) -> ChunkArrays:
+    """Per-chunk totals of a split, each chunk under its own recompute mode (``counts``: per
+    chunk None, or the N of Megatron's block method, :func:`partial_segments` over the layers
+    ``blocks`` marks as transformer blocks, whose other layers then run without recompute and
+    need the "none" table): compute only (the pipeline engine's per-action costs are charged
+    per action by the prediction)."""
     first = np.array([a for a, _ in bounds])
     last = np.array([b for _, b in bounds])
+    counts = list(counts) if counts is not None else [None] * len(modes)
+    segs = [partial_segments(blocks, a, b, m, n) if n is not None else [(m, a, b)]
+            for (a, b), m, n in zip(bounds, modes, counts)]
     sums = {}
     for name in _SUMMED:
-        sums[name] = np.array([tables[m].prefix[name][b] - tables[m].prefix[name][a]
-                               for (a, b), m in zip(bounds, modes)])
-    work = np.array([tables[m].work_bytes[a:b].max() for (a, b), m in zip(bounds, modes)])
+        sums[name] = np.array([sum(tables[m].prefix[name][j] - tables[m].prefix[name][i]
+                                   for m, i, j in seg) for seg in segs])
+    work = np.array([max(tables[m].work_bytes[i:j].max() for m, i, j in seg if j > i)
+                     for seg in segs])
     return ChunkArrays(first=first, last=last, recompute=tuple(modes), work_bytes=work, **sums)

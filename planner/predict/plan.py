@@ -37,10 +37,19 @@ class Stage:
     wgrad_s: float = 0.0
     send_s: float = 0.0
     a2a_s: float = 0.0  # of fwd_s + bwd_s: MoE token dispatch/combine all-to-all
+    # Megatron's block method: only the first N transformer blocks of the chunk recompute
+    # (``recompute`` "full"); None: ``recompute`` applies to every block of the chunk
+    recompute_layers: int | None = None
 
     @property
     def num_layers(self) -> int:
         return self.last - self.first
+
+    @property
+    def recompute_label(self) -> str:
+        """The recompute mode as output shows it: "block N" when only the first N blocks of the
+        chunk recompute (Megatron's --recompute-method block)."""
+        return self.recompute if self.recompute_layers is None else f"block {self.recompute_layers}"
 
 
 @dataclass(frozen=True)
@@ -89,7 +98,10 @@ class Plan:
                          **({"cp": par.cp} if par.cp > 1 else {}),
                          **({"ep": par.ep, "etp": par.expert_tp} if self.model.is_moe else {})},
             "stages": [{"stage": s.stage, "rank": s.rank, "layers": [s.first, s.last],
-                        "recompute": s.recompute, "time_s": _round(s.time_s),
+                        "recompute": s.recompute,
+                        **({"recompute_layers": s.recompute_layers}
+                           if s.recompute_layers is not None else {}),
+                        "time_s": _round(s.time_s),
                         "fwd_s": _round(s.fwd_s), "bwd_s": _round(s.bwd_s),
                         "wgrad_s": _round(s.wgrad_s), "send_s": _round(s.send_s),
                         **({"a2a_s": _round(s.a2a_s)} if self.model.is_moe else {}),

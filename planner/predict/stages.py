@@ -40,6 +40,8 @@ class Split:
     bounds: tuple[tuple[int, int], ...]
     recompute: tuple[str, ...]
     partition: Partition
+    # per chunk: None, or N of Megatron's block method (only the first N blocks recompute)
+    recompute_layers: tuple[int | None, ...] = ()
 
     @property
     def how(self) -> str:
@@ -47,10 +49,18 @@ class Split:
         return self.partition.label
 
 
-def allowed_modes(par: Parallel, opts: Stack, exact: bool = False) -> tuple[str, ...]:
+BLOCK_PIN = "block"
+"""The recompute pin for Megatron's block method alone: every stage recomputes its first N blocks,
+N from 0 to all chosen per stage by the partitioner (full granularity: no selective stage)."""
+
+
+def allowed_modes(par: Parallel, opts: Stack, exact: bool | str = False) -> tuple[str, ...]:
     """The recompute modes a stage may use: exactly the configuration's (a user's pin), or any
     up to it, so the partitioner can spare the stages with memory to spare (flash attention
-    already drops the scores, so 'selective' adds nothing there)."""
+    already drops the scores, so 'selective' adds nothing there). ``exact`` = BLOCK_PIN: none
+    and full, so that a stage may recompute part of its blocks (partial_modes)."""
+    if exact == BLOCK_PIN:
+        return ("none", "full")
     if exact:
         return (par.recompute,)
     modes = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(par.recompute) + 1]
@@ -111,7 +121,31 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
         act_bytes=act,
         inflight=inflight, capacity_bytes=capacity, modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)),
-        extra_bytes=kept if kept.any() else None)
+        extra_bytes=kept if kept.any() else None,
+        partial=partial_modes(model, par, modes, time_s, act),
+        blocks=np.array([layer.kind == "block" for layer in model.layers]))
+
+
+def partial_modes(model: ModelSpec, par: Parallel, modes: tuple[str, ...], time_s: np.ndarray,
+                  act: np.ndarray) -> tuple[int, int] | None:
+    """(none, full) when a chunk may recompute only its first N blocks (Megatron's
+    --recompute-method block, TransformerConfig.recompute_num_layers: "the number of
+    transformer layers to recompute within each pipeline stage"; with virtual pipelining Megatron
+    builds one TransformerBlock per model chunk and counts within it): wherever both modes are
+    allowed and recomputing a block costs time and saves memory. The chain DP (one chunk per
+    rank) solves it for any layer sequence, the option MILP for embedding, identical blocks and
+    head; an interleaved split of other models (the boundary MILP) keeps whole-chunk modes."""
+    if "none" not in modes or "full" not in modes:
+        return None
+    b, f = modes.index("none"), modes.index("full")
+    blocks = np.array([layer.kind == "block" for layer in model.layers])
+    if not blocks.any() or np.any(time_s[blocks, f] < time_s[blocks, b]) or \
+            np.any(act[blocks, f] > act[blocks, b]):
+        return None
+    uniform = (blocks[1:-1].all() and not blocks[0] and not blocks[-1]
+               and bool((time_s[blocks] == time_s[blocks][0]).all())
+               and bool((act[blocks] == act[blocks][0]).all()))
+    return (b, f) if par.virtual_stages == 1 or uniform else None
 
 
 def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
@@ -200,4 +234,5 @@ def _solved(solve, model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stac
 
 def _as_split(result: Partition) -> Split:
     return Split(tuple((c.first, c.last_exclusive) for c in result.chunks),
-                 tuple(c.recompute for c in result.chunks), result)
+                 tuple(c.recompute for c in result.chunks), result,
+                 tuple(c.recompute_layers for c in result.chunks))

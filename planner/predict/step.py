@@ -218,36 +218,43 @@ def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Predicti
 def evaluate(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack | None = None,
              bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
              profile=None, tables: dict[str, CostTable] | None = None,
-             simulated: bool = False, sim_cache: dict | None = None) -> Plan:
+             simulated: bool = False, sim_cache: dict | None = None,
+             recompute_layers=None) -> Plan:
     """Predict the plan of one fully specified configuration (even split unless ``bounds``)
     on the stack ``opts`` (default: the default stack).
 
-    ``tables`` are the layer costs per recompute mode when the caller already has them."""
+    ``tables`` are the layer costs per recompute mode when the caller already has them.
+    ``recompute_layers``: per chunk None, or N: only its first N blocks recomputed (Megatron's
+    block method, predict/chunks.py partial_segments)."""
     return predict_plan(model, cluster, par, opts, bounds, recompute_per_chunk, profile, tables,
-                        simulated, sim_cache)[0]
+                        simulated, sim_cache, recompute_layers)[0]
 
 
 def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack | None = None,
                  bounds: list[tuple[int, int]] | None = None, recompute_per_chunk=None,
                  profile=None, tables: dict[str, CostTable] | None = None,
-                 simulated: bool = False, sim_cache: dict | None = None
-                 ) -> tuple[Plan, Prediction]:
+                 simulated: bool = False, sim_cache: dict | None = None,
+                 recompute_layers=None) -> tuple[Plan, Prediction]:
     """:func:`evaluate`, and the Prediction it dressed (per-rank memory parts)."""
     opts = opts or default_stack()
     bounds = bounds or even_block_bounds(model, par.num_chunks)
     modes = recompute_per_chunk or [par.recompute] * par.num_chunks
+    modes, counts = block_counts_of(model, bounds, modes, recompute_layers)
+    needed = set(modes) | ({"none"} if any(n is not None for n in counts) else set())
     by_mode = dict(tables or {})
-    for mode in set(modes) - set(by_mode):
+    for mode in needed - set(by_mode):
         by_mode[mode] = CostTable(model_layer_costs(model, par, cluster.hardware, opts, mode,
                                                     profile))
-    stages = split_stages(by_mode, bounds, modes)
+    stages = split_stages(by_mode, bounds, modes, counts,
+                          [layer.kind == "block" for layer in model.layers])
     pred = predict(model, cluster, par, opts, stages, simulated, sim_cache)
     plan_stages = tuple(
         Stage(stage=k, rank=k % par.pp, first=int(stages.first[k]), last=int(stages.last[k]),
               recompute=stages.recompute[k], time_s=float(stages.time_s[k]),
               memory_bytes=float(pred.chunk_memory_bytes[k]), fwd_s=float(stages.fwd_s[k]),
               bwd_s=float(stages.bwd_s[k]), wgrad_s=float(stages.bwd_weight_s[k]),
-              send_s=float(pred.transfer_s[k]), a2a_s=float(stages.a2a_s[k]))
+              send_s=float(pred.transfer_s[k]), a2a_s=float(stages.a2a_s[k]),
+              recompute_layers=counts[k])
         for k in range(par.num_chunks))
     plan = Plan(model=model, cluster=cluster, parallel=par, stages=plan_stages,
                 metrics=metrics_of(model, cluster, par, pred,
@@ -255,6 +262,24 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
                 rank_memory_bytes=tuple(float(x) for x in pred.rank_memory_bytes),
                 notes=_notes(opts) + moe.notes(model, par, opts), stack=opts)
     return plan, pred
+
+
+def block_counts_of(model: ModelSpec, bounds, modes,
+                    recompute_layers) -> tuple[list[str], list[int | None]]:
+    """Per chunk, its mode and the N of Megatron's block method, or None where the mode covers
+    the whole chunk: a count is kept only for a "full" chunk with 1 <= N < its blocks (N = 0 is
+    no recompute, N = all is full recompute; the plan's stage then says so plainly)."""
+    modes = list(modes)
+    if recompute_layers is None:
+        return modes, [None] * len(modes)
+    out_modes, out = [], []
+    for (a, b), mode, n in zip(bounds, modes, recompute_layers):
+        blocks = sum(1 for layer in model.layers[a:b] if layer.kind == "block")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"recompute_layers must be None or a count >= 0, got {n!r}")
+        out_modes.append("none" if mode == "full" and n == 0 else mode)
+        out.append(n if mode == "full" and n is not None and 0 < n < blocks else None)
+    return out_modes, out
 
 
 def _pair_overlap(par: Parallel, hw, stages: ChunkArrays) -> tuple:

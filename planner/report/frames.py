@@ -43,10 +43,11 @@ def blocks_per_stage(plan: Plan) -> str:
 
 
 def stage_recompute(plan: Plan) -> str:
-    """The recompute modes the stages use, in order none/selective/full ("none/full" when mixed):
-    the partitioner picks one per stage, at most the plan-level mode."""
-    modes = [m for m in ("none", "selective", "full") if any(s.recompute == m for s in plan.stages)]
-    return "/".join(modes)
+    """The recompute modes the stages use, in order none/selective/block/full ("none/full" when
+    mixed; "block": only some of a stage's blocks recompute, Megatron's block method): the
+    partitioner picks one per stage, at most the plan-level mode."""
+    kind = ["block" if s.recompute_layers is not None else s.recompute for s in plan.stages]
+    return "/".join(m for m in ("none", "selective", "block", "full") if m in kind)
 
 
 def plan_record(plan: Plan) -> dict:
@@ -77,7 +78,7 @@ def stages_frame(plan: Plan):
 
     blocks = _blocks(plan)
     rows = [{"stage": s.stage, "rank": s.rank, "first_layer": s.first, "last_layer": s.last,
-             "blocks": blocks[k], "recompute": s.recompute, "time_s": s.time_s,
+             "blocks": blocks[k], "recompute": s.recompute_label, "time_s": s.time_s,
              "fwd_s": s.fwd_s, "bwd_s": s.bwd_s, "wgrad_s": s.wgrad_s, "send_s": s.send_s,
              "memory_bytes": s.memory_bytes,
              "rank_memory_bytes": (plan.rank_memory_bytes[s.rank]

@@ -114,17 +114,16 @@ def compare_splits(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stac
                    lp_path=None, placement: str = "") -> SplitComparison:
     tables = cost_tables(model, par, cluster.hardware, opts, profile, exact=exact_recompute)
 
-    def run(bounds, modes) -> Plan:
-        return evaluate(model, cluster, par, opts, bounds=list(bounds),
-                        recompute_per_chunk=list(modes), tables=tables, profile=profile,
-                        simulated=True)
+    def run(split) -> Plan:
+        return evaluate(model, cluster, par, opts, bounds=list(split.bounds),
+                        recompute_per_chunk=list(split.recompute), tables=tables, profile=profile,
+                        simulated=True, recompute_layers=list(split.recompute_layers))
 
     best = best_split(model, cluster, par, opts, tables, method, lp_path)
     params = param_split(model, cluster, par, opts, tables)
     even = megatron_split(model, cluster, par, opts, tables)
     return SplitComparison(
-        optimal=run(best.bounds, best.recompute), even=run(even.bounds, even.recompute),
-        equal_params=run(params.bounds, params.recompute), method=best.how,
+        optimal=run(best), even=run(even), equal_params=run(params), method=best.how,
         capacity_bytes=cluster.hardware.memory_bytes, placement=placement)
 
 
@@ -137,7 +136,7 @@ def _split_table(title: str, plan: Plan, capacity: float) -> Table:
     for s in plan.stages:
         blocks = sum(1 for layer in plan.model.layers[s.first:s.last] if layer.kind == "block")
         table.add_row(str(s.stage), str(s.rank), f"[{s.first},{s.last})", str(blocks),
-                      s.recompute, f"{s.time_s * 1e3:.2f}", f"{s.time_s / bottleneck:.0%}",
+                      s.recompute_label, f"{s.time_s * 1e3:.2f}", f"{s.time_s / bottleneck:.0%}",
                       f"{plan.rank_memory_bytes[s.rank] / GIB:.1f}")
     return table
 

@@ -365,7 +365,8 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
         chunks = [s for s in exp.plan.stages if s.rank == r]
         layers = " ".join(f"[{s.first},{s.last})" for s in chunks)
         a2a = (f"{sum(s.a2a_s for s in chunks):.4f}",) if moe else ()
-        table.add_row(str(r), layers, chunks[0].recompute, f"{sum(s.time_s for s in chunks):.4f}",
+        table.add_row(str(r), layers, "/".join(dict.fromkeys(s.recompute_label for s in chunks)),
+                      f"{sum(s.time_s for s in chunks):.4f}",
                       *a2a, f"{mem / GIB:.1f}")
     console.print(table)
     rows = _memory_rows(exp)

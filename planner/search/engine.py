@@ -28,8 +28,9 @@ from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
 from planner.search.bound import Bound, layer_times, step_bound
 from planner.search.chunk_bound import chunk_bound
-from planner.search.space import (MOE_NEEDS_SP, Pins, Request, enumerate_configs, launcher_rule,
-                                  microbatches, schedule_rule, stack_rule, tp_rule, validate_pins)
+from planner.search.space import (MOE_NEEDS_SP, Pins, Request, enumerate_configs, exact_recompute,
+                                  launcher_rule, microbatches, pinned_recompute, schedule_rule,
+                                  stack_rule, tp_rule, validate_pins)
 from planner.predict.stages import allowed_modes, best_split, may_fit, partition_problem
 
 __all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_configs",
@@ -103,7 +104,7 @@ class _Costs:
         """A lower bound on the refined step time of ``par`` (planner/search/bound.py);
         ``with_memory`` adds what memory forces, which costs building the partition problem."""
         r = self.req
-        modes = allowed_modes(par, r.options, r.pins.recompute is not None)
+        modes = allowed_modes(par, r.options, exact_recompute(r.pins))
         key = (par, with_memory)
         if key not in self.bounds:
             times_key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, modes,
@@ -171,7 +172,7 @@ class _Costs:
         """The cost tables of every recompute mode this configuration's stages may use."""
         r = self.req
         return {m: self.table(par, m) for m in allowed_modes(par, r.options,
-                                                              r.pins.recompute is not None)}
+                                                              exact_recompute(r.pins))}
 
     def even_stages(self, par: Parallel) -> ChunkArrays:
         key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, par.recompute,
@@ -201,7 +202,8 @@ class _Costs:
             return "memory (no stage split fits)"
         plan = evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
                         recompute_per_chunk=list(split.recompute), tables=known,
-                        profile=r.profile, simulated=True, sim_cache=self.simulations)
+                        profile=r.profile, simulated=True, sim_cache=self.simulations,
+                        recompute_layers=list(split.recompute_layers))
         return replace(plan, notes=plan.notes + (f"stage split: {split.how}",))
 
 
@@ -427,7 +429,7 @@ def _distinct(plans: list[Plan]) -> tuple[list[Plan], int]:
     seen, out = set(), []
     for plan in plans:
         key = (replace(plan.parallel, zero=0, recompute="none"),
-               tuple(s.recompute for s in plan.stages))
+               tuple((s.recompute, s.recompute_layers) for s in plan.stages))
         if key not in seen:
             seen.add(key)
             out.append(plan)
@@ -448,6 +450,7 @@ def analytical_comparison(req: Request, plan: Plan) -> str:
     analytical = evaluate(req.model, req.cluster, p, req.options,
                           bounds=[(s.first, s.last) for s in plan.stages],
                           recompute_per_chunk=[s.recompute for s in plan.stages],
+                          recompute_layers=[s.recompute_layers for s in plan.stages],
                           simulated=True)
     return (f"step time of plan 1: {plan.metrics.step_time_s:.3f} s from the measured profile "
             f"({req.profile.device_name}, {req.profile.dtype}), "
@@ -499,7 +502,7 @@ def explain(req: Request) -> Explanation:
         m = 1
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=m,
                    schedule=pins.schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
-                   recompute=pins.recompute or "none",
+                   recompute=pinned_recompute(pins.recompute) or "none",
                    zero=1 if pins.zero is None else pins.zero,
                    sequence_parallel=tp > 1 if pins.sequence_parallel is None
                    else pins.sequence_parallel, cp=cp,
@@ -526,6 +529,7 @@ def explain(req: Request) -> Explanation:
     _, pred = predict_plan(req.model, req.cluster, par, req.options,
                            bounds=[(s.first, s.last) for s in plan.stages],
                            recompute_per_chunk=[s.recompute for s in plan.stages],
+                           recompute_layers=[s.recompute_layers for s in plan.stages],
                            profile=req.profile, simulated=True)
     parts = {k: [float(x) for x in v] for k, v in pred.memory_parts.items()}
     return Explanation(par, plan, capacity, None, no_split, parts)

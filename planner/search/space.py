@@ -20,6 +20,7 @@ from planner.cost import context
 from planner.launchers import LAUNCHERS, Facts, launcher_allows
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
+from planner.predict.stages import BLOCK_PIN
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.stages import METHODS
 from planner.stack import Stack, default_stack
@@ -126,8 +127,8 @@ def validate_pins(req: Request) -> None:
     if pins.schedule is not None and pins.schedule not in SCHEDULES:
         raise PlanInputError(f"--schedule must be one of {', '.join(SCHEDULES)}, "
                              f"got {pins.schedule!r}")
-    if pins.recompute is not None and pins.recompute not in RECOMPUTE_MODES:
-        raise PlanInputError(f"--recompute must be one of {', '.join(RECOMPUTE_MODES)}, "
+    if pins.recompute is not None and pins.recompute not in RECOMPUTE_PINS:
+        raise PlanInputError(f"--recompute must be one of {', '.join(RECOMPUTE_PINS)}, "
                              f"got {pins.recompute!r}")
     if pins.zero is not None and pins.zero not in (0, 1, 2, 3):
         raise PlanInputError(f"--zero must be 0, 1, 2 or 3, got {pins.zero}")
@@ -334,12 +335,28 @@ def _context_size(req: Request, cp: int) -> int:
     return total
 
 
+# --recompute: a mode every stage uses, or "block" (Megatron's --recompute-method block): each
+# stage recomputes its first N blocks, N chosen per stage (predict/stages.py BLOCK_PIN)
+RECOMPUTE_PINS = (*RECOMPUTE_MODES, BLOCK_PIN)
+
+
+def pinned_recompute(pin: str | None) -> str | None:
+    """The configuration's recompute mode for a --recompute pin ("block" runs full granularity)."""
+    return "full" if pin == BLOCK_PIN else pin
+
+
+def exact_recompute(pins: Pins) -> bool | str:
+    """How the pin narrows the stages' modes (predict/stages.py allowed_modes): not at all, to
+    the pinned mode, or to Megatron's block method."""
+    return BLOCK_PIN if pins.recompute == BLOCK_PIN else pins.recompute is not None
+
+
 def _choices(req: Request, tp: int, pp: int):
     """(schedules, virtual stages of one schedule, recomputes, ZeRO stages, SP) the pins allow."""
     pins = req.pins
     schedules = [pins.schedule] if pins.schedule else (
         ["1f1b"] if pp == 1 else [s for s in SCHEDULES if s in req.options.schedules])
-    recomputes = [pins.recompute] if pins.recompute else [
+    recomputes = [pinned_recompute(pins.recompute)] if pins.recompute else [
         r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
     zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
     sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else (
