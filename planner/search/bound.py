@@ -19,12 +19,12 @@ r is reached when every rank's term is equal (if all were below that value, the 
 would stay below the equal split's and could not reach T): C = a·T / (1 - (1 - a/m)^p), a = 1,
 or for ZB-H1 and ZB-2p the smallest forward share f/t of any layer.  Interleaved ranks hold several
 chunks, which the partitioner may size unevenly, so there only what holds for any split is used:
-the busiest rank runs m microbatches of at least T / p, microbatch 0's chain of forwards
-and input-gradient backwards runs through every layer, and each rank's fill plus its m
-microbatches, with whole layers on every rank (`whole_layer_bound`).  (What the search's cap leaves of them is
-bounded again by a relaxation of their chunks, planner/search/chunk_bound.py: each rank's own
-memory, whole layers and the interleaved schedule's fill and drain, at the cost of a linear and a
-mixed-integer program.)
+the busiest rank runs m microbatches of at least T / p, microbatch 0's chain of forwards and
+input-gradient backwards runs through every layer, and each rank's fill plus its m microbatches
+holds with whole layers on every rank (`whole_layer_bound`).  (What the search's cap leaves of
+them is bounded again by a relaxation of their chunks, planner/search/chunk_bound.py: each
+rank's own memory, whole layers and the interleaved schedule's fill and drain, at the cost of a
+linear and a mixed-integer program.)
 
 Data-parallel sync and optimizer.  The rank with the most parameters holds at least total / p of
 them; its sync costs at least the interference share of the collective even with all of it hidden
