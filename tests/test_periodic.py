@@ -1,5 +1,8 @@
 """The steady-period simulation (planner/pipeline/periodic.py) against the op-by-op reference."""
 
+import random
+
+import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -146,3 +149,34 @@ def test_a_wave_that_repeats_after_several_periods(monkeypatch, p):
     fast = simulate("1f1b", p, 400, timeline=False, **args)
     assert len(steps) < 200  # of the ~380 periods
     _same(fast, simulate("1f1b", p, 400, method="full", timeline=False, **args))
+
+
+@pytest.mark.parametrize("p", [2, 3, 8, 16, 64])
+def test_1f1b_first_short_run_has_a_steady_cut(p):
+    """1F1B's first short run (p + 2 microbatches, simulate._first_short_run) already holds a
+    steady cut, so a long 1F1B run times p + 2 microbatches op by op, not 2p + 4 or more; and
+    the step it gives equals the op-by-op one (uneven stages and transfers)."""
+    from planner.pipeline.simulate import _first_short_run, _steady_cut
+    short = _first_short_run("1f1b", p, 1)
+    assert short == p + 2 and _steady_cut("1f1b", p, 1, short, 1) is not None
+    rng = random.Random(p)
+    f = [rng.uniform(0.5, 2.0) for _ in range(p)]
+    b = [2 * x * rng.uniform(0.8, 1.2) for x in f]
+    comm = [rng.uniform(0.0, 0.3) for _ in range(p - 1)]
+    m = max(FULL_UP_TO + 1, 2 * short + 3)
+    fast = simulate("1f1b", p, m, fwd_s=f, bwd_s=b, comm_s=comm, timeline=False)
+    full = simulate("1f1b", p, m, fwd_s=f, bwd_s=b, comm_s=comm, timeline=False, method="full")
+    assert fast.makespan_s == pytest.approx(full.makespan_s, rel=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), n=st.integers(1, 12), finite=st.floats(0.0, 1.0))
+def test_sparse_apply_is_the_dense_one_bit_for_bit(data, n, finite):
+    """The period map applied from its finite entries (periodic.apply_sparse) gives the very
+    floats the dense max-plus product gives, rows of -inf included."""
+    rng = random.Random(data.draw(st.integers(0, 10**6)))
+    T = np.array([[rng.uniform(-5, 5) if rng.random() < finite else -np.inf for _ in range(n)]
+                  for _ in range(n)])
+    s = np.array([rng.uniform(0, 100) for _ in range(n)])
+    dense, sparse = periodic.apply(T, s), periodic.apply_sparse(periodic.sparse_form(T), s)
+    assert np.array_equal(dense, sparse)

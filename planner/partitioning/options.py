@@ -150,8 +150,19 @@ class OptionModel(_Model):
         K, p, N = prep.K, prep.p, prep.L - 2
         ms = prep.cap_max if prep.cap_max > 0 else 1.0
         tau, self.patterns = [], []
+        # ranks whose chunks have the same options (blocks, mode, time, memory) and the same
+        # extra bytes get the same recursion: done once (interleaved ranks often share their
+        # in-flight counts and transfers: 4 distinct of 8 ranks on gpt3-175b, pp 8, v 6)
+        done: dict = {}
         for rho in range(p):
             ks = list(range(rho, K, p))
+            same = (prep.extra[rho], tuple(tuple((o[1], o[2]) + self.cost[o]
+                                                 for o in self.by_chunk[k]) for k in ks))
+            if same in done:
+                tau.append(tau[done[same]])
+                self.patterns.append(self.patterns[done[same]])
+                continue
+            done[same] = rho
             best = np.full(N + 1, math.inf)
             how: dict[int, tuple] = {}  # c -> ((n_k, r_k) per chunk of the rank)
             for level in sorted(set(prep.cap.tolist())):

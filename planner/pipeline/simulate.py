@@ -159,10 +159,13 @@ FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, a
 def _first_short_run(name: str, p: int, v: int) -> int:
     """Microbatches of the first short run: warm-up (ZB-H1's last rank starts deferring W after
     p - 1 backwards; DualPipe's rank 0 enters its steady pairs after 2p), a cut, the next period
-    and cool-down; doubled while no cut is found."""
+    and cool-down; doubled while no cut is found.  1F1B has a steady cut from p + 1 microbatches
+    on (checked for p = 2 to 64 in tests/test_periodic.py): its run is half as long as 2p + 4,
+    and the cut found there is as exact as any (planner/pipeline/periodic.py checks it, not
+    assumes it)."""
     if name == "dualpipe":
         return 2 * p + 8
-    return 6 * p if name == "interleaved" else 2 * p + 4
+    return 6 * p if name == "interleaved" else p + 2 if name == "1f1b" else 2 * p + 4
 
 
 def _gpipe_drawn(p: int) -> int:
