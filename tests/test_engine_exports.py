@@ -55,10 +55,14 @@ def test_torchtitan_03_arguments():
     assert words[words.index("--parallelism.fsdp_reshard_after_forward") + 1] == "never"
 
 
-@pytest.mark.parametrize("zero,shard,replicate,reshard", [
-    (3, 2, 1, "always"), (2, 2, 1, "never"), (0, 1, 2, None)])
-def test_torchtitan_zero_maps_to_fsdp2(zero, shard, replicate, reshard):
-    entry = torchtitan.entry(titan(zero=zero))
+@pytest.mark.parametrize("zero,pp,dp,shard,replicate,reshard", [
+    (3, 1, 8, 8, 1, "always"), (3, 4, 2, 2, 1, "default"), (2, 4, 2, 2, 1, "never"),
+    (0, 4, 2, 1, 2, None)])
+def test_torchtitan_zero_maps_to_fsdp2(zero, pp, dp, shard, replicate, reshard):
+    """Under pipelining ZeRO-3 runs torchtitan's "default" (no reshard with PP), as the
+    torchtitan stack prices it (zero3_pipeline_hold); without PP it reshards after forward."""
+    bounds = (0, 8, 17, 26, 34) if pp == 4 else (0, 34)
+    entry = torchtitan.entry(titan(zero=zero, pp=pp, dp=dp, bounds=bounds))
     assert entry["supported"], entry
     assert entry["data_parallel_shard_degree"] == shard
     assert entry["data_parallel_replicate_degree"] == replicate

@@ -17,7 +17,7 @@ Rules, each refused with its reason:
 - the model must be one of the release's Llama 3 configs (shapes below); torchtitan builds its
   own model, so any other shape would train a different model than the one planned;
 - ZeRO maps onto FSDP2's ``reshard_after_forward`` (``torchtitan/distributed/fsdp.py``):
-  ZeRO-3 -> "always", ZeRO-2 -> "never" (parameters stay gathered from forward to backward;
+  ZeRO-3 -> "always" ("default", no reshard, under pipelining: see ``reshard_policy``), ZeRO-2 -> "never" (parameters stay gathered from forward to backward;
   gradients and optimizer state sharded). FSDP2 always shards gradients with the optimizer state,
   so ZeRO-1 has no equivalent; ZeRO-0 is replication (``data_parallel_replicate_degree``), which
   0.2.x runs only as 1-D DDP ("DDP has not supported > 1D parallelism" in parallelize.py);
@@ -53,6 +53,19 @@ TARGETS = {
 FILES = {"0.3.0": "torchtitan_args.sh", "0.2.x": "torchtitan.toml"}
 OUTPUT_MODULE = {"0.3.0": "lm_head", "0.2.x": "output"}
 RESHARD = {3: "always", 2: "never"}
+
+
+def reshard_policy(plan: Plan) -> str:
+    """FSDP2's policy for the plan's ZeRO stage. Under pipelining a ZeRO-3 plan priced on a stack
+    that holds each stage gathered through the step (``zero3_pipeline_hold``) runs torchtitan's
+    "default", which for PP is no reshard: torchtitan/distributed/fsdp.py, 'case "default": #
+    For PP, by default do not reshard after forward to avoid per-microbatch all-gathers, which
+    can be expensive and non-overlapped / return not pp_enabled'."""
+    par = plan.parallel
+    held = plan.stack is None or plan.stack.zero3_pipeline_hold
+    if par.zero == 3 and par.pp > 1 and held:
+        return "default"
+    return RESHARD[par.zero]
 
 
 @dataclass(frozen=True)
@@ -225,7 +238,7 @@ def _settings(plan: Plan, key: str) -> dict:
     if par.tp > 1 and key == "0.3.0":  # 0.2.x always shards norms along the sequence under TP
         p["enable_sequence_parallel"] = par.sequence_parallel
     if par.dp > 1 and par.zero >= 2:
-        p["fsdp_reshard_after_forward"] = RESHARD[par.zero]
+        p["fsdp_reshard_after_forward"] = reshard_policy(plan)
     if par.pp > 1:
         p["pipeline_parallel_schedule"] = TORCH_SCHEDULES[par.schedule][1]
         p["pipeline_parallel_microbatch_size"] = par.micro_batch
