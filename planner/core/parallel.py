@@ -16,9 +16,10 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 # Megatron's --recompute-modules the planner prices under "selective" (planner/cost/recompute.py);
 # Megatron-Core TransformerConfig.recompute_modules: '"core_attn": recompute the core attention
 # part of the transformer layer. "moe_act": recompute the MoE MLP activation function.
-# "layernorm": recompute the input_layernorm and pre_mlp_layernorm.' Its "mla_up_proj", "mlp",
-# "moe" and "shared_experts" are not priced (a stack naming them is refused).
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act")
+# "layernorm": recompute the input_layernorm and pre_mlp_layernorm. "mla_up_proj": recompute
+# the MLA up projection and RoPE applying parts.' Its "mlp", "moe" and "shared_experts" are not
+# priced (a stack naming them is refused).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj")
 # dualpipe: DeepSeek-V3's bidirectional schedule (planner/pipeline/dualpipe.py), last: the search
 # ranks ties by this order, and no built-in stack runs it
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-2p", "dualpipe")

@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.cost import constants
-from planner.cost import comm, context, mla, moe
+from planner.cost import comm, context, mla, moe, mtp
 from planner.cost import elementwise
 from planner.cost import gemm
 from planner.cost import precision
@@ -172,6 +172,14 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     gemm_rate = peak * (hw.matmul_efficiency or constants.MATMUL_EFFICIENCY)
     mem_rate = hw.memory_bandwidth_gbps * 1e9 * (hw.memory_efficiency
                                                   or constants.MEMORY_EFFICIENCY)
+    if layer.kind == "head" and layer.mtp_depth:  # the head and its MTP modules (cost/mtp.py)
+        if measured is not None:
+            raise PlanInputError("--profile measures a plain output head; the multi-token "
+                                 "prediction modules it carries are priced analytically only: "
+                                 "drop --profile for this model")
+        return mtp.head_cost(layer, shape,
+                             lambda part: layer_cost(part, shape, recompute, hw, opts),
+                             sharded_params(layer, shape.tp, shape.ep, shape.etp), mem_rate)
     w = _work(layer, shape, flash, opts.fused_elementwise,
               floor=constants.EAGER_KERNEL_MIN_S * mem_rate)
     attn_rate = peak * (hw.attention_efficiency or constants.ATTENTION_EFFICIENCY) if flash \
@@ -220,10 +228,19 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     if recompute == "full" and layer.kind == "block":
         recompute_s, recompute_flops = fwd_s, fwd_flops  # before TP comm is added below
     elif recompute == "selective" and layer.kind == "block":
-        # the stack's --recompute-modules (cost/recompute.py); FLOPs only for core_attn's
-        recompute_s = recompute_modules.rebuild_s(layer, shape, flash, attn_fwd_s, mem_rate)
-        recompute_flops = w.attn_model_flops if (
-            recompute_modules.drops_scores(shape) and not flash) else 0.0
+        # the stack's --recompute-modules (cost/recompute.py); FLOPs for core_attn's attention
+        # and mla_up_proj's up-projection GEMMs (at this layer's GEMM rate and operand bytes)
+        up_s, up_flops = 0.0, 0.0
+        if "mla_up_proj" in shape.recompute_modules and layer.is_mla:
+            up = mla.up_projection_shapes(layer, shape.tokens, shape.tp)
+            up_flops = sum(2.0 * m * k * n for m, k, n in up)
+            up_s = gemm.weight_matmul_seconds(up, rate)[0] + precision.gemm_bytes(
+                (precision.Gemm(*g) for g in up),
+                precision.FP8_BYTES if fp8 is not None else ACT_BYTES) / mem_rate
+        recompute_s = recompute_modules.rebuild_s(layer, shape, flash, attn_fwd_s, mem_rate,
+                                                  up_s)
+        recompute_flops = up_flops + (w.attn_model_flops if (
+            recompute_modules.drops_scores(shape) and not flash) else 0.0)
     else:
         recompute_s, recompute_flops = 0.0, 0.0
 

@@ -171,7 +171,16 @@ def sharded_params(layer: Layer, tp: int, ep: int = 1, etp: int = 0) -> float:
     if layer.kind == "embedding":
         return layer.padded_vocab(tp) * h / tp + (layer.params - layer.vocab_size * h)
     if layer.kind == "head":
-        return layer.params - layer.vocab_size * h + layer.padded_vocab(tp) * h / tp
+        if layer.mtp_block is None:
+            return layer.params - layer.vocab_size * h + layer.padded_vocab(tp) * h / tp
+        # with MTP (model/spec.py Layer.mtp_depth): the norm, the vocab-parallel output weight
+        # and the embedding copy the modules read, and per module its block, the 2h x h
+        # projection (column-parallel, as the blocks' matmuls) and its three replicated norms
+        norm = (2 if layer.norm == "layernorm" else 1) * h
+        module = (sharded_params(layer.mtp_block, tp, ep, etp) + 2 * h * h / tp
+                  + layer.mtp_module_params - layer.mtp_block.params - 2 * h * h)
+        vocab = (2 if layer.mtp_copies_embedding else 1) * layer.padded_vocab(tp) * h / tp
+        return norm + vocab + layer.mtp_depth * module
     if layer.kind == "linear":
         return layer.params / tp
     norms = layer.norm_params

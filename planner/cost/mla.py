@@ -35,11 +35,39 @@ def projection_shapes(layer: Layer, tokens: float, tp: int) -> tuple:
     """(m, k, n) of each projection matmul on one GPU, for the operand-traffic term."""
     h, heads = layer.hidden_size, layer.num_attention_heads
     qk = heads * (layer.qk_nope_head_dim + layer.qk_rope_head_dim)
-    kv_up = heads * (layer.qk_nope_head_dim + layer.v_head_dim)
-    q = ((tokens, h, layer.q_lora_rank), (tokens, layer.q_lora_rank, qk / tp)) \
-        if layer.q_lora_rank else ((tokens, h, qk / tp),)
+    q_b, kv_b = up_projection_shapes(layer, tokens, tp)
+    q = ((tokens, h, layer.q_lora_rank), q_b) if layer.q_lora_rank else ((tokens, h, qk / tp),)
     return (*q, (tokens, h, layer.kv_lora_rank + layer.qk_rope_head_dim),
-            (tokens, layer.kv_lora_rank, kv_up / tp), (tokens, layer.v_size / tp, h))
+            kv_b, (tokens, layer.v_size / tp, h))
+
+
+def up_projection_shapes(layer: Layer, tokens: float, tp: int) -> tuple:
+    """(m, k, n) of the two up-projections from the latents, q_b (q_lora x heads(nope + rope))
+    and kv_b (kv_lora x heads(nope + v)), sharded by TP; without q_lora only kv_b."""
+    heads = layer.num_attention_heads
+    qk = heads * (layer.qk_nope_head_dim + layer.qk_rope_head_dim)
+    kv_b = (tokens, layer.kv_lora_rank, heads * (layer.qk_nope_head_dim + layer.v_head_dim) / tp)
+    if not layer.q_lora_rank:
+        return (kv_b,)
+    return ((tokens, layer.q_lora_rank, qk / tp), kv_b)
+
+
+def up_projection_output_bytes(layer: Layer, sb: float, tp: int) -> float:
+    """What recomputing the up-projections discards (Megatron-Core's "mla_up_proj", DeepSeek-V3
+    §3.2.3), of :func:`kept_bytes`: the up-projections' outputs after RoPE, Q and K (H·d_qk
+    each) and V (H·d_v), sharded by TP, and the latents after their norms with the rotated RoPE
+    key (q_lora + kv_lora + rope, replicated). Megatron-Core checkpoints
+    ``qkv_up_proj_and_rope_apply(q_compressed, kv_compressed, k_pos_emb, rotary_pos_emb)`` and
+    calls ``discard_output_and_register_recompute(core_attn_out)``
+    (megatron/core/transformer/multi_latent_attention.py); its Transformer Engine spec fuses the
+    latent norms into the up-projections (``linear_q_up_proj=(TELayerNormColumnParallelLinear if
+    qk_layernorm ...)``, ``q_layernorm=IdentityOp``, ``kv_layernorm=IdentityOp``,
+    gpt_layer_specs.py), so their outputs go too. Kept: the latents before their norms, the
+    checkpoint's inputs."""
+    heads = layer.num_attention_heads
+    qk = heads * (layer.qk_nope_head_dim + layer.qk_rope_head_dim)
+    latents = layer.q_lora_rank + layer.kv_lora_rank + layer.qk_rope_head_dim
+    return ACT_BYTES * sb * (latents + (2 * qk + heads * layer.v_head_dim) / tp)
 
 
 def kept_bytes(layer: Layer, sb: float, tp: int) -> float:

@@ -179,7 +179,20 @@ def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Sta
     inputs (sbh each, replicated across TP unless SP shards them), the projection input (sb·q/t)
     and the down projection's input (sb·f/t). DeepSeek-V3 §3.3.1: "the FP8 Wgrad GEMM allows
     activations to be stored in FP8 for use in the backward pass". Full recompute keeps only
-    the block's 16-bit input: nothing saved."""
+    the block's 16-bit input: nothing saved.
+
+    Two exceptions the stack names, DeepSeek-V3 §3.3.3 ("Low-Precision Activation"):
+    - the projection input is kept in ``fp8_attn_out_bytes`` per value: "(1) Inputs of the
+      Linear after the attention operator. These activations are also used in the backward
+      pass of the attention operator, which makes it sensitive to precision. We adopt a
+      customized E5M6 data format exclusively for these activations." E5M6 is 12 bits: 1.5
+      bytes (a format with fewer mantissa bits than BF16 saves nothing unless packed);
+    - with ``fp8_moe_act_input`` the routed experts' activation inputs (the FC1 outputs: gate and
+      up for SwiGLU, 2f/etp per copy) are kept in FP8 too: "(2) Inputs of the SwiGLU operator in
+      MoE. To further reduce the memory cost, we cache the inputs of the SwiGLU operator and
+      recompute its output in the backward pass. These activations are also stored in FP8 with
+      our fine-grained quantization method". The shared experts' are left 16-bit
+      (conservative: "in MoE" does not say whether they are included)."""
     if not (uses_fp8(layer, opts) and opts.fp8_saved_activations) or recompute == "full":
         return 0.0
     sb, t, h = shape.seq_len * shape.micro_batch, shape.tp, layer.hidden_size
@@ -191,7 +204,7 @@ def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Sta
                                                        moe.expert_tp(shape))
         mlp += (sb * h * rep + sb * sf / t) if sf else 0.0
     # MLA: the latent up-projections' inputs are not counted (left 16-bit: conservative)
-    values = sb * h * rep + sb * layer.v_size / t + mlp
+    values = sb * h * rep + mlp
     if recompute == "selective":  # what Megatron's modules discard is not kept at all
         mods = shape.recompute_modules
         if "layernorm" in mods:  # the QKV and MLP inputs are the norm outputs
@@ -200,7 +213,11 @@ def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Sta
         if "moe_act" in mods and layer.is_moe:
             values -= moe.mean_routed_copies(layer, shape) * layer.ffn_hidden_size / \
                 moe.expert_tp(shape)
-    return (ACT_BYTES - FP8_BYTES) * values
+    if layer.is_moe and opts.fp8_moe_act_input:
+        values += moe.mean_routed_copies(layer, shape) * (
+            2 if layer.mlp == "swiglu" else 1) * layer.ffn_hidden_size / moe.expert_tp(shape)
+    attn_out = sb * layer.v_size / t  # the attention-output projection's input
+    return (ACT_BYTES - FP8_BYTES) * values + (ACT_BYTES - opts.fp8_attn_out_bytes) * attn_out
 
 
 def step_cast_bytes(cache_bytes: float, opts: Stack) -> float:

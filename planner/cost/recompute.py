@@ -27,15 +27,23 @@ its output once the next module has used it; the backward runs the module again.
   memory-bound (SwiGLU reads 2f, writes f: cost/elementwise.py SWIGLU_FUSED, 6 bytes per element
   of f; GeLU reads and writes f: 4).
 
-None of these add model or hardware FLOPs beyond core_attn's attention (norms and activations
-are not counted in either convention).
+- mla_up_proj ('"mla_up_proj": recompute the MLA up projection and RoPE applying parts'):
+  Q, K and V as the up-projections and RoPE leave them, and the latents after their norms
+  (cost/mla.py up_projection_output_bytes). Rebuilt: the latent norms (memory-bound, as
+  layernorm's) and the two up-projection GEMMs, forward, whose FLOPs count as hardware FLOPs.
+  DeepSeek-V3's report, sec. 3.2.3, "Recomputation of RMSNorm and MLA Up-Projection": "We
+  recompute all RMSNorm operations and MLA up-projections during back-propagation, thereby
+  eliminating the need to persistently store their output activations."
+
+None of the others add model or hardware FLOPs beyond core_attn's attention (norms and
+activations are not counted in either convention).
 """
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from planner.cost import elementwise, moe
+from planner.cost import elementwise, mla, moe
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.model.spec import Layer
@@ -74,18 +82,25 @@ def discarded_bytes(layer: Layer, shape) -> float:
         out += norm_output_bytes(layer, shape)
     if "moe_act" in shape.recompute_modules:
         out += moe_act_output_bytes(layer, shape)
+    if "mla_up_proj" in shape.recompute_modules and layer.is_mla:
+        out += mla.up_projection_output_bytes(layer, shape.tokens, shape.tp)
     return out
 
 
 def rebuild_s(layer: Layer, shape, flash: bool, attn_fwd_s: float,
-              mem_rate: float) -> float:
+              mem_rate: float, up_proj_s: float = 0.0) -> float:
     """Seconds the backward spends rebuilding what the shape's modules discarded: the attention
     forward for core_attn (unless flash, which stores no scores), the norms and the experts'
-    activation as memory-bound passes at ``mem_rate`` bytes/s."""
+    activation as memory-bound passes at ``mem_rate`` bytes/s, and for mla_up_proj the
+    up-projections' forward GEMMs (``up_proj_s``, priced by the caller at the layer's GEMM rate)
+    and the two latent norms."""
     if layer.kind != "block":
         return 0.0
     mods = shape.recompute_modules
     out = attn_fwd_s if "core_attn" in mods and not flash else 0.0
+    if "mla_up_proj" in mods and layer.is_mla:
+        latents = layer.q_lora_rank + layer.kv_lora_rank
+        out += up_proj_s + elementwise.RMSNORM_FUSED * shape.tokens * latents / mem_rate
     if "layernorm" in mods:
         rep = 1 / shape.tp if shape.sp else 1.0
         out += 2 * elementwise.RMSNORM_FUSED * shape.tokens * layer.hidden_size * rep / mem_rate

@@ -145,6 +145,10 @@ def _arch(doc: dict) -> dict:
     if kinds[0] != "embedding" or kinds[-1] != "head" or set(kinds[1:-1]) - {"block"}:
         raise PlanInputError("the reference decoder builds embedding, blocks, head models only; "
                              f"this plan's layers are {sorted(set(kinds))}")
+    if arch.get("mtp_layers"):
+        raise PlanInputError("the reference decoder builds no multi-token prediction modules; "
+                             "this plan's model has mtp_layers "
+                             f"{arch['mtp_layers']}: plan it without them to run it here")
     if arch["tie_embeddings"]:
         raise PlanInputError("the reference decoder does not tie embeddings (a tied head on "
                              "another stage needs a gradient all-reduce the engine does not do)")

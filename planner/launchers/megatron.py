@@ -117,6 +117,8 @@ def moe_flags(plan: Plan) -> list[tuple[str, str | None]]:
     DeepSeek-V3's sigmoid router with its expert bias; MLA's ranks and head widths."""
     par, m = plan.parallel, plan.model
     out: list[tuple[str, str | None]] = []
+    if m.mtp_layers:  # '--mtp-num-layers': 'Number of Multi-Token Prediction (MTP) Layers.'
+        out.append(("--mtp-num-layers", str(m.mtp_layers)))
     if any(layer.is_mla for layer in m.layers):
         first = next(layer for layer in m.layers if layer.is_mla)
         out.append(("--multi-latent-attention", None))

@@ -85,6 +85,8 @@ def moe_architecture(model: ModelSpec) -> dict:
         out["dense_layers"] = list(model.dense_layers)
     if model.kv_lora_rank:
         out.update({k: getattr(model, k) for k in MLA_FIELDS})
+    if model.mtp_layers:  # multi-token prediction modules on the head's stage (cost/mtp.py)
+        out["mtp_layers"] = model.mtp_layers
     return out
 
 
@@ -96,7 +98,8 @@ def layer_modules(model: ModelSpec) -> list[list[str]]:
         first, *blocks, _ = model.layers
         emb = ["tok_embeddings"] + (["pos_embeddings"] if first.position_embeddings else []) \
             + (["embedding_norm"] if first.embedding_norm else [])
-        return [emb] + [[f"layers.{i}"] for i in range(len(blocks))] + [["norm", "output"]]
+        mtp = [f"mtp.layers.{i}" for i in range(model.layers[-1].mtp_depth)]
+        return [emb] + [[f"layers.{i}"] for i in range(len(blocks))] + [["norm", "output", *mtp]]
     seen: dict[str, int] = {}
     names = []
     for layer in model.layers:

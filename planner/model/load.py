@@ -145,7 +145,11 @@ def _from_ours(data: dict, origin: str) -> ModelSpec:
         **{k: data.get(k, 0) for k in _MOE_INTS}, dense_layers=_dense_layers(data, origin),
         shared_expert_gate=bool(data.get("shared_expert_gate", False)),
         router_bias=bool(data.get("router_bias", False)),
+        mtp_layers=data.get("mtp_layers", 0),
     )
+    if "layers" in data and base["mtp_layers"]:
+        raise PlanInputError(f"{origin}: mtp_layers adds modules to the standard embedding, "
+                             "blocks, head sequence; an explicit 'layers' list cannot take it")
     if "layers" not in data:
         return _checked(ModelSpec(**base), origin)
     layers = _explicit_layers(data["layers"], base, origin)
@@ -198,7 +202,7 @@ def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
                     qkv_bias=base["qkv_bias"], qk_norm=base["qk_norm"],
                     block_norms=base["block_norms"], rope=base.get("rope_theta") is not None,
                     make_vocab_size_divisible_by=base["make_vocab_size_divisible_by"])
-    known = set(Layer.__dataclass_fields__) | {"repeat"}
+    known = (set(Layer.__dataclass_fields__) - {"mtp_depth", "mtp_block"}) | {"repeat"}
     layers: list[Layer] = []
     for n, entry in enumerate(entries):
         where = f"{origin}: layers[{n}]"

@@ -81,12 +81,12 @@ def _deepseek(data: dict, origin: str, kind: str) -> dict:
     if data.get("attention_bias"):
         raise PlanInputError(f"{origin}: attention_bias = true on a {kind} model is not modelled "
                              "(plan3d counts no attention biases on DeepSeek's MLA)")
+    # DeepSeek-V3's multi-token prediction modules (report sec. 2.2), planned on the output
+    # head's stage (model/spec.py Layer.mtp_depth, cost/mtp.py)
     mtp = data.get("num_nextn_predict_layers") or 0
-    if mtp:
-        raise PlanInputError(
-            f"{origin}: num_nextn_predict_layers = {mtp} (DeepSeek-V3's multi-token prediction "
-            "module) is not modelled; set it to 0 in a copy of the config to plan the main model "
-            "without it")
+    if isinstance(mtp, bool) or not isinstance(mtp, int) or mtp < 0:
+        raise PlanInputError(f"{origin}: 'num_nextn_predict_layers' must be a non-negative "
+                             f"integer, got {mtp!r}")
     heads = require(data, origin, "num_attention_heads")
     layers = require(data, origin, "num_hidden_layers")
     experts = _positive(data, origin, "n_routed_experts")
@@ -110,7 +110,8 @@ def _deepseek(data: dict, origin: str, kind: str) -> dict:
             # DeepSeek-V3's noaux_tc router adds a per-expert e_score_correction_bias
             "router_bias": data.get("topk_method") == "noaux_tc",
             **_groups(data, origin, kind, experts),
-            "dense_layers": tuple(i for i in range(layers) if i < first or i % freq)}
+            "dense_layers": tuple(i for i in range(layers) if i < first or i % freq),
+            "mtp_layers": mtp}
 
 
 def _groups(data: dict, origin: str, kind: str, experts: int) -> dict:

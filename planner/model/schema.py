@@ -67,6 +67,7 @@ MODEL_JSON = {
     "qk_rope_head_dim": Int(0, MAX_HIDDEN),
     "qk_nope_head_dim": Int(0, MAX_HIDDEN),
     "v_head_dim": Int(0, MAX_HIDDEN),
+    "mtp_layers": Int(0, MAX_LAYERS),  # multi-token prediction modules (DeepSeek-V3)
     "layers": Free(),
 }
 

@@ -94,6 +94,14 @@ class Layer:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # Multi-token prediction (DeepSeek-V3 §2.2, "MTP Modules"; planner/cost/mtp.py), carried by
+    # the output head, whose stage it runs on: mtp_depth sequential modules, each "a shared
+    # embedding layer Emb(·), a shared output head OutHead(·), a Transformer block TRM_k(·), and
+    # a projection matrix M_k ∈ R^{d×2d}" (with the RMSNorms of eq. 21 and its head's own
+    # norm), the block of each shaped as mtp_block. The embedding and head weights are the main
+    # model's, stored once ("Shared Embedding and Output Head for Multi-Token Prediction", §3.2.3).
+    mtp_depth: int = 0
+    mtp_block: Layer | None = None
 
     def __post_init__(self) -> None:
         h, heads = self.hidden_size, self.num_attention_heads
@@ -143,10 +151,27 @@ class Layer:
             return (self.vocab_size + self.position_embeddings) * h + (
                 norm if self.embedding_norm else 0)
         if self.kind == "head":
-            return norm + self.vocab_size * h
+            # with MTP, the stage also stores the embedding its modules read, unless it holds
+            # the embedding itself (predict/memory.py): Megatron-Core's GPTModel, "if
+            # self.pre_process or self.mtp_process: self.embedding = LanguageModelEmbedding("
+            # (a tied head's weight is that embedding already)
+            embedding = self.vocab_size * h if self.mtp_copies_embedding else 0
+            return norm + self.vocab_size * h + embedding + self.mtp_depth * self.mtp_module_params
         if self.kind == "linear":
             return h * self.out_features + (self.out_features if self.bias else 0)
         return self.attention_params + self.mlp_params(self.num_experts) + self.norm_params
+
+    @cached_property  # a Layer is frozen: computed once, read by every cost
+    def mtp_module_params(self) -> int:
+        """One MTP module's own weights (0 without MTP): its block, the 2h x h projection M_k
+        and three norms, RMSNorm(h) and RMSNorm(Emb) of eq. 21 and the shared head's own norm
+        (HuggingFace DeepSeek-V3's layer 61: enorm, hnorm, eh_proj, shared_head.norm beside
+        the block); the embedding and output weights are shared, not counted."""
+        if self.mtp_block is None:
+            return 0
+        h = self.hidden_size
+        norm = (2 if self.norm == "layernorm" else 1) * h
+        return self.mtp_block.params + 2 * h * h + 3 * norm
 
     @cached_property  # a Layer is frozen: computed once, read by every cost
     def attention_params(self) -> int:
@@ -199,6 +224,9 @@ class Layer:
     @cached_property  # a Layer is frozen: computed once, read by every cost
     def active_params(self) -> int:
         """Parameters one token passes through: all but the routed experts it is not sent to."""
+        if self.mtp_block is not None:  # the MTP blocks' unused routed experts left out
+            idle = self.mtp_block.params - self.mtp_block.active_params
+            return self.unique_params - self.mtp_depth * idle
         if not self.is_moe:
             return self.unique_params
         return self.params - self.mlp_params(self.num_experts) + self.mlp_params(self.moe_top_k)
@@ -206,9 +234,18 @@ class Layer:
     @cached_property  # a Layer is frozen: computed once, read by every cost
     def unique_params(self) -> int:
         """Parameters counted once for the whole model (a tied head adds only its norm)."""
+        out = self.params
         if self.kind == "head" and self.tied:
-            return self.params - self.vocab_size * self.hidden_size
-        return self.params
+            out -= self.vocab_size * self.hidden_size
+        if self.mtp_copies_embedding:
+            out -= self.vocab_size * self.hidden_size
+        return out
+
+    @property
+    def mtp_copies_embedding(self) -> bool:
+        """Whether this head's stage stores an embedding copy for its MTP modules (an untied
+        head carrying MTP; see params)."""
+        return self.kind == "head" and self.mtp_block is not None and not self.tied
 
 
 @dataclass(frozen=True)
@@ -262,6 +299,10 @@ class ModelSpec:
     qk_rope_head_dim: int = 0
     qk_nope_head_dim: int = 0
     v_head_dim: int = 0
+    # Multi-token prediction modules after the main model (HF num_nextn_predict_layers, Megatron
+    # --mtp-num-layers; see Layer.mtp_depth): on the output head's stage, each with one block
+    # shaped as the block after the last (an MoE block where blocks past dense_layers are MoE)
+    mtp_layers: int = 0
     layers: tuple[Layer, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
@@ -355,7 +396,10 @@ def _standard_layers(spec: ModelSpec) -> tuple[Layer, ...]:
         blocks = [block if i in dense else moe for i in range(spec.num_layers)]
     embedding = Layer(kind="embedding", position_embeddings=spec.position_embeddings,
                       embedding_norm=spec.embedding_norm, **common)
-    head = Layer(kind="head", tied=spec.tie_embeddings, **common)
+    # DeepSeek-V3's MTP block is its layer 61, past first_k_dense_replace: an MoE block
+    mtp = dict(mtp_depth=spec.mtp_layers,
+               mtp_block=(moe if spec.num_experts else block)) if spec.mtp_layers else {}
+    head = Layer(kind="head", tied=spec.tie_embeddings, **mtp, **common)
     return (embedding, *blocks, head)
 
 

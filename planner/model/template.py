@@ -93,6 +93,9 @@ FIELDS: tuple[Field, ...] = (
     Field("qk_rope_head_dim", "integer", "0", "MLA: per-head Q/K width with RoPE (the shared "
           "RoPE key has this width)."),
     Field("v_head_dim", "integer", "0", "MLA: per-head value width."),
+    Field("mtp_layers", "integer", "0",
+          "Multi-token prediction modules (DeepSeek-V3; HuggingFace num_nextn_predict_layers): "
+          "each a projection, one block and the shared output head, on the head's stage."),
     Field("layers", "list", "none",
           "An explicit layer sequence instead of num_layers blocks: objects with a kind "
           "(embedding, block, head, linear), an optional repeat and any layer field to override."),
@@ -106,8 +109,9 @@ def model_template(spec: ModelSpec) -> dict:
     standard = ModelSpec(**{f.name: getattr(spec, f.name) for f in fields(ModelSpec)
                             if f.name != "layers"})
     if spec.layers != standard.layers:
-        doc["layers"] = [{f.name: getattr(layer, f.name) for f in fields(layer)}
-                         for layer in spec.layers]
+        # MTP modules ride on the standard head only (mtp_layers): not a layer entry's field
+        doc["layers"] = [{f.name: getattr(layer, f.name) for f in fields(layer)
+                          if f.name not in ("mtp_depth", "mtp_block")} for layer in spec.layers]
         doc.pop("num_layers")
     return doc
 

@@ -85,9 +85,10 @@ def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays,
     head), ``loss_bytes`` each: 4 (fp32), or the stack's loss_bytes."""
     out = np.zeros(len(stages.first))
     head = model.layers[-1]
-    if head.kind == "head":
-        out[stages.last == len(model.layers)] = (loss_bytes * par.micro_batch * model.seq_length
-                                                 / par.cp * head.padded_vocab(par.tp) / par.tp)
+    if head.kind == "head":  # the main loss's and each MTP module's (cost/mtp.py)
+        out[stages.last == len(model.layers)] = (
+            (1 + head.mtp_depth) * loss_bytes * par.micro_batch * model.seq_length / par.cp
+            * head.padded_vocab(par.tp) / par.tp)
     return out
 
 
@@ -106,6 +107,19 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
         tied = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
         tw, tg, to = state_parts(tied, par, opts)
         weights, grads, optim = weights - tw, grads - tg, optim - to
+    head = model.layers[-1]
+    if head.kind == "head" and head.mtp_copies_embedding:
+        # the MTP modules' embedding copy is the embedding itself on a rank holding both
+        # (one stage, or DualPipe's rank 0 and p - 1): DeepSeek-V3 report sec. 3.2.3, "we
+        # deploy the shallowest layers (including the embedding layer) and deepest layers
+        # (including the output head) of the model on the same PP rank. This arrangement
+        # enables the physical sharing of parameters and gradients"
+        n = len(model.layers)
+        both = ((stages.by_rank((stages.first == 0).astype(float), p) > 0)
+                & (stages.by_rank((stages.last == n).astype(float), p) > 0))
+        copy = model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
+        cw, cg, co = state_parts(copy, par, opts)
+        weights, grads, optim = weights - both * cw, grads - both * cg, optim - both * co
     if held_activations is None:
         acts = stages.by_rank(inflight * stages.act_bytes, p)
     else:

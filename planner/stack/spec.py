@@ -87,7 +87,7 @@ class Stack:
     # Megatron's --recompute-modules: what a block recomputes when its recompute mode is
     # "selective" (planner/cost/recompute.py): "core_attn" (the s x s scores; nothing more with
     # flash attention), "layernorm" (the two norm outputs), "moe_act" (the routed experts'
-    # activation output)
+    # activation output), "mla_up_proj" (MLA's Q, K, V and normed latents)
     recompute_modules: tuple[str, ...]
     # how much more a backward split into input-grad (B) and weight-grad (W) actions costs than
     # the fused backward, as a fraction of the backward (0.1: B + W = 1.1 x fused)
@@ -112,6 +112,12 @@ class Stack:
     fp8_weight_cache: bool
     # GEMM inputs saved for the backward in FP8 (1 byte) instead of 16-bit and cast again
     fp8_saved_activations: bool
+    # bytes per value of the saved input of the attention-output projection when GEMM inputs are
+    # saved in FP8: 1 (FP8, as every other GEMM input), or DeepSeek-V3's 12-bit E5M6 (1.5)
+    fp8_attn_out_bytes: float
+    # the routed experts' activation-function inputs (their FC1 outputs) saved in FP8 (1 byte)
+    # for the backward instead of 16-bit (DeepSeek-V3 sec. 3.3.3)
+    fp8_moe_act_input: bool
     # --- memory of the loss and the gradient reduction ---
     # dtype the cross-entropy runs in: "fp32" (logits upcast: Megatron's fused vocab-parallel
     # loss, torchtitan), "bf16" (F.cross_entropy on the 16-bit logits, NeMo Automodel's
@@ -217,11 +223,11 @@ _CHOICES = {
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
           "optimizer_post_validation", "fp8_weight_cache", "fp8_saved_activations",
-          "moe_probs_in_activation")
+          "moe_probs_in_activation", "fp8_moe_act_input")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0),
-           "moe_expert_load": (1.0, 64.0)}
+           "moe_expert_load": (1.0, 64.0), "fp8_attn_out_bytes": (1.0, 2.0)}
 
 
 def check_value(key: str, value, origin: str):
