@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import given, settings, strategies as st
 
 from planner.core.parallel import Parallel
-from planner.cost import comm, gemm, nccl
+from planner.cost import comm, gemm, nccl, tensor_parallel
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
 from planner.model.load import model_from_dict
@@ -63,14 +63,15 @@ def stage_transfer_s_reference(model, par, cluster, opts):
     full = step.ACT_BYTES * par.micro_batch * model.seq_length // par.cp * model.hidden_size
     sharded = par.sequence_parallel or opts.p2p_scatter_gather
     nbytes = full / par.tp if sharded else full
-    regather = (comm.all_gather_s(full, par.tp, intra)
+    regather = (tensor_parallel.all_gather_s(full, par.tp, cluster.hardware)
                 if opts.p2p_scatter_gather and not par.sequence_parallel else 0.0)
     out = []
     for k in range(chunks - 1):
         a, b = k % par.pp, (k + 1) % par.pp
         crosses = cluster.gpus > domain and stage_hop_crosses_nodes(a, b, par.tp * par.cp,
                                                                      par.dp, domain)
-        out.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
+        out.append(nccl.p2p_s(nbytes, (inter if crosses else intra).bytes_per_s, crosses)
+                   + regather)
     return out
 
 

@@ -8,8 +8,8 @@ published formulas do; a causal flash kernel executes half of it, which the time
 
 Time is a roofline per operation class: matmuls at the achieved matmul rate, memory-bound work
 (norms, activations, residuals, softmax, loss) at the achieved HBM bandwidth, and TP collectives on
-the node's NVLink. A measured profile (``plan profile``) replaces the compute rates with measured
-ones, scaled by FLOPs.
+the TP group's ring as NCCL prices them (cost/tensor_parallel.py). A measured profile
+(``plan profile``) replaces the compute rates with measured ones, scaled by FLOPs.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from planner.cost import elementwise
 from planner.cost import gemm
 from planner.cost import precision
 from planner.cost import recompute as recompute_modules
+from planner.cost import tensor_parallel
 from planner.hardware.profiles import Hardware
 from planner.cost.memory import (ACT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
@@ -253,9 +254,9 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
             recompute_s += cp_fwd
 
     one = 0.0
-    if shape.tp > 1 and not opts.tp_comm_overlap:
-        intra, _ = comm.links(hw)
-        one = comm.all_reduce_s(ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, intra)
+    if shape.tp > 1 and not opts.tp_comm_overlap:  # NCCL's ring on the TP group (tensor_parallel)
+        one = tensor_parallel.collective_s(ACT_BYTES * shape.tokens * layer.hidden_size,
+                                           shape.tp, shape.sp, hw)
     fwd_s += w.collectives * one
     bwd_input_s += w.collectives_bwd * one
     if recompute == "full" and layer.kind == "block":

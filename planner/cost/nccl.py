@@ -38,6 +38,9 @@ import numpy as np
 ALGORITHMS = ("tree", "ring")
 PROTOCOLS = ("LL", "LL128", "Simple")
 KINDS = ("all_reduce", "all_gather", "reduce_scatter")
+# Point-to-point sends of up to this many bytes run LL, larger ones Simple (src/enqueue.cc:
+# "NCCL_PARAM(P2pLLThreshold, "P2P_LL_THRESHOLD", 16384);").
+P2P_LL_THRESHOLD = 16384
 
 # Base latency of a collective, microseconds, by algorithm and protocol (LL, LL128, Simple).
 # tuning.cc: "static const float baseLat [NCCL_NUM_ALGORITHMS][NCCL_NUM_PROTOCOLS] = {
@@ -188,6 +191,23 @@ def collective_s(kind: str, nbytes, group: Group):
 
 
 _PRICED: dict = {}  # (kind, group, shape, buffer bytes) -> seconds (collective_s)
+
+
+def p2p_s(nbytes: float, bus_bytes_per_s: float, crosses_nodes: bool) -> float:
+    """Seconds of one send/recv of ``nbytes`` over a link of ``bus_bytes_per_s`` (the GPU's
+    NVLink, or its share of the node's NICs when the two ranks are on different nodes).
+
+    NCCL's tuner prices collectives only; a send is one hop of a ring, so it is priced here as
+    a ring collective of one step: the base latency of the protocol NCCL runs for that size (LL
+    up to P2P_LL_THRESHOLD, Simple above), one step's latency on the link class it crosses
+    (hwLat NVLINK or NET), and the bytes at that protocol's share of the link (LL carries 8-byte
+    lines with a 4-byte flag: a third, tuning.cc's ring LL fraction for one node)."""
+    if nbytes <= 0:
+        return 0.0
+    p = 0 if nbytes <= P2P_LL_THRESHOLD else PROTOCOLS.index("Simple")
+    step = (NET_STEP_US if crosses_nodes else NVLINK_STEP_US)["ring"][p]
+    bw = bus_bytes_per_s * (RING_LL_SINGLE if p == 0 else 1.0)
+    return (BASE_LATENCY_US["ring"][p] + step) * 1e-6 + nbytes / bw
 
 
 def bus_bandwidth(kind: str, nbytes: float, group: Group) -> float:

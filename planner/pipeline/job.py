@@ -11,6 +11,7 @@ from planner.core.files import read_json
 from planner.core.fileset import verify_set
 from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.core.plan_schema import check_plan_document
+from planner.pipeline.blocking import blocking_charges
 from planner.pipeline.schedule import ScheduleError
 from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
 from planner.stack import Stack
@@ -32,6 +33,8 @@ class SimulationJob:
     # the engine's per-action costs (Stack.pipeline_action_overhead_s, split_backward_overhead)
     action_s: float = 0.0
     split_backward: float = 0.0
+    # the engine's transfers block both ranks (Stack.p2p_blocking; pipeline/blocking.py)
+    p2p_blocking: bool = False
 
 
 def simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
@@ -73,9 +76,10 @@ def on_stack(job: SimulationJob, stack: Stack) -> SimulationJob:
                              f"{', '.join(stack.schedules)}); choose one of those or another "
                              "--stack")
     if job.p == 1:  # one stage: no pipeline engine runs, so none of its costs
-        return replace(job, action_s=0.0, split_backward=0.0)
+        return replace(job, action_s=0.0, split_backward=0.0, p2p_blocking=False)
     return replace(job, action_s=stack.pipeline_action_overhead_s,
-                   split_backward=stack.split_backward_overhead)
+                   split_backward=stack.split_backward_overhead,
+                   p2p_blocking=stack.p2p_blocking)
 
 
 def _times(text: str, chunks: int) -> tuple[float, ...]:
@@ -111,20 +115,32 @@ def _from_plan(path: Path) -> SimulationJob:
 
 
 def _engine_costs(doc: dict, origin: str) -> dict:
-    """The per-action costs of the stack a plan was priced on (none for a plan without one, or
-    one written before the stack had them), checked like a stack file's."""
+    """The per-action costs and transfer semantics of the stack a plan was priced on (none for
+    a plan without one, or one written before the stack had them), checked like a stack
+    file's."""
     stack = doc.get("stack")
     values = stack.get("values") if isinstance(stack, dict) else None
     values = values if isinstance(values, dict) else {}
-    return {arg: check_value(key, values.get(key, 0.0), f"{origin}: stack values")
-            for arg, key in (("action_s", "pipeline_action_overhead_s"),
-                             ("split_backward", "split_backward_overhead"))}
+    out = {arg: check_value(key, values.get(key, 0.0), f"{origin}: stack values")
+           for arg, key in (("action_s", "pipeline_action_overhead_s"),
+                            ("split_backward", "split_backward_overhead"))}
+    out["p2p_blocking"] = check_value("p2p_blocking", values.get("p2p_blocking", False),
+                                      f"{origin}: stack values")
+    return out
 
 
 def run_simulation(job: SimulationJob) -> SimResult:
+    fwd, bwd, comm = job.fwd_s, job.bwd_s, job.comm_s
+    chunks = job.p * job.v
+    if job.p2p_blocking and job.p > 1:  # each transfer inside both ranks' ops (blocking.py)
+        boundary = [float(comm)] * (chunks - 1) if isinstance(comm, (int, float)) else comm
+        add_f, add_b = blocking_charges(boundary, chunks)
+        fwd = tuple(f + a for f, a in zip(fwd, add_f))
+        bwd = tuple(b + a for b, a in zip(bwd, add_b))
+        comm = 0.0
     try:
-        return simulate(job.schedule, job.p, job.m, job.v, fwd_s=job.fwd_s, bwd_s=job.bwd_s,
-                        wgrad_s=job.wgrad_s, comm_s=job.comm_s, action_s=job.action_s,
+        return simulate(job.schedule, job.p, job.m, job.v, fwd_s=fwd, bwd_s=bwd,
+                        wgrad_s=job.wgrad_s, comm_s=comm, action_s=job.action_s,
                         split_backward=job.split_backward)
     except ScheduleError as e:
         raise PlanInputError(str(e)) from None

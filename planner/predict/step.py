@@ -17,7 +17,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import constants
-from planner.cost import comm, moe, nccl, zero
+from planner.cost import comm, moe, nccl, tensor_parallel, zero
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
@@ -28,6 +28,7 @@ from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
 from planner.pipeline import dualpipe
 from planner.pipeline.schedule import ZB_2P_LIMIT
+from planner.pipeline.blocking import blocking_charges
 from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import state_bytes, memory_parts
@@ -143,21 +144,26 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     if par.schedule == "dualpipe":  # rank r also holds stage p - 1 - r: every per-rank sum
         stages = mirrored(stages)  # counts both (pipeline/dualpipe.py)
     p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
+    fwd_s, bwd_s, dependency = stages.fwd_s, stages.bwd_s, p2p
+    # transfers inside both ranks' ops (pipeline/blocking.py); DualPipe's paired F&B is its own
+    if opts.p2p_blocking and par.num_chunks > 1 and par.schedule != "dualpipe":
+        add_fwd, add_bwd = blocking_charges(p2p[:-1], par.num_chunks)
+        fwd_s, bwd_s, dependency = fwd_s + add_fwd, bwd_s + add_bwd, np.zeros_like(p2p)
     inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
                                              par.virtual_stages), dtype=float)
     # the pipeline engine's own costs; with one stage no pipeline engine runs (a plain loop)
     engine = ((opts.pipeline_action_overhead_s, opts.split_backward_overhead) if p > 1
               else (0.0, 0.0))
     charged = charge_actions(par.schedule in SPLIT_BACKWARD or par.schedule == "dualpipe",
-                             par.num_chunks, stages.fwd_s, stages.bwd_s, stages.bwd_weight_s,
+                             par.num_chunks, fwd_s, bwd_s, stages.bwd_weight_s,
                              *engine)  # the engine's costs
-    rank_time = stages.by_rank(np.add(charged[0], charged[1]) + 2 * p2p, p)
+    rank_time = stages.by_rank(np.add(charged[0], charged[1]) + 2 * dependency, p)
     held = None
     pairs = _pair_overlap(par, hw, stages)
     if simulated:
         args = (par.schedule, p, par.num_microbatches, par.virtual_stages,
-                tuple(stages.fwd_s.tolist()), tuple(stages.bwd_s.tolist()),
-                tuple(stages.bwd_weight_s.tolist()), tuple(p2p[:-1].tolist()),
+                tuple(fwd_s.tolist()), tuple(bwd_s.tolist()),
+                tuple(stages.bwd_weight_s.tolist()), tuple(dependency[:-1].tolist()),
                 tuple(stages.act_bytes.tolist()), engine, pairs)
         sim = (sim_cache or {}).get(args)
         if sim is None:
@@ -326,16 +332,19 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
     tp·cp·dp consecutive ranks; NVLink reaches across its domain). With Megatron's
     scatter/gather each GPU sends 1/tp of the tensor and the receiver re-gathers it over NVLink
     (Narayanan et al. 2021 §4.1); with sequence parallelism the tensor is already sharded; a CP
-    rank sends its own seq/cp tokens."""
+    rank sends its own seq/cp tokens. A send is priced as NCCL runs it (nccl.p2p_s: latency and
+    bandwidth of the link it crosses, the GPU's share of its node's NICs across nodes, all GPUs
+    of a node sending at once) and the re-gather as an all-gather on the TP group's ring."""
     chunks = par.num_chunks
     if chunks == 1:
         return []
-    intra, inter = comm.links(cluster.hardware)
+    hw = cluster.hardware
+    intra, inter = comm.links(hw)
     domain = cluster.nvlink_domain
     full = ACT_BYTES * par.micro_batch * model.seq_length // par.cp * model.hidden_size
     sharded = par.sequence_parallel or opts.p2p_scatter_gather
     nbytes = full / par.tp if sharded else full
-    regather = (comm.all_gather_s(full, par.tp, intra)
+    regather = (tensor_parallel.all_gather_s(full, par.tp, hw)
                 if opts.p2p_scatter_gather and not par.sequence_parallel else 0.0)
     # a hop depends only on the rank it leaves (chunk k on rank k mod pp sends to the next
     # rank): price each rank's hop once, then read it for every chunk boundary
@@ -344,7 +353,8 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
         b = (a + 1) % par.pp
         crosses = cluster.gpus > domain and stage_hop_crosses_nodes(a, b, par.tp * par.cp,
                                                                      par.dp, domain)
-        hops.append(comm.p2p_s(nbytes, inter if crosses else intra) + regather)
+        hops.append(nccl.p2p_s(nbytes, (inter if crosses else intra).bytes_per_s, crosses)
+                    + regather)
     return [hops[k % par.pp] for k in range(chunks - 1)]
 
 

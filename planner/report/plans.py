@@ -292,7 +292,8 @@ def stacks_table(stacks: dict[str, Stack]) -> Table:
                                            ("gather", st.overlap_param_gather)) if on) or "off"
         table.add_row(name, st.version, st.launcher or "-", st.attention, grads, overlap,
                       "on" if st.tp_comm_overlap else "off",
-                      "scatter" if st.p2p_scatter_gather else "whole",
+                      ("scatter" if st.p2p_scatter_gather else "whole")
+                      + (",blocking" if st.p2p_blocking else ""),
                       "fused" if st.fused_elementwise else "eager", ",".join(st.schedules))
     table.caption = ("every field and its source: plan stacks --json; files in profiles/stacks/")
     table.caption_justify = "left"

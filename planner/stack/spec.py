@@ -59,6 +59,10 @@ class Stack:
     zero3_prefetch: int
     # Megatron's scatter/gather of stage outputs over TP ranks (Narayanan et al. 2021 §4.1)
     p2p_scatter_gather: bool
+    # the pipeline engine runs each send and receive as a blocking call between its compute
+    # ops, so a transfer occupies both ranks instead of overlapping their compute
+    # (planner/pipeline/blocking.py); False: a transfer is latency on the dependency only
+    p2p_blocking: bool
     # the pipeline engine keeps every in-flight microbatch's stage output until its backward
     keep_stage_outputs: bool
     # cross-entropy computes its gradient in place (no two extra fp32 logit buffers)
@@ -221,9 +225,9 @@ _CHOICES = {
     "grad_reduce_dtype": (None,) + tuple(DTYPE_BYTES),
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
-          "p2p_scatter_gather", "keep_stage_outputs", "fused_cross_entropy", "fused_elementwise",
-          "optimizer_post_validation", "fp8_weight_cache", "fp8_saved_activations",
-          "moe_probs_in_activation", "fp8_moe_act_input")
+          "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy",
+          "fused_elementwise", "optimizer_post_validation", "fp8_weight_cache",
+          "fp8_saved_activations", "moe_probs_in_activation", "fp8_moe_act_input")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0),
