@@ -297,10 +297,12 @@ def test_partition_refuses_a_tp_that_does_not_divide_the_heads():
 
 
 def test_partition_solver_choice_reaches_the_plan_and_agrees():
+    # one chunk per rank (1f1b), where both are exact: with interleaved chunks --partition dp
+    # takes the even split and the MILP a faster one (its list can then hold another plan)
     dp = json.loads(run("solve", "--gpus", "8", "--nodes", "1", "--pp", "2", "--json",
-                        "--top", "3", "--partition", "dp").output)["plans"]
+                        "--schedule", "1f1b", "--top", "3", "--partition", "dp").output)["plans"]
     ilp = json.loads(run("solve", "--gpus", "8", "--nodes", "1", "--pp", "2", "--json",
-                         "--top", "3", "--partition", "ilp").output)["plans"]
+                         "--schedule", "1f1b", "--top", "3", "--partition", "ilp").output)["plans"]
     assert all("stage split: dp" in p["notes"] for p in dp)
     assert all(any(n.startswith("stage split: ilp") for n in p["notes"]) for p in ilp)
     assert [p["stages"] for p in dp] == [p["stages"] for p in ilp]

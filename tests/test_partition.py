@@ -26,7 +26,8 @@ SLOW_CI = 30.0
 
 
 def brute_force(prob: PartitionProblem, K: int, p: int):
-    """Independent oracle: every split x modes, rule (B, T, interleaved lex) applied literally."""
+    """Independent oracle: every split x modes, rule (C, B, T, lex) applied literally: the
+    largest chunk C first (with one chunk per rank C = B, so v = 1 ranks by B as before)."""
     L, R = prob.num_layers, prob.num_modes
     bnd = np.broadcast_to(np.append(np.asarray(prob.boundary_s, float) * np.ones(K - 1), 0.0), (K,))
     extra = np.zeros(p) if prob.extra_bytes is None else prob.extra_bytes
@@ -46,7 +47,9 @@ def brute_force(prob: PartitionProblem, K: int, p: int):
                 i = e
             if any(m > c for m, c in zip(rm, rc)):
                 continue
-            key = (max(rt), tot, [x for pair in zip(ends, modes) for x in pair])
+            largest = max(float(prob.time_s[a:e, r].sum()) + bnd[k] for k, (a, e, r) in
+                          enumerate(zip([0] + ends[:-1], ends, modes)))
+            key = (largest, max(rt), tot, [x for pair in zip(ends, modes) for x in pair])
             if best is None or key < best[0]:
                 best = (key, tuple(ends), tuple(prob.modes[r] for r in modes))
     return best
@@ -145,7 +148,7 @@ def test_block_count_milp_with_virtual_stages_matches_brute_force(case):
     else:
         assert not isinstance(ilp, PartitionError), ilp
         assert ilp.method.startswith("ilp") and ilp.optimal and ilp.note == "", ilp.label
-        assert (ilp.bottleneck_s, ilp.boundaries, ilp.recompute) == (bf[0][0], bf[1], bf[2])
+        assert (ilp.bottleneck_s, ilp.boundaries, ilp.recompute) == (bf[0][1], bf[1], bf[2])
 
 
 def _outcome(fn):
@@ -197,7 +200,7 @@ def test_dp_matches_brute_force(case):
         assert isinstance(dp, PartitionError)
     else:
         assert not isinstance(dp, PartitionError), dp
-        assert (dp.bottleneck_s, dp.boundaries, dp.recompute) == (bf[0][0], bf[1], bf[2])
+        assert (dp.bottleneck_s, dp.boundaries, dp.recompute) == (bf[0][1], bf[1], bf[2])
 
 
 @settings(max_examples=40, deadline=None)
@@ -211,7 +214,7 @@ def test_virtual_stages_match_exhaustive(case):
         return
     assert not isinstance(ilp, PartitionError), ilp
     assert ilp.method.startswith("ilp") and ilp.optimal and ilp.note == "", ilp.label
-    assert (ilp.bottleneck_s, ilp.boundaries, ilp.recompute) == (bf[0][0], bf[1], bf[2])
+    assert (ilp.bottleneck_s, ilp.boundaries, ilp.recompute) == (bf[0][1], bf[1], bf[2])
     _same(partition_dp(prob, K, p), ilp)
 
 
@@ -475,14 +478,18 @@ def test_interleaved_chunks_are_split_unevenly_and_megatron_reads_them_back():
 
 
 def test_interleaved_keeps_the_even_split_on_a_tie():
-    """When no split beats the even one's bottleneck the MILP proves it and the even split
-    stays (the interleaved schedule's step time still depends on where the slack sits)."""
+    """When no split beats the even one's largest chunk and bottleneck the MILP proves it and
+    the even split stays (the interleaved schedule's step time still depends on where the slack
+    sits). Without it the rule's step 0 (least largest chunk) finds the same split: under the
+    rank bottleneck alone the lexicographic tie-break picked (1, 2, 5, 8), chunks of 1, 1, 3 and
+    3 layers, whose interleaved step is longer."""
     prob = PartitionProblem(np.ones((8, 1)), np.zeros(8), np.zeros((8, 1)), np.ones(4), 1.0)
     res = partition(prob, 4, 2, prefer=[2, 4, 6, 8], time_limit_s=SLOW_CI)
     assert res.boundaries == (2, 4, 6, 8) and res.optimal
-    assert res.label.endswith("(even split kept: no split has a smaller bottleneck)")
+    assert res.label.endswith("(even split kept: no split has a smaller largest chunk or "
+                              "bottleneck)")
     plain = partition(prob, 4, 2, time_limit_s=SLOW_CI)
-    assert plain.bottleneck_s == res.bottleneck_s and plain.boundaries == (1, 2, 5, 8)
+    assert plain.bottleneck_s == res.bottleneck_s and plain.boundaries == (2, 4, 6, 8)
 
 
 def test_highs_interleaved_tie_break_matches_the_exact_reference():

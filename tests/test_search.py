@@ -166,7 +166,9 @@ def test_without_a_launcher_the_search_keeps_to_the_stacks_own():
 def test_refine_auto_finds_the_true_best_that_a_small_cap_misses(first, monkeypatch):
     """--refine auto (the default) refines until no configuration's lower bound is below plan 1,
     so its plan 1 is the best of refining every screened configuration, here one the screen ranks
-    past the 3rd (megatron-1.7b, 8 x A100-80GB, interleaved, micro-batch 2: a cap of 3 misses it).
+    past the 3rd (llama3-8b, 8 x A100-80GB, interleaved, micro-batch 2: a cap of 3 misses it;
+    megatron-1.7b was the instance until interleaved splits minimised their largest chunk first,
+    which made its screen's second choice the best).
     With its first pass cut to those 3 (``first``), only the refinement in bound order past the
     first pass can find it; with the shipped first pass, the proof must still hold."""
     from collections import Counter
@@ -175,7 +177,7 @@ def test_refine_auto_finds_the_true_best_that_a_small_cap_misses(first, monkeypa
     from planner.search import engine
     from planner.search.engine import _Costs, capacity_bytes, screen
 
-    req = Request(model=load_model("megatron-1.7b"),
+    req = Request(model=load_model("llama3-8b"),
                   cluster=make_cluster(load_hardware("a100-80gb"), 8, 1), global_batch=64,
                   pins=Pins(schedule="interleaved", micro_batch=2), top=1)
     costs = _Costs(req)
@@ -208,7 +210,7 @@ def test_refine_auto_says_when_its_time_budget_not_the_proof_stopped_it(monkeypa
 
     monkeypatch.setattr(engine, "AUTO_FIRST", 3)
     monkeypatch.setattr(engine, "AUTO_BUDGET_S", 0.0)
-    req = Request(model=load_model("megatron-1.7b"),
+    req = Request(model=load_model("llama3-8b"),
                   cluster=make_cluster(load_hardware("a100-80gb"), 8, 1), global_batch=64,
                   pins=Pins(schedule="interleaved", micro_batch=2), top=1)
     result = search(req)

@@ -227,7 +227,7 @@ def min_peak_memory(prep: Prepared) -> tuple[float, int, float]:
 
 
 def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
-    """All splits x modes (v > 1 oracle); rule steps 1-3 applied literally."""
+    """All splits x modes (v > 1 oracle); rule steps 0-3 applied literally."""
     L, K, p, R = prep.L, prep.K, prep.p, prep.R
     per_chunk = R + (max(L - K, 0) if prep.nb is not None else 0)  # modes + partial counts
     count = math.comb(L - 1, K - 1) * per_chunk**K
@@ -244,9 +244,10 @@ def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
             rank_t = [0.0] * p
             rank_m = [float(x) for x in prep.extra]
             rank_cap = [prep.cap_max] * p
-            comp, i = 0.0, 0
+            comp, i, largest = 0.0, 0, 0.0
             for k, (e, r) in enumerate(zip(ends, modes)):
                 t = prep.chunk_time(k, i, e, r)
+                largest = max(largest, t)
                 rank_t[k % p] += t
                 rank_m[k % p] += prep.chunk_mem(k, i, e, r)
                 rank_cap[k % p] = min(rank_cap[k % p], prep.option_cap(r))
@@ -254,9 +255,11 @@ def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
                 i = e
             if all(m <= _cap(c) for m, c in zip(rank_m, rank_cap)):
                 key = [x for pair in zip(ends, modes) for x in pair]
-                cands.append((max(rank_t), comp, key, ends, list(modes)))
+                cands.append((max(rank_t), comp, key, ends, list(modes), largest))
     if not cands:
         return None
+    c_star = min(c[5] for c in cands)  # step 0: the least largest chunk
+    cands = [c for c in cands if c[5] <= _cap(c_star)]
     b = min(c[0] for c in cands)
     cands = [c for c in cands if c[0] <= _cap(b)]
     t = min(c[1] for c in cands)

@@ -1,6 +1,9 @@
 """Solving the partition MILP: the tie-break rule of :mod:`planner.partitioning.problem` proven
 by the solver alone, and the solver interface (PuLP; HiGHS or CBC).
 
+Interleaved (K > p) first: the least largest chunk C* (exact by bisection for the block-count
+model, :mod:`planner.partitioning.largest_chunk`; a variable C >= every chunk's time in the
+boundary model, minimised by the solver), then every step below under C <= C*.
 Minimise the bottleneck B; then, with B <= B*, the total compute time T; then, with T <= T* too,
 the chunk keys ``R * layers_k + mode_k`` in chunk order (with the earlier chunks fixed, a
 shorter chunk is an earlier end), several chunks per solve (a mixed-radix weighted sum over their
@@ -20,6 +23,7 @@ from typing import Sequence
 
 from planner.core.files import scratch_dir
 from planner.partitioning.milp import MAX_BINARIES, BoundaryModel, _Infeasible, _Model, uniform_blocks, windows
+from planner.partitioning.largest_chunk import least_largest_chunk
 from planner.partitioning.options import OptionModel, RankModel
 from planner.partitioning.problem import TIE_RTOL, PartitionError, Prepared, _lower_bound, score_split, total_compute_s
 
@@ -40,13 +44,26 @@ RETRY_SLACK = 1e-5
 O(1) rows); every split it returns is re-checked exactly with ``TIE_RTOL``."""
 
 
-def build(prep: Prepared, ub: float | None) -> _Model | None:
+def build(prep: Prepared, ub: float | None, chunk_cap: float | None = None,
+          known_chunk: float | None = None) -> _Model | None:
     """The formulation for this instance, or None when no split can fit (a chunk has no option
     that fits its mode's capacity). Raises PartitionError when the boundary model would be too
-    large to build within a time limit."""
+    large to build within a time limit.
+
+    Interleaved (K > p): ``ub`` must bound the bottleneck of the splits whose largest chunk is
+    ``chunk_cap`` (step 0 of the tie-break rule). The block-count model gets its least largest
+    chunk here (:func:`least_largest_chunk`, exact; ``known_chunk``: that of a split known to
+    fit) and keeps only the options within it; the boundary model carries a variable C for it
+    (:func:`solve_lexicographic` minimises it first) or, given ``chunk_cap``, its cap."""
     try:
         if uniform_blocks(prep):
-            return OptionModel(prep, ub)
+            if prep.K > prep.p and chunk_cap is None:
+                chunk_cap = least_largest_chunk(prep, known_chunk)
+                if chunk_cap is None:
+                    return None
+            model = OptionModel(prep, ub, chunk_cap)
+            model.chunk_cap_s = chunk_cap
+            return model
     except _Infeasible:
         return None
     lo, hi = windows(prep, ub)
@@ -56,7 +73,7 @@ def build(prep: Prepared, ub: float | None) -> _Model | None:
     n_binaries = sum(h - l for l, h in zip(lo, hi)) + prep.K * prep.R
     if n_binaries > MAX_BINARIES:
         raise PartitionError(f"MILP too large ({n_binaries} binaries > {MAX_BINARIES})")
-    return BoundaryModel(prep, ub)
+    return BoundaryModel(prep, ub, chunk_cap)
 
 
 # ---------------------------------------------------------------- solving
@@ -81,20 +98,34 @@ class Outcome:
 def solve_lexicographic(model: _Model, name: str, deadline: float,
                         keep: tuple[Sequence[int], Sequence[int], float] | None = None,
                         steps: int = 3) -> Outcome:
-    """The three steps of the tie-break rule, each proven by the solver (see module docstring).
+    """The steps of the tie-break rule, each proven by the solver (see module docstring).
 
-    ``keep`` = (ends, modes, bottleneck) of a fitting split the caller prefers on a tie: when
-    step 1 proves no split has a smaller bottleneck, it is returned (``kept``) instead of
-    running steps 2 and 3. ``steps`` < 3 stops after that step (said in ``note``)."""
+    ``keep`` = (ends, modes, bottleneck, largest chunk) of a fitting split the caller prefers on
+    a tie: when steps 0 and 1 prove no split has a smaller largest chunk (interleaved) or
+    bottleneck, it is returned (``kept``) instead of running steps 2 and 3. ``steps`` < 3 stops after that step (said in ``note``)."""
     import pulp
 
     prep = model.prep
+    c_star = getattr(model, "chunk_cap_s", None)  # the block-count model found it exactly
+    if model.C is not None and model.C.upBound is None:
+        # step 0 (interleaved, boundary model): the least largest chunk, then capped
+        model.prob.setObjective(model.C)
+        status, _ = run_milp(model, name, deadline - time.monotonic())
+        if status != "optimal":
+            return Outcome("none" if status == "feasible" else status)
+        ends, modes = model.solution()
+        c_star = max(c.time_s for c in score_split(prep, ends, modes, method="ilp").chunks)
+        model.C.upBound = c_star * (1 + CAP_SLACK) / model.tscale
+        model.prob.setObjective(model.B)
     if isinstance(model, OptionModel) and prep.K > prep.p:
         try:  # interleaved: steps 1 and 2 on the per-rank master (same optimum, exact)
             model = RankModel(model)
         except _Infeasible:
             return Outcome("infeasible")
     status, bound = run_milp(model, name, deadline - time.monotonic())
+    if status == "infeasible" and c_star is not None and model.C is not None:
+        model.C.upBound = c_star * (1 + RETRY_SLACK) / model.tscale  # C* cut off by tolerance
+        status, bound = run_milp(model, name, deadline - time.monotonic())
     if status in ("infeasible", "none"):
         return Outcome(status)
     ends, modes = model.solution()
@@ -103,7 +134,8 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
         lb = max(_lower_bound(prep), (bound or 0.0) * model.tscale,
                  getattr(model, "rank_bound_s", 0.0))
         return Outcome("feasible", tuple(ends), tuple(modes), min(lb, b_star))
-    if keep is not None and keep[2] <= b_star * (1 + TIE_RTOL):
+    if keep is not None and keep[2] <= b_star * (1 + TIE_RTOL) and (
+            c_star is None or keep[3] <= c_star * (1 + TIE_RTOL)):
         return Outcome("optimal", tuple(keep[0]), tuple(keep[1]), b_star, kept=True)
     if steps <= 1:
         return Outcome("optimal", tuple(ends), tuple(modes), b_star, "ties not broken")
@@ -113,7 +145,7 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
     master = model if isinstance(model, RankModel) else None
     fallback_model = model.om if master is not None else model
     if master is None:
-        model = build(prep, b_star) or model
+        model = build(prep, b_star, c_star) or model
     t_star = None
     step2 = master or model
     step2.B.upBound = b_star * (1 + CAP_SLACK) / step2.tscale
@@ -135,7 +167,7 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
                        "ties broken by least recompute only" if prep.n_options > 1
                        else "ties not broken")
     if master is not None:
-        model = build(prep, b_star) or fallback_model
+        model = build(prep, b_star, c_star) or fallback_model
         model.B.upBound = b_star * (1 + CAP_SLACK) / model.tscale
     if t_star is not None:
         model.prob += model.compute_time() <= (t_star * (1 + CAP_SLACK) + 1e-300) / model.tscale

@@ -80,6 +80,7 @@ class _Model:
     prep: Prepared
     prob: object
     B: object
+    C: object = None  # the largest chunk time (interleaved MILPs that choose it, step 0)
     tscale: float
     end_lo: list[int]
     end_hi: list[int]
@@ -130,7 +131,7 @@ class BoundaryModel(_Model):
     window allows. A rank's memory is held to the capacity of every mode one of its chunks uses
     (a big-M row per chunk and mode whose capacity is below the largest)."""
 
-    def __init__(self, prep: Prepared, ub: float | None) -> None:
+    def __init__(self, prep: Prepared, ub: float | None, chunk_cap: float | None = None) -> None:
         import pulp
 
         if prep.problem.partial is not None:  # its chunk costs are not linear in the ends
@@ -214,6 +215,13 @@ class BoundaryModel(_Model):
         self.tk = tk
         self.B = prob.add_variable("B", lowBound=0)
         bnd = prep.bnd / ts
+        self.C = None
+        if K > p:  # interleaved: the largest chunk (step 0 of the tie-break rule)
+            self.C = prob.add_variable("C", lowBound=0)
+            for k in range(K):
+                prob += self.C >= tk[k] + float(bnd[k])
+            if chunk_cap is not None:
+                self.C.upBound = chunk_cap * (1 + 1e-7) / ts
         for rho in range(p):
             ks = range(rho, K, p)
             prob += self.B >= pulp.lpSum(tk[k] for k in ks) + float(sum(bnd[k] for k in ks))

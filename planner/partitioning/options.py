@@ -17,6 +17,131 @@ import numpy as np
 from planner.partitioning.milp import _Infeasible, _lin, _Model, _val
 from planner.partitioning.problem import TIE_RTOL, Prepared, _lower_bound
 
+def chunk_options(prep: Prepared, ub: float | None, chunk_cap: float | None = None
+                  ) -> tuple[dict[tuple[int, int, int], tuple[float, float]],
+                             list[list[tuple[int, int, int]]]]:
+    """Every (chunk, blocks, option) worth a variable, with its (seconds, bytes): an option that
+    overruns the bound ``ub`` on B, or its mode's capacity, even with the rank's other chunks at
+    their smallest is left out, and so is one slower than ``chunk_cap`` (the largest chunk time
+    allowed: step 0 of the tie-break rule). Returns (cost, options by chunk)."""
+    K, p, R, L = prep.K, prep.p, prep.R, prep.L
+    N = L - 2
+    pr = prep.problem
+    t, a, s = pr.time_s, pr.act_bytes, pr.state_bytes
+    nmin = [0 if k in (0, K - 1) else 1 for k in range(K)]
+    if K == 1:
+        nmin = [N]
+    edges = [([0] if k == 0 else []) + ([L - 1] if k == K - 1 else []) for k in range(K)]
+    slow = math.inf if chunk_cap is None else chunk_cap * (1 + TIE_RTOL) + 1e-300
+
+    def cost(k: int, n: int, r: int) -> tuple[float, float]:
+        e = edges[k]
+        tm = float(sum(t[i, r] for i in e) + n * t[1, r] + prep.bnd[k])
+        mem = float(sum(s[i] for i in e) + n * s[1]
+                    + prep.inflight[k] * (sum(a[i, r] for i in e) + n * a[1, r]))
+        return tm, mem
+
+    def partial_cost(k: int, n: int, o: int) -> tuple[float, float]:
+        """Option o >= R: the first c = o - R + 1 of the n blocks recomputed (the problem's
+        partial modes), the others and the edges in the base mode."""
+        b, f = pr.partial
+        c = o - R + 1
+        tm, mem = cost(k, n, b)
+        return (tm + c * float(t[1, f] - t[1, b]),
+                mem + float(prep.inflight[k] * c * (a[1, f] - a[1, b])))
+
+    least = [min(cost(k, nmin[k], r) for r in range(R)) for k in range(K)]
+    least_mem = [min(cost(k, nmin[k], r)[1] for r in range(R)) for k in range(K)]
+    options: dict[tuple[int, int, int], tuple[float, float]] = {}
+    for k in range(K):
+        rho = k % p
+        others = [j for j in range(rho, K, p) if j != k]
+        t_rest = sum(least[j][0] for j in others)
+        m_rest = sum(least_mem[j] for j in others) + prep.extra[rho]
+        nmax = N - (sum(nmin) - nmin[k])
+        for r in range(R):
+            for n in range(nmin[k], nmax + 1):
+                tm, mem = cost(k, n, r)
+                if ub is not None and tm + t_rest > ub * (1 + 1e-7) or tm > slow:
+                    break
+                if mem + m_rest > prep.cap[r] * (1 + TIE_RTOL):
+                    break
+                options[k, n, r] = (tm, mem)
+        if pr.partial is None:
+            continue
+        cap_f = prep.cap[pr.partial[1]] * (1 + TIE_RTOL)
+        for n in range(max(nmin[k], 2), nmax + 1):
+            # recomputing more blocks only costs time: with one chunk per rank only the
+            # least count that fits is worth an option; with several, every count that fits
+            # alone (the rank's memory row then picks among them)
+            if partial_cost(k, n, R)[0] > slow:
+                break  # one block recomputed is already too slow, and more blocks are slower
+            for c in range(1, n):
+                o = R + c - 1
+                tm, mem = partial_cost(k, n, o)
+                if ub is not None and tm + t_rest > ub * (1 + 1e-7) or tm > slow:
+                    break
+                if mem + m_rest > cap_f:
+                    continue
+                options[k, n, o] = (tm, mem)
+                if len(others) == 0:
+                    break
+    by_chunk: list[list[tuple[int, int, int]]] = [[] for _ in range(K)]
+    for key in options:
+        by_chunk[key[0]].append(key)
+    return options, by_chunk
+
+
+def rank_tables(prep: Prepared, cost: dict, by_chunk: list) -> tuple[np.ndarray, list[dict]]:
+    """tau (p, N+1): each rank's least time holding c blocks in its chunks within its memory
+    (inf where it cannot), and the chunk arrangement (n_k, option_k) that achieves it: the Pareto
+    recursion of :meth:`OptionModel._rank_bound` over the options ``cost`` / ``by_chunk``."""
+    K, p, N = prep.K, prep.p, prep.L - 2
+    ms = prep.cap_max if prep.cap_max > 0 else 1.0
+    tau, patterns = [], []
+    # ranks whose chunks have the same options (blocks, mode, time, memory) and the same extra
+    # bytes get the same recursion: done once (interleaved ranks often share their in-flight
+    # counts and transfers: 4 distinct of 8 ranks on gpt3-175b, pp 8, v 6)
+    done: dict = {}
+    for rho in range(p):
+        ks = list(range(rho, K, p))
+        same = (prep.extra[rho], tuple(tuple((o[1], o[2]) + cost[o] for o in by_chunk[k])
+                                       for k in ks))
+        if same in done:
+            tau.append(tau[done[same]])
+            patterns.append(patterns[done[same]])
+            continue
+        done[same] = rho
+        best = np.full(N + 1, math.inf)
+        how: dict[int, tuple] = {}  # c -> ((n_k, r_k) per chunk of the rank)
+        for level in sorted(set(prep.cap.tolist())):
+            ok = {o[2] for k in ks for o in by_chunk[k] if prep.option_cap(o[2]) >= level}
+            cap = level / ms * (1 + TIE_RTOL)
+            # columns: blocks, seconds, memory, then (n, r) of each chunk so far
+            states = np.array([[0.0, 0.0, prep.extra[rho] / ms]])
+            for k in ks:
+                opts = np.array([(o[1], cost[o][0], cost[o][1] / ms, o[1], o[2])
+                                 for o in by_chunk[k] if o[2] in ok]).reshape(-1, 5)
+                S, O = len(states), len(opts)
+                both = np.concatenate([
+                    (states[:, None, :3] + opts[None, :, :3]).reshape(-1, 3),
+                    np.repeat(states[:, 3:], O, axis=0),
+                    np.tile(opts[:, 3:], (S, 1))], axis=1)
+                states = _pareto(both[(both[:, 2] <= cap) & (both[:, 0] <= N)])
+                if not len(states):
+                    break
+            else:
+                for row in states:
+                    c = int(row[0])
+                    if row[1] < best[c]:
+                        best[c] = row[1]
+                        how[c] = tuple((int(row[3 + 2 * i]), int(row[4 + 2 * i]))
+                                       for i in range(len(ks)))
+        tau.append(best)
+        patterns.append(how)
+    return np.array(tau), patterns
+
+
 class OptionModel(_Model):
     """Embedding + N identical blocks + head: binary ``y[k, n, r]`` = chunk k holds n blocks
     under option r (chunk 0 also the embedding, chunk K-1 also the head; middle chunks at least
@@ -27,79 +152,18 @@ class OptionModel(_Model):
     convex hull of its options, which is what makes it far stronger than counting blocks with
     big-M mode switches."""
 
-    def __init__(self, prep: Prepared, ub: float | None) -> None:
+    def __init__(self, prep: Prepared, ub: float | None, chunk_cap: float | None = None) -> None:
         import pulp
 
         self.prep = prep
         K, p, R, L = prep.K, prep.p, prep.R, prep.L
         N = L - 2
-        pr = prep.problem
         self.tscale = ts = ub if ub else max(_lower_bound(prep), 1e-12)
         ms = prep.cap_max if prep.cap_max > 0 else 1.0
-        t, a, s = pr.time_s, pr.act_bytes, pr.state_bytes
-        nmin = [0 if k in (0, K - 1) else 1 for k in range(K)]
-        if K == 1:
-            nmin = [N]
-        edges = [([0] if k == 0 else []) + ([L - 1] if k == K - 1 else []) for k in range(K)]
-
-        def cost(k: int, n: int, r: int) -> tuple[float, float]:
-            e = edges[k]
-            tm = float(sum(t[i, r] for i in e) + n * t[1, r] + prep.bnd[k])
-            mem = float(sum(s[i] for i in e) + n * s[1]
-                        + prep.inflight[k] * (sum(a[i, r] for i in e) + n * a[1, r]))
-            return tm, mem
-
-        def partial_cost(k: int, n: int, o: int) -> tuple[float, float]:
-            """Option o >= R: the first c = o - R + 1 of the n blocks recomputed (the problem's
-            partial modes), the others and the edges in the base mode."""
-            b, f = pr.partial
-            c = o - R + 1
-            tm, mem = cost(k, n, b)
-            return (tm + c * float(t[1, f] - t[1, b]),
-                    mem + float(prep.inflight[k] * c * (a[1, f] - a[1, b])))
-
-        least = [min(cost(k, nmin[k], r) for r in range(R)) for k in range(K)]
-        least_mem = [min(cost(k, nmin[k], r)[1] for r in range(R)) for k in range(K)]
         prob = pulp.LpProblem("partition_options", pulp.LpMinimize)
         self.B = prob.add_variable("B", lowBound=0)
-        self.y: dict[tuple[int, int, int], object] = {}
-        self.cost: dict[tuple[int, int, int], tuple[float, float]] = {}
-        for k in range(K):
-            rho = k % p
-            others = [j for j in range(rho, K, p) if j != k]
-            t_rest = sum(least[j][0] for j in others)
-            m_rest = sum(least_mem[j] for j in others) + prep.extra[rho]
-            nmax = N - (sum(nmin) - nmin[k])
-            for r in range(R):
-                for n in range(nmin[k], nmax + 1):
-                    tm, mem = cost(k, n, r)
-                    if ub is not None and tm + t_rest > ub * (1 + 1e-7):
-                        break
-                    if mem + m_rest > prep.cap[r] * (1 + TIE_RTOL):
-                        break
-                    self.y[k, n, r] = prob.add_variable(f"y_{k}_{n}_{r}", cat="Binary")
-                    self.cost[k, n, r] = (tm, mem)
-            if pr.partial is None:
-                continue
-            cap_f = prep.cap[pr.partial[1]] * (1 + TIE_RTOL)
-            for n in range(max(nmin[k], 2), nmax + 1):
-                # recomputing more blocks only costs time: with one chunk per rank only the
-                # least count that fits is worth an option; with several, every count that fits
-                # alone (the rank's memory row then picks among them)
-                for c in range(1, n):
-                    o = R + c - 1
-                    tm, mem = partial_cost(k, n, o)
-                    if ub is not None and tm + t_rest > ub * (1 + 1e-7):
-                        break
-                    if mem + m_rest > cap_f:
-                        continue
-                    self.y[k, n, o] = prob.add_variable(f"y_{k}_{n}_{o}", cat="Binary")
-                    self.cost[k, n, o] = (tm, mem)
-                    if len(others) == 0:
-                        break
-        self.by_chunk: list[list[tuple[int, int, int]]] = [[] for _ in range(K)]
-        for key in self.y:
-            self.by_chunk[key[0]].append(key)
+        self.cost, self.by_chunk = chunk_options(prep, ub, chunk_cap)
+        self.y = {o: prob.add_variable(f"y_{o[0]}_{o[1]}_{o[2]}", cat="Binary") for o in self.cost}
         if any(not opts for opts in self.by_chunk):
             raise _Infeasible
         for k in range(K):
@@ -146,51 +210,9 @@ class OptionModel(_Model):
         block-count minimums leave room). The LP relaxation alone is off by up to a block per
         rank, which with several chunks per rank (interleaved) costs the solver long branching.
         tau_rho comes from a Pareto recursion over the rank's chunks on (blocks, time, memory)."""
-        prep = self.prep
-        K, p, N = prep.K, prep.p, prep.L - 2
-        ms = prep.cap_max if prep.cap_max > 0 else 1.0
-        tau, self.patterns = [], []
-        # ranks whose chunks have the same options (blocks, mode, time, memory) and the same
-        # extra bytes get the same recursion: done once (interleaved ranks often share their
-        # in-flight counts and transfers: 4 distinct of 8 ranks on gpt3-175b, pp 8, v 6)
-        done: dict = {}
-        for rho in range(p):
-            ks = list(range(rho, K, p))
-            same = (prep.extra[rho], tuple(tuple((o[1], o[2]) + self.cost[o]
-                                                 for o in self.by_chunk[k]) for k in ks))
-            if same in done:
-                tau.append(tau[done[same]])
-                self.patterns.append(self.patterns[done[same]])
-                continue
-            done[same] = rho
-            best = np.full(N + 1, math.inf)
-            how: dict[int, tuple] = {}  # c -> ((n_k, r_k) per chunk of the rank)
-            for level in sorted(set(prep.cap.tolist())):
-                ok = {o[2] for k in ks for o in self.by_chunk[k] if prep.option_cap(o[2]) >= level}
-                cap = level / ms * (1 + TIE_RTOL)
-                # columns: blocks, seconds, memory, then (n, r) of each chunk so far
-                states = np.array([[0.0, 0.0, prep.extra[rho] / ms]])
-                for k in ks:
-                    opts = np.array([(o[1], self.cost[o][0], self.cost[o][1] / ms, o[1], o[2])
-                                     for o in self.by_chunk[k] if o[2] in ok]).reshape(-1, 5)
-                    S, O = len(states), len(opts)
-                    both = np.concatenate([
-                        (states[:, None, :3] + opts[None, :, :3]).reshape(-1, 3),
-                        np.repeat(states[:, 3:], O, axis=0),
-                        np.tile(opts[:, 3:], (S, 1))], axis=1)
-                    states = _pareto(both[(both[:, 2] <= cap) & (both[:, 0] <= N)])
-                    if not len(states):
-                        break
-                else:
-                    for row in states:
-                        c = int(row[0])
-                        if row[1] < best[c]:
-                            best[c] = row[1]
-                            how[c] = tuple((int(row[3 + 2 * i]), int(row[4 + 2 * i]))
-                                           for i in range(len(ks)))
-            tau.append(best)
-            self.patterns.append(how)
-        tau = self.tau = np.array(tau)  # (p, N+1)
+        N = self.prep.L - 2
+        self.tau, self.patterns = rank_tables(self.prep, self.cost, self.by_chunk)
+        tau = self.tau
         cand = np.unique(tau[np.isfinite(tau)])
 
         def enough(b: float) -> bool:

@@ -6,7 +6,8 @@ per rank, v = 1 is the plain pipeline).  Every chunk picks one recompute mode
 for all its layers, or, when the problem allows it, recomputes only its first c transformer
 blocks (Megatron's ``--recompute-method block``: see ``PartitionProblem.partial``).  We minimise the pipeline bottleneck: the largest per-rank
 sum of chunk times (plus one boundary transfer for every chunk but the last),
-subject to a per-rank memory capacity.  The capacity may depend on the recompute
+subject to a per-rank memory capacity; with interleaved chunks the largest chunk first (step 0
+of the tie-break rule below).  The capacity may depend on the recompute
 mode (recomputing rebuilds activations: a larger transient and more allocator
 fragmentation): a rank fits when its memory is within the capacity of every mode
 its chunks use, i.e. ``min(capacity[r] for r used on the rank)``.
@@ -14,16 +15,22 @@ its chunks use, i.e. ``min(capacity[r] for r used on the rank)``.
 Tie-break rule (identical in the ILP and in the DP, so both return the same
 partition, not only the same objective):
 
-1. smallest bottleneck ``B``;
+0. smallest largest chunk time ``C`` (boundary included). With one chunk per rank (v = 1)
+   ``C = B`` and this step changes nothing; with interleaved chunks (v > 1) the step time of
+   the interleaved 1F1B order is at most ``(M*v + p - 1) * C`` and exactly that for equal chunks,
+   while chunks of very different times on balanced ranks stall its steady state
+   (:mod:`planner.partitioning.largest_chunk`: the bounds, their sources and tests);
+1. among those, smallest bottleneck ``B``;
 2. among those, smallest total compute time ``T`` (= least recompute);
 3. among those, the lexicographically smallest sequence
    ``(end_0, mode_0, end_1, mode_1, ...)``: walking the chunks in order, each
    chunk is as short as possible, then uses the lowest-index option (the R modes
    by index, then partial recompute of c blocks as option ``R + c - 1``).
 
-Values within a relative tolerance of ``TIE_RTOL`` count as equal in 1 and 2.
+Values within a relative tolerance of ``TIE_RTOL`` count as equal in 0, 1 and 2.
 
-The MILP proves all three itself (2 with ``B <= B*``, 3 with ``T <= T*`` too,
+The MILP proves all of them itself (0 exactly by bisection for the block-count model or as a
+variable of the boundary model, 1 with ``C <= C*``, 2 with ``B <= B*`` too, 3 with ``T <= T*`` too,
 chunk by chunk: :mod:`planner.partitioning.lexicographic`) and never sees the DP's
 answer; the DP (:mod:`planner.partitioning.dp`) is the test oracle and, labelled as
 such, the fallback when a solver fails.  This module holds the problem, the

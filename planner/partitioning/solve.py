@@ -61,7 +61,7 @@ def partition(
     ``prefer``: chunk ends of a split to keep on a tie (each chunk its fastest mode that fits),
     e.g. the launcher's even split of interleaved chunks, whose step time the bottleneck does
     not rank among equal-bottleneck splits. When it fits and the MILP proves that no split has a
-    smaller bottleneck, it is returned (``note`` says so). ``tie_break_steps`` < 3 stops after
+    smaller largest chunk (interleaved) or bottleneck, it is returned (``note`` says so). ``tie_break_steps`` < 3 stops after
     that step of the tie-break rule (``note`` says so): 1 once B is proven, 2 once the least
     compute time under it is.
     """
@@ -94,8 +94,13 @@ def partition(
             kept = None
         elif heur is None or kept.bottleneck_s < heur.bottleneck_s:
             heur = kept
+    known_chunk = None if heur is None else max(c.time_s for c in heur.chunks)
+    if prep.K > prep.p:  # the heuristic's bottleneck bounds B only, not B under the least C
+        ub = None
+    else:
+        ub = heur.bottleneck_s if heur is not None else None
     try:
-        model = lexicographic.build(prep, heur.bottleneck_s if heur is not None else None)
+        model = lexicographic.build(prep, ub, known_chunk=known_chunk)
     except PartitionError as exc:
         return fallback(str(exc))
     if model is None:
@@ -106,7 +111,7 @@ def partition(
         except OSError as e:  # the user's --lp path: one line (core/fileset.py), no fallback
             raise output_error(e, lp_path) from None
     keep = None if kept is None else (kept.boundaries, option_indices(problem, kept),
-                                      kept.bottleneck_s)
+                                      kept.bottleneck_s, max(c.time_s for c in kept.chunks))
     try:
         out = lexicographic.solve_lexicographic(model, name, deadline, keep, tie_break_steps)
     except PartitionError:
@@ -121,7 +126,8 @@ def partition(
         return fallback(f"no split within {time_limit_s:g} s")
     if out.kept:
         return replace(kept, method=method, optimal=True,
-                       note="even split kept: no split has a smaller bottleneck")
+                       note="even split kept: no split has a smaller "
+                            + ("largest chunk or bottleneck" if prep.K > prep.p else "bottleneck"))
     res = score_split(prep, out.ends, out.modes, method=method, optimal=out.status == "optimal",
                    note=out.note)
     if not fits(res):
