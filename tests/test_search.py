@@ -218,3 +218,16 @@ def test_refine_auto_says_when_its_time_budget_not_the_proof_stopped_it(monkeypa
     assert "refinement stopped at its time budget (0 s of CPU)" in note
     assert "--refine K" in note and "plan 1 is proven" not in note
     assert result.accounted
+
+
+def test_an_interleaved_configuration_keeps_the_even_split_where_it_simulates_faster():
+    """llama3-70b, tp 8 pp 8 v 5 on 64 A100s: the partitioner's split (least largest chunk, then
+    busiest rank) holds 1 to 3 blocks a chunk and its steady state stalls on them; Megatron's
+    even split fits and simulates faster, so the search prices the configuration on it."""
+    from planner import solve
+    pins = dict(model="llama3-70b", tp=8, pp=8, schedule="interleaved", virtual_stages=5,
+                micro_batch=1, global_batch=64, recompute="none", zero=1, sequence_parallel=True)
+    plan = solve(gpus=64, nodes=8, **pins).plans[0]
+    blocks = [st.last - st.first for st in plan.stages]
+    assert max(blocks[1:-1]) - min(blocks[1:-1]) <= 1
+    assert any("Megatron's even split" in n and "faster when simulated" in n for n in plan.notes)
