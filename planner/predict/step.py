@@ -2,7 +2,8 @@
 
 A training step on pipeline rank i is the schedule over its microbatches plus what the schedule
 cannot hide: the data-parallel gradient synchronisation (partly overlapped with the last backward
-when the run overlaps it) and the optimizer step.
+when the run overlaps it), a tied embedding's gradient all-reduce between the first and last
+stage, and the optimizer step.
 
 Everything per stage is a numpy array over the chunks of one split, so a prediction costs a few
 array operations whatever the pipeline depth: the search screens thousands of configurations
@@ -17,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import constants
-from planner.cost import comm, moe, nccl, tensor_parallel, zero
+from planner.cost import comm, moe, nccl, tensor_parallel, tied_embedding, zero
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
@@ -189,7 +190,11 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     chunk_mem = states + inflight * stages.act_bytes
     parts = memory_parts(model, par, stages, inflight, opts, held)
     rank_mem = sum(parts.values())
-    dp_exposed = float(_dp_exposed_s(par, cluster, opts, stages, model).max())
+    # a tied embedding's gradient all-reduce follows the drain on the first and last rank
+    # (cost/tied_embedding.py)
+    tied = np.zeros(p)
+    tied[[0, -1]] = tied_embedding.sync_s(model, par, cluster, opts)
+    dp_exposed = float((_dp_exposed_s(par, cluster, opts, stages, model) + tied).max())
     # Each rank steps its shard: dense parameters over the DP x CP ranks, experts over expert DP
     # (state_parts).
     owned = (stages.by_rank(stages.params - stages.expert_params, p)
