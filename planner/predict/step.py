@@ -368,8 +368,8 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
 def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
                   stages: ChunkArrays, model: ModelSpec | None = None) -> np.ndarray:
     """Gradient synchronisation each rank cannot hide. ZeRO-0: all-reduce of the gradients;
-    ZeRO-1/distributed optimizer: reduce-scatter gradients + all-gather 16-bit weights once per
-    step; ZeRO-2 reduce-scatters after every microbatch where the stack keeps only the shard
+    ZeRO-1/distributed optimizer: reduce-scatter gradients (all-reduce where the stack's
+    optimizer does: ``zero1_grad_reduce``) + all-gather 16-bit weights once per step; ZeRO-2 reduce-scatters after every microbatch where the stack keeps only the shard
     (DeepSpeed), once per step where it reduces once (``zero2_reduce_scatter``); gradients move
     in the dtype the stack reduces them in (an fp32 accumulation buffer where it keeps one);
     ZeRO-3 gathers and reduce-scatters unit by unit inside every forward and backward
@@ -410,8 +410,9 @@ def _group_sync_s(par: Parallel, opts: Stack, stages: ChunkArrays, params: np.nd
     if par.zero == 0:
         reduce_s = nccl.collective_s("all_reduce", grads, group)
         gather_s = np.zeros(p)
-    else:
-        reduce_s = nccl.collective_s("reduce_scatter", grads, group)
+    else:  # ZeRO-1 all-reduces where the stack's optimizer does (zero1_grad_reduce)
+        whole = par.zero == 1 and opts.zero1_grad_reduce == "all_reduce"
+        reduce_s = nccl.collective_s("all_reduce" if whole else "reduce_scatter", grads, group)
         gather_s = nccl.collective_s("all_gather", params * ACT_BYTES, group)
     per_microbatch = par.zero == 2 and opts.zero2_shards_grads()
     if per_microbatch:  # only a gradient shard is kept: reduce-scatter after every microbatch

@@ -54,6 +54,11 @@ class Stack:
     # ZeRO-2 reduce-scatter: after every "microbatch" (only a gradient shard kept), or once per
     # "step" (full gradients kept until the step, so no gradient memory is saved)
     zero2_reduce_scatter: str
+    # ZeRO-1 gradient collective: "reduce_scatter" (each rank receives only the shard it steps:
+    # Megatron's distributed optimizer) or "all_reduce" (every rank receives the whole gradient
+    # and steps its shard: DeepSpeed's BF16_Optimizer, twice the bytes); either way the updated
+    # 16-bit weights are all-gathered after the step
+    zero1_grad_reduce: str
     # ZeRO-3 all-gather unit: one "layer" at a time (FSDP per-block wrapping) or a whole "stage"
     zero3_gather: str
     # ZeRO-3 units gathered ahead of the one running (FSDP / ZeRO-3 prefetch): 1 + this are
@@ -232,6 +237,7 @@ _CHOICES = {
     "param_dtype": ("bf16", "fp16"),
     "grad_dtype": tuple(DTYPE_BYTES),
     "zero2_reduce_scatter": ("microbatch", "step"),
+    "zero1_grad_reduce": ("reduce_scatter", "all_reduce"),
     "zero3_gather": ("layer", "stage"),
     "cp_comm": (None, "p2p", "a2a", "allgather"),
     "precision": ("bf16", "fp8"),
