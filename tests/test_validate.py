@@ -49,8 +49,12 @@ def test_step_time_error(result):
     # (p2p_blocking, pipeline/blocking.py): the TP8 run's p2p fell from 4 x 20 ms whole-tensor
     # transfers per microbatch as latency to 4 x 3 ms inside the ops. Whole tensors with
     # blocking would read 11.5% here; the engine's source says they are partitioned.
-    assert s.max_abs_time_error <= 0.27
-    assert s.max_abs_time_error == pytest.approx(0.262, abs=0.015)
+    # 25.2% since two DeepSpeed mechanisms are priced (issue #15): the tied embedding's gradient
+    # all-reduce between the first and last stage (cost/tied_embedding.py, +0.30 s on this TP8
+    # run) and BF16_Optimizer's all-reduce of the fp32 gradients at ZeRO-1 (deepspeed stack
+    # zero1_grad_reduce, +1.0 s).
+    assert s.max_abs_time_error <= 0.26
+    assert s.max_abs_time_error == pytest.approx(0.252, abs=0.015)
 
 
 def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
@@ -68,8 +72,11 @@ def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
     # constants.NIC_EFFICIENCY): BLOOM's Omni-Path transfers got faster, its rows 1.2-1.7 points
     # further under; Megatron's DP-bound Table 1 rows improved. 6.39% since DeepSpeed's pipeline
     # transfers are TP-partitioned and blocking (deepspeed stack p2p_scatter_gather,
-    # p2p_blocking; issue #15): BLOOM's six rows 2-5 points further under.
-    assert s.mean_abs_time_error <= 0.0640
+    # p2p_blocking; issue #15): BLOOM's six rows 2-5 points further under. 6.15% since the tied
+    # embedding's gradient all-reduce (cost/tied_embedding.py) and BF16_Optimizer's ZeRO-1
+    # all-reduce (deepspeed stack zero1_grad_reduce) are priced: BLOOM's rows 1.0-1.8 points
+    # closer, the interleaved Megatron Table 1 rows by under 0.1.
+    assert s.mean_abs_time_error <= 0.0620
 
 
 def test_groups_outside_bloom_are_within_twelve_percent(result):
