@@ -233,7 +233,7 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
 def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
           global_batch: int | None = None, global_batch_range: tuple[int, int] | None = None,
           seq_len: int | None = None, max_bubble: float | None = None, top: int = 10,
-          refine: int | str = "auto", launcher: str | None = None, partition: str = "ilp", profile=None,
+          refine: int | str = "auto", launcher: str | None = None, partition: str = "auto", profile=None,
           stack=None, flash: bool | None = None, overlap: bool | None = None,
           tp_overlap: bool | None = None, grad_dtype: str | None = None,
           precision: str | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None, micro_batch: int | None = None,
@@ -275,7 +275,7 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                 sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, None, seq_len, None, 10, 20,
-                   launcher, "ilp", None,
+                   launcher, "auto", None,
                    _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)
     exp = explain_request(req)
     return Explanation(exp.parallel, exp.plan, exp.capacity_bytes, exp.rule)
