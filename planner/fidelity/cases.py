@@ -283,29 +283,35 @@ def _modern_model(case: dict) -> ModelSpec:
                      rope_theta=theta)
 
 
+def _stack_notes(cf: dict, opts: Stack) -> list[str]:
+    """What the case's stack does beyond the defaults that moves its prediction, said once."""
+    zero3 = int(cf.get("zero") or 0) >= 3
+    notes = []
+    if opts.precision == "fp8":  # set by run_options
+        notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
+        if opts.fp8_all_gather and zero3:
+            notes.append("ZeRO-3 gathers FP8 weights")
+    if opts.zero3_pipeline_hold and zero3 and int(cf["pp"]) > 1:
+        notes.append("ZeRO-3 weights and gradients held unsharded through the step (PP)")
+    if opts.tp_comm_overlap and int(cf["tp"]) > 1:
+        notes.append(f"TP overlap hides {opts.tp_overlap_hidden:.0%} of the TP collectives")
+    return notes
+
+
 def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
     """An MoE run: the model from its HuggingFace config (profiles/validation/configs/), the
     published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split."""
     name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
-    skip = ""
     # DeepSeek-V3 report sec. 3.2.1: bidirectional, each F&B pair's all-to-all hidden behind
     # its compute (planner/pipeline/dualpipe.py)
     dual = "dualpipe" in str(cf.get("techniques") or "").lower()
     if dual:
         notes.append("DualPipe: two stage copies per rank, all-to-all hidden in F&B pairs")
     if opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
-        skip = f"FP8 run on {cluster.hardware.name}, a profile without an FP8 peak"
-    if skip:
         return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
-                         unsupported=skip)
-    if opts.precision == "fp8":  # set by run_options
-        notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
-        if opts.fp8_all_gather and int(cf.get("zero") or 0) >= 3:
-            notes.append("ZeRO-3 gathers FP8 weights")
-    if opts.zero3_pipeline_hold and int(cf.get("zero") or 0) >= 3 and int(cf["pp"]) > 1:
-        notes.append("ZeRO-3 weights and gradients held unsharded through the step (PP)")
-    if opts.tp_comm_overlap and int(cf["tp"]) > 1:
-        notes.append(f"TP overlap hides {opts.tp_overlap_hidden:.0%} of the TP collectives")
+                         unsupported=f"FP8 run on {cluster.hardware.name}, a profile without "
+                                     "an FP8 peak")
+    notes += _stack_notes(cf, opts)
     model = load_model(VALIDATION_DIR / "configs" / m["hf_config"]).with_seq_length(
         int(m["seq_len"]))
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
@@ -347,20 +353,11 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
     """Flash attention, FSDP/ZeRO and overlapped DP traffic, as each source documents them."""
     name, group = case["name"], case["group"]
     cf = case["config"]
-    skip = ""
     if opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
-        skip = f"FP8 run on {cluster.hardware.name}, a profile without an FP8 peak"
-    if skip:
         return CaseSetup(name, group, "", None, None, None, None, None, tuple(notes),
-                         unsupported=skip)
-    if opts.precision == "fp8":  # set by run_options
-        notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
-        if opts.fp8_all_gather and int(cf.get("zero") or 0) >= 3:
-            notes.append("ZeRO-3 gathers FP8 weights")
-    if opts.zero3_pipeline_hold and int(cf.get("zero") or 0) >= 3 and int(cf["pp"]) > 1:
-        notes.append("ZeRO-3 weights and gradients held unsharded through the step (PP)")
-    if opts.tp_comm_overlap and int(cf["tp"]) > 1:
-        notes.append(f"TP overlap hides {opts.tp_overlap_hidden:.0%} of the TP collectives")
+                         unsupported=f"FP8 run on {cluster.hardware.name}, a profile without "
+                                     "an FP8 peak")
+    notes += _stack_notes(cf, opts)
     model = _modern_model(case)
     tp, pp, dp = int(cf["tp"]), int(cf["pp"]), int(cf["dp"])
     gb = int(cf["global_batch"])
