@@ -201,30 +201,30 @@ class _Costs:
         except PartitionError:
             return "memory (no stage split fits)"
         plan = self._simulated(par, split, known)
+        label = split.how
         if par.virtual_stages > 1 and split.partition.method != "even":
             # The partitioner ranks interleaved splits by their largest chunk, then their busiest
             # rank; the schedule's steady state also stalls on chunks that differ in size, which
             # neither sees (partitioning/largest_chunk.py): where Megatron's even split fits,
             # the faster of the two, both simulated.
             even = megatron_split(r.model, r.cluster, par, r.options, known)
-            if fits(even.partition):
-                slower = plan.metrics.step_time_s
-                other = self._simulated(par, even, known, how=lambda step: (
-                    f"Megatron's even split, {1 - step / slower:.1%} faster when simulated "
-                    f"than the partitioner's ({split.how})"))
-                if other.metrics.step_time_s < slower:
+            if fits(even.partition) and (even.bounds, even.recompute, even.recompute_layers) != (
+                    split.bounds, split.recompute, split.recompute_layers):
+                other = self._simulated(par, even, known)
+                if other.metrics.step_time_s < plan.metrics.step_time_s:
+                    label = (f"Megatron's even split, "
+                             f"{1 - other.metrics.step_time_s / plan.metrics.step_time_s:.1%} "
+                             f"faster when simulated than the partitioner's ({split.how})")
                     plan = other
-        return plan
+        return replace(plan, notes=plan.notes + (f"stage split: {label}",))
 
-    def _simulated(self, par: Parallel, split, known, how=None) -> Plan:
-        """The plan of ``split``, simulated; ``how(step_s)`` names the split in its notes."""
+    def _simulated(self, par: Parallel, split, known) -> Plan:
+        """The plan of ``split``, simulated."""
         r = self.req
-        plan = evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
+        return evaluate(r.model, r.cluster, par, r.options, bounds=list(split.bounds),
                         recompute_per_chunk=list(split.recompute), tables=known,
                         profile=r.profile, simulated=True, sim_cache=self.simulations,
                         recompute_layers=list(split.recompute_layers))
-        label = how(plan.metrics.step_time_s) if how else split.how
-        return replace(plan, notes=plan.notes + (f"stage split: {label}",))
 
 
 def search(req: Request, progress=None) -> SearchResult:
