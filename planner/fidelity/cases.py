@@ -120,6 +120,40 @@ def _uniform_bounds(model: ModelSpec, chunks: int) -> tuple[tuple[int, int], ...
     return tuple((k * size, (k + 1) * size) for k in range(chunks))
 
 
+def stage_bounds(model: ModelSpec, blocks, chunks: int, name: str) -> tuple[tuple[int, int], ...]:
+    """The layer bounds of a case's published split ``blocks`` (transformer blocks per pipeline
+    stage, in order): the embedding joins the first stage and the head the last, as Megatron
+    places them. One line naming the run when the list does not fit the model."""
+    total = sum(1 for layer in model.layers if layer.kind == "block")
+    ok = (isinstance(blocks, list) and len(blocks) == chunks
+          and all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks)
+          and sum(blocks) == total and all(b > 0 for b in blocks[1:-1]))
+    if not ok:
+        raise PlanInputError(
+            f"run '{name}': config.stage_blocks must list {chunks} block counts (one per "
+            f"pipeline stage, none empty but the first and last) summing to the model's "
+            f"{total} blocks; got {blocks!r}")
+    bounds, start = [], 1
+    for b in blocks:
+        bounds.append((start, start + b))
+        start += b
+    bounds[0] = (0, bounds[0][1])
+    bounds[-1] = (bounds[-1][0], len(model.layers))
+    return tuple(bounds)
+
+
+def _runs_text(counts: list[int]) -> str:
+    """Block counts with repeats folded: [3, 4, 4, 4, 2] -> '3, 4 x 3, 2'."""
+    out, k = [], 0
+    while k < len(counts):
+        j = k
+        while j < len(counts) and counts[j] == counts[k]:
+            j += 1
+        out.append(str(counts[k]) if j - k == 1 else f"{counts[k]} x {j - k}")
+        k = j
+    return ", ".join(out)
+
+
 def _megatron_interleave(layers_per_stage: int) -> int:
     """Unreported virtual stages of the 2021 runs: the smallest interleaving the layer count
     allows (v = smallest divisor > 1 of the layers per stage), the least extra communication."""
@@ -300,7 +334,8 @@ def _stack_notes(cf: dict, opts: Stack) -> list[str]:
 
 def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
     """An MoE run: the model from its HuggingFace config (profiles/validation/configs/), the
-    published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split."""
+    published tp, pp, dp, ep, etp, virtual stages and batch; the split the case gives
+    (``stage_blocks``), else Megatron's even block split."""
     name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
     # DeepSeek-V3 report sec. 3.2.1: bidirectional, each F&B pair's all-to-all hidden behind
     # its compute (planner/pipeline/dualpipe.py)
@@ -333,7 +368,11 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
                    recompute=recompute, zero=int(cf.get("zero") or 0),
                    sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
                    etp=None if etp in (None, tp) else int(etp))
-    return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
+    bounds = None
+    if cf.get("stage_blocks") is not None:
+        bounds = stage_bounds(model, cf["stage_blocks"], par.num_chunks, name)
+        notes.append(f"stage split {_runs_text(cf['stage_blocks'])} blocks (the case's)")
+    return CaseSetup(name, group, "", model, cluster, par, opts, bounds, tuple(notes),
                      recompute_guessed=cf.get("recompute") is None)
 
 
