@@ -121,9 +121,10 @@ def _uniform_bounds(model: ModelSpec, chunks: int) -> tuple[tuple[int, int], ...
 
 
 def stage_bounds(model: ModelSpec, blocks, chunks: int, name: str) -> tuple[tuple[int, int], ...]:
-    """The layer bounds of a case's published split ``blocks`` (transformer blocks per pipeline
-    stage, in order): the embedding joins the first stage and the head the last, as Megatron
-    places them. One line naming the run when the list does not fit the model."""
+    """The layer bounds of a case's published split ``blocks`` (transformer blocks per model
+    chunk, in pipeline order: pp x virtual stages of them): the embedding joins the first chunk
+    and the head the last, as Megatron places them. One line naming the run when the list does
+    not fit the model."""
     total = sum(1 for layer in model.layers if layer.kind == "block")
     ok = (isinstance(blocks, list) and len(blocks) == chunks
           and all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks)
@@ -131,7 +132,7 @@ def stage_bounds(model: ModelSpec, blocks, chunks: int, name: str) -> tuple[tupl
     if not ok:
         raise PlanInputError(
             f"run '{name}': config.stage_blocks must list {chunks} block counts (one per "
-            f"pipeline stage, none empty but the first and last) summing to the model's "
+            f"model chunk, none empty but the first and last) summing to the model's "
             f"{total} blocks; got {blocks!r}")
     bounds, start = [], 1
     for b in blocks:
@@ -189,7 +190,19 @@ def run_options(case: dict) -> dict:
 def case_setup(case: dict, hardware: Hardware | None = None,
                stack: Stack | None = None) -> CaseSetup:
     """Model, cluster, published configuration and the case's stack (or ``stack``) for one
-    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given)."""
+    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given); the
+    case's own stage split (``config.stage_blocks``) where it gives one."""
+    setup = _group_setup(case, hardware, stack)
+    blocks = case["config"].get("stage_blocks")
+    if blocks is None or setup.unsupported:
+        return setup
+    bounds = stage_bounds(setup.model, blocks, setup.parallel.num_chunks, setup.name)
+    return replace(setup, bounds=bounds,
+                   notes=setup.notes + (f"stage split {_runs_text(blocks)} blocks (the case's)",))
+
+
+def _group_setup(case: dict, hardware: Hardware | None, stack: Stack | None) -> CaseSetup:
+    """:func:`case_setup` by the case's group, before any split the case gives."""
     name, group = case["name"], case.get("group", "")
     m, cf = case["model"], case["config"]
     cluster, notes = case_cluster(case, hardware)
@@ -334,8 +347,8 @@ def _stack_notes(cf: dict, opts: Stack) -> list[str]:
 
 def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
     """An MoE run: the model from its HuggingFace config (profiles/validation/configs/), the
-    published tp, pp, dp, ep, etp, virtual stages and batch; the split the case gives
-    (``stage_blocks``), else Megatron's even block split."""
+    published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split
+    unless the case gives its own (case_setup)."""
     name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
     # DeepSeek-V3 report sec. 3.2.1: bidirectional, each F&B pair's all-to-all hidden behind
     # its compute (planner/pipeline/dualpipe.py)
@@ -368,11 +381,7 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
                    recompute=recompute, zero=int(cf.get("zero") or 0),
                    sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
                    etp=None if etp in (None, tp) else int(etp))
-    bounds = None
-    if cf.get("stage_blocks") is not None:
-        bounds = stage_bounds(model, cf["stage_blocks"], par.num_chunks, name)
-        notes.append(f"stage split {_runs_text(cf['stage_blocks'])} blocks (the case's)")
-    return CaseSetup(name, group, "", model, cluster, par, opts, bounds, tuple(notes),
+    return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
                      recompute_guessed=cf.get("recompute") is None)
 
 
