@@ -5,10 +5,10 @@ Composer's get_mixed_precision maps ``mixed_precision: PURE`` to "param_dtype =
 _get_torch_dtype(precision) reduce_dtype = _get_torch_dtype(precision) buffer_dtype =
 _get_torch_dtype(precision)" in every stored version (mosaicml/composer
 composer/trainer/mosaic_fsdp_utils.py at 0099561e6d40b233affd54d420d4e3582e9cacd8, and the earlier
-dist_strategy.py and later versions): bf16, 2 bytes a gradient. DEFAULT is not settled (its
-reduce dtype is None, i.e. bf16, at 0099561e and torch.float32 in a later stored version; the
-Composer pin of llm-foundry 061f2c7 is not stored), so those rows keep the stack's fp32."""
-
+torch-1.13-era and later versions): bf16, 2 bytes a gradient. DEFAULT is not settled: the stored
+versions give it three meanings (bf16 gather and reduce at 0099561e; bf16 gather, fp32 reduce
+later; fp32 gather, bf16 reduce in the torch 1.13 era) and the Composer pin of llm-foundry 061f2c7
+is not stored, so those rows keep the stack's bf16 gather and fp32 reduce."""
 
 from planner.fidelity.cases import MODERN_FILE, case_setup, load_cases
 from planner.predict.step import predict_plan
