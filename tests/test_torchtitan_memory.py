@@ -142,3 +142,24 @@ def test_an_unknown_memory_scope_is_refused_in_one_line():
         check_runs_document([case], "runs.json")
     text = str(e.value)
     assert "\n" not in text and "memory_scope" in text
+
+
+def test_sequence_parallel_backward_holds_one_whole_hidden_gradient():
+    """Entering the TP region the backward all-gathers the SP-sharded gradient (Megatron-Core
+    _ReduceScatterToSequenceParallelRegion.backward: _gather_along_first_dim), so of the MLP
+    moment's two hidden-size gradients one is whole: h·(1 + 1/t) values per token, not 2h/t;
+    without SP both were whole already (2h)."""
+    from planner.cost.memory import ACT_BYTES, Shape, working_bytes
+
+    block = load_model("llama3-70b").layers[1]
+    h, f, t = block.hidden_size, block.ffn_hidden_size, 8
+    sp = Shape(tp=t, sp=True, micro_batch=2, seq_len=4096)
+    tokens = sp.tokens
+    assert working_bytes(block, sp, "none", True) == pytest.approx(
+        ACT_BYTES * tokens * (h + h / t + 2 * 2 * f / t))
+    no_sp = replace(sp, sp=False)
+    assert working_bytes(block, no_sp, "none", True) == pytest.approx(
+        ACT_BYTES * tokens * (2 * h + 2 * 2 * f / t))
+    one = replace(sp, tp=1, sp=False)
+    assert working_bytes(block, one, "none", True) == pytest.approx(
+        ACT_BYTES * tokens * (2 * h + 2 * 2 * f))
