@@ -57,6 +57,9 @@ class CaseSetup:
     # Megatron's --recompute-method block: the first N blocks of every chunk recompute (with
     # recompute "full"); None: every block (validate_case's guess sets it)
     recompute_layers: int | None = None
+    # pipeline runs per optimizer step: a stack whose gradient accumulation loops over whole
+    # pipeline schedules (each a fill and drain of ``parallel.num_microbatches``) runs several
+    pipeline_passes: int = 1
 
 
 # --- building the cases --------------------------------------------------------------------------
@@ -120,6 +123,41 @@ def _uniform_bounds(model: ModelSpec, chunks: int) -> tuple[tuple[int, int], ...
     return tuple((k * size, (k + 1) * size) for k in range(chunks))
 
 
+def stage_bounds(model: ModelSpec, blocks, chunks: int, name: str) -> tuple[tuple[int, int], ...]:
+    """The layer bounds of a case's published split ``blocks`` (transformer blocks per model
+    chunk, in pipeline order: pp x virtual stages of them): the embedding joins the first chunk
+    and the head the last, as Megatron places them. One line naming the run when the list does
+    not fit the model."""
+    total = sum(1 for layer in model.layers if layer.kind == "block")
+    ok = (isinstance(blocks, list) and len(blocks) == chunks
+          and all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks)
+          and sum(blocks) == total and all(b > 0 for b in blocks[1:-1]))
+    if not ok:
+        raise PlanInputError(
+            f"run '{name}': config.stage_blocks must list {chunks} block counts (one per "
+            f"model chunk, none empty but the first and last) summing to the model's "
+            f"{total} blocks; got {blocks!r}")
+    bounds, start = [], 1
+    for b in blocks:
+        bounds.append((start, start + b))
+        start += b
+    bounds[0] = (0, bounds[0][1])
+    bounds[-1] = (bounds[-1][0], len(model.layers))
+    return tuple(bounds)
+
+
+def _runs_text(counts: list[int]) -> str:
+    """Block counts with repeats folded: [3, 4, 4, 4, 2] -> '3, 4 x 3, 2'."""
+    out, k = [], 0
+    while k < len(counts):
+        j = k
+        while j < len(counts) and counts[j] == counts[k]:
+            j += 1
+        out.append(str(counts[k]) if j - k == 1 else f"{counts[k]} x {j - k}")
+        k = j
+    return ", ".join(out)
+
+
 def _megatron_interleave(layers_per_stage: int) -> int:
     """Unreported virtual stages of the 2021 runs: the smallest interleaving the layer count
     allows (v = smallest divisor > 1 of the layers per stage), the least extra communication."""
@@ -155,7 +193,19 @@ def run_options(case: dict) -> dict:
 def case_setup(case: dict, hardware: Hardware | None = None,
                stack: Stack | None = None) -> CaseSetup:
     """Model, cluster, published configuration and the case's stack (or ``stack``) for one
-    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given)."""
+    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given); the
+    case's own stage split (``config.stage_blocks``) where it gives one."""
+    setup = _group_setup(case, hardware, stack)
+    blocks = case["config"].get("stage_blocks")
+    if blocks is None or setup.unsupported:
+        return setup
+    bounds = stage_bounds(setup.model, blocks, setup.parallel.num_chunks, setup.name)
+    return replace(setup, bounds=bounds,
+                   notes=setup.notes + (f"stage split {_runs_text(blocks)} blocks (the case's)",))
+
+
+def _group_setup(case: dict, hardware: Hardware | None, stack: Stack | None) -> CaseSetup:
+    """:func:`case_setup` by the case's group, before any split the case gives."""
     name, group = case["name"], case.get("group", "")
     m, cf = case["model"], case["config"]
     cluster, notes = case_cluster(case, hardware)
@@ -300,7 +350,8 @@ def _stack_notes(cf: dict, opts: Stack) -> list[str]:
 
 def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
     """An MoE run: the model from its HuggingFace config (profiles/validation/configs/), the
-    published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split."""
+    published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split
+    unless the case gives its own (case_setup)."""
     name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
     # DeepSeek-V3 report sec. 3.2.1: bidirectional, each F&B pair's all-to-all hidden behind
     # its compute (planner/pipeline/dualpipe.py)
@@ -327,14 +378,47 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
         notes.append(f"recompute '{cf['recompute']}': selective, modules "
                      f"{', '.join(opts.recompute_modules)}")
     etp = cf.get("etp")
-    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
+    # A published local batch (samples per DP rank in one pipeline run) smaller than the step's
+    # share: the stack accumulates gradients over several whole pipeline runs (GA of them),
+    # each filling and draining the pipeline (cases.local_batch_passes)
+    per_run, passes = local_batch_passes(cf, gb, dp, name) if pp > 1 else (gb // dp, 1)
+    if passes > 1:
+        notes.append(f"GA {passes}: {passes} pipeline runs of {per_run // mb} microbatches a step")
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, per_run // mb),
                    schedule="dualpipe" if dual else "interleaved" if v > 1 else "1f1b",
                    virtual_stages=v,
                    recompute=recompute, zero=int(cf.get("zero") or 0),
                    sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
                    etp=None if etp in (None, tp) else int(etp))
     return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
-                     recompute_guessed=cf.get("recompute") is None)
+                     recompute_guessed=cf.get("recompute") is None, pipeline_passes=passes)
+
+
+def local_batch_passes(cf: dict, global_batch: int, dp: int,
+                       name: str = "a case") -> tuple[int, int]:
+    """(samples per DP rank in one pipeline run, pipeline runs per optimizer step) of a case
+    whose config gives ``local_batch``; without it one run holds the rank's whole share.
+
+    NeMo Automodel's benchmark recipe loops its gradient accumulation over local batches, each
+    one call of the pipeline schedule: 'ga_steps = global_batch_size // (local_batch_size *
+    dp_size)', then 'for ga_step_idx in range(ga_steps):' ... 'batch = next(dataloader_iter)' ...
+    'self._forward_backward_step(ga_step_idx, batch, ...)' (nemo_automodel/recipes/llm/
+    benchmark.py, run_benchmark), which under PP runs the batch through one schedule,
+    'self.pp.info.schedule.step(input_ids, target=targets, losses=losses, **batch)'
+    (recipes/llm/train_ft.py); its performance table states LBS and GA per row
+    (docs/performance-summary.md: 'LBS: Local Batch Size - size of one step per GPU', 'GA:
+    Gradient Accumulation - number of local-batches before optimizer step'). FSDP's gradient
+    sync waits for the last of them ('The patch disables sync/resharding for all backwards
+    except the last one before optimizer step', nemo_automodel/components/moe/fsdp_mixin.py),
+    so only the pipeline repeats. Without a pipeline (pp 1) the runs are just microbatches in
+    a row, which one run of them prices alike."""
+    share = global_batch // dp
+    local = cf.get("local_batch")
+    local = share if local is None else int(local)
+    if local < 1 or share % local:
+        raise PlanInputError(f"{name}: config.local_batch {local} must divide the global "
+                             f"batch's share of a DP rank ({global_batch} / dp {dp} = {share})")
+    return local, share // local
 
 
 def _recompute_mode(text) -> tuple[str, bool]:
