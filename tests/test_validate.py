@@ -40,7 +40,11 @@ def test_zero_bubble_2p_runs_within_eight_percent(result):
 def test_step_time_error(result):
     _, s = result
     assert s.mean_abs_time_error <= 0.10  # issue target: mean |error| <= 10%
-    assert s.mean_abs_time_error == pytest.approx(0.061, abs=0.01)
+    # 4.0% since BLOOM's synchronous kernel launches are priced (CUDA_LAUNCH_BLOCKING=1 in its
+    # slurm script; cost/host.py, host_s_per_block in the BLOOM cases, issue #15): its six rows
+    # moved from -11.6..-25.2% to -0.5..-3.7%. Issue target: mean <= 5%.
+    assert s.mean_abs_time_error <= 0.05
+    assert s.mean_abs_time_error == pytest.approx(0.040, abs=0.005)
     # issue target: no case worse than 25%, MISSED since issue #15's DeepSpeed pipeline p2p.
     # The worst case is BLOOM's TP8/DP4 run, 26.2% slower than predicted (20.9% before, 19.2%
     # before the NICs ran at their measured 0.95 of line rate, constants.NIC_EFFICIENCY). The
@@ -53,8 +57,12 @@ def test_step_time_error(result):
     # all-reduce between the first and last stage (cost/tied_embedding.py, +0.30 s on this TP8
     # run) and BF16_Optimizer's all-reduce of the fp32 gradients at ZeRO-1 (deepspeed stack
     # zero1_grad_reduce, +1.0 s).
-    assert s.max_abs_time_error <= 0.26
-    assert s.max_abs_time_error == pytest.approx(0.252, abs=0.015)
+    # 9.6% (megatron-readme-gpt3-175B) since BLOOM's synchronous launches are priced
+    # (cost/host.py): the TP8/DP4 run's per-block host time is twice the TP4 runs' per step (twice
+    # the microbatches), which is what made it 19% slower than them; it reads -1.5% now. Issue
+    # target met: no case worse than 15%.
+    assert s.max_abs_time_error <= 0.15
+    assert s.max_abs_time_error == pytest.approx(0.096, abs=0.01)
 
 
 def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
@@ -76,7 +84,8 @@ def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
     # embedding's gradient all-reduce (cost/tied_embedding.py) and BF16_Optimizer's ZeRO-1
     # all-reduce (deepspeed stack zero1_grad_reduce) are priced: BLOOM's rows 1.0-1.8 points
     # closer, the interleaved Megatron Table 1 rows by under 0.1.
-    assert s.mean_abs_time_error <= 0.0620
+    # 3.98% since BLOOM's synchronous kernel launches are priced (cost/host.py, issue #15).
+    assert s.mean_abs_time_error <= 0.0410
 
 
 def test_groups_outside_bloom_are_within_twelve_percent(result):
@@ -105,7 +114,10 @@ def test_memory_error(result):
 def test_speed_ranking_within_sweeps(result):
     _, s = result
     rho = dict(s.spearman)
-    assert rho["bloom_sweep_0228"] >= 0.7  # issue target met, but only just (0.70)
+    # 0.70 before BLOOM's synchronous launches were priced (cost/host.py); 0.90 since: the TP8
+    # run is ranked slowest as measured, only the TP4 micro-batch-4 run ranks one place early.
+    assert rho["bloom_sweep_0228"] >= 0.8  # issue target
+    assert rho["bloom_sweep_0228"] == pytest.approx(0.9)
     assert rho["zero_bubble_table4:1.5B"] >= 0.8
     assert rho["zero_bubble_table4:14.6B"] >= 0.7
 

@@ -93,6 +93,10 @@ class Stack:
     # fixed cost of each pipeline action (a chunk's forward, backward, or in zero-bubble
     # schedules its input- or weight-gradient half), seconds; the simulator charges it per action
     pipeline_action_overhead_s: float
+    # host seconds per transformer block per forward pass that the GPU waits for because kernel
+    # launches are synchronous (CUDA_LAUNCH_BLOCKING=1); the backward costs twice, a full
+    # recompute once more (planner/cost/host.py). 0: asynchronous launches, the host runs ahead
+    host_s_per_block: float
     # MoE: routed tokens on the busiest GPU over the mean (1.0 balanced; a capacity factor caps
     # it); scales expert time and all-to-all bytes, not model FLOPs (planner/cost/moe.py)
     moe_expert_load: float
@@ -260,6 +264,7 @@ _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0),
+           "host_s_per_block": (0.0, 0.1),
            "moe_expert_load": (1.0, 64.0), "fp8_attn_out_bytes": (1.0, 2.0),
            "tp_overlap_hidden": (0.0, 1.0)}
 
