@@ -80,6 +80,10 @@ class Stack:
     p2p_blocking: bool
     # the pipeline engine keeps every in-flight microbatch's stage output until its backward
     keep_stage_outputs: bool
+    # the pipeline engine allocates a receive buffer for every microbatch of the step, its
+    # input on each stage but the first and its output gradient on each stage but the last,
+    # and keeps them across steps (torch.distributed.pipelining; planner/predict/memory.py)
+    p2p_buffers_per_microbatch: bool
     # cross-entropy computes its gradient in place (no two extra fp32 logit buffers)
     fused_cross_entropy: bool
     # fused element-wise kernels (bias-GeLU, SwiGLU, bias-dropout-add) instead of eager ops
@@ -253,6 +257,7 @@ _CHOICES = {
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy",
+          "p2p_buffers_per_microbatch",
           "fused_elementwise", "optimizer_post_validation", "fp8_weight_cache",
           "fp8_saved_activations", "fp8_all_gather", "zero3_pipeline_hold", "loss_parallel",
           "sp_keeps_gathered", "moe_probs_in_activation", "fp8_moe_act_input")
