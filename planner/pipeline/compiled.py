@@ -28,15 +28,18 @@ from planner.pipeline.schedule import build_schedule
 @dataclass(frozen=True, eq=False)
 class Run:
     """A whole run of a schedule shape: its programs (`graph.program`), their graph, and per
-    rank and program entry the activation change (``sign``: +1 an F stores its chunk's, -1 the
-    op that frees it, 0 otherwise and past the end of a shorter program) and the chunk; the
-    most activations each rank holds at once (``peak_n``), and the program entries that open
-    an F&B pair (``pairs``)."""
+    rank and program entry (a row per rank, a shorter program padded at its end) the value
+    position (``grid``, padded with the zero source's), the activation change (``sign``: +1 an
+    F stores its chunk's, -1 the op that frees it, 0 otherwise and in the padding) and the
+    chunk; each program's length, the most activations each rank holds at once (``peak_n``),
+    and the program entries that open an F&B pair (``pairs``)."""
 
     prog: list
     graph: graph.Graph
+    grid: np.ndarray
     sign: np.ndarray
     chunk: np.ndarray
+    lengths: tuple[int, ...]
     peak_n: tuple[int, ...]
     pairs: tuple[np.ndarray, ...]
 
@@ -53,9 +56,11 @@ def compile_run(name: str, p: int, m: int, v: int) -> Run | None:
     # activations are freed by W where the backward is split, else by B; always by a BW
     release = 2 if any(code == 2 for row in prog for code, _ in row) else 1
     width = max(len(row) for row in prog)
+    grid = np.zeros((p, width), dtype=np.int64)
     sign = np.zeros((p, width))
     chunk = np.zeros((p, width), dtype=np.int64)
     for r, row in enumerate(prog):
+        grid[r, :len(row)] = g.position[r]
         codes = np.array([code for code, _ in row], dtype=np.int64)
         chunk[r, :len(row)] = np.array([idx for _, idx in row], dtype=np.int64) % chunks
         sign[r, :len(row)] = np.where((codes == 0) | (codes == 5), 1,
@@ -65,7 +70,7 @@ def compile_run(name: str, p: int, m: int, v: int) -> Run | None:
     peak_n = tuple(int(max(0.0, held[r][sign[r] > 0].max(initial=0.0))) for r in range(p))
     pairs = tuple(np.flatnonzero(np.array([code == 5 for code, _ in row], dtype=bool))
                   for row in prog)
-    return Run(prog, g, sign, chunk, peak_n, pairs)
+    return Run(prog, g, grid, sign, chunk, tuple(len(row) for row in prog), peak_n, pairs)
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,17 +91,17 @@ def time_run(run: Run, table: np.ndarray, comm: np.ndarray, act: np.ndarray) -> 
     term by term in the same order: busy is the sum of the ends less the sum of the starts
     (less an F&B pair's time, which both of its entries count), the bytes held a running sum
     of the entries' changes."""
-    g = run.graph
-    values, starts = graph.evaluate(g, np.zeros(1), table, comm)
+    values, starts = graph.evaluate(run.graph, np.zeros(1), table, comm)
     ends, begins, busy = [], [], []
-    for at, pairs in zip(g.position, run.pairs):
-        e, s = values[at].tolist(), starts[at - g.sources].tolist()
+    # the padding reads the zero source (0.0 both as end and start): adding it changes no sum
+    for e, s, n, pairs in zip(values[run.grid].tolist(), starts[run.grid].tolist(), run.lengths,
+                              run.pairs):
         shared = 0.0
         for i in pairs.tolist():
             shared += e[i] - s[i]
         busy.append(sum(e) - sum(s) - shared)
-        ends.append(e)
-        begins.append(s)
+        ends.append(e[:n])
+        begins.append(s[:n])
     held = np.cumsum(run.sign * act[run.chunk], axis=1)
     peak = [max(0.0, float(row[sign > 0].max(initial=0.0))) for row, sign in zip(held, run.sign)]
     return Timed(values, ends, begins, busy, peak)

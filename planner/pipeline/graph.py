@@ -305,17 +305,17 @@ def comm_table(comm: list[float], mirrored: bool) -> np.ndarray:
 
 def evaluate(graph: Graph, sources: np.ndarray, table: np.ndarray,
              comm: np.ndarray) -> tuple[np.ndarray, np.ndarray | None]:
-    """Time every unit: (the value vector, each unit's start in depth order).  ``sources`` is
-    a vector of numbers, or a matrix of max-plus forms (one row per source, -inf where a form
-    does not depend on a component): then every value is a form too and no starts come back."""
+    """Time every unit: (the value vector, each unit's start at its value's position, 0.0 at
+    the sources').  ``sources`` is a vector of numbers, or a matrix of max-plus forms (one row
+    per source, -inf where a form does not depend on a component): then every value is a form
+    too and no starts come back."""
     symbolic = sources.ndim == 2
-    n = len(graph.duration)
     s = graph.sources
     values = np.full((graph.size,) + sources.shape[1:], NEG)
     values[:s] = sources
     added = comm[graph.comm]
     took = table[graph.duration]
-    starts = None if symbolic else np.empty(n)
+    starts = None if symbolic else np.zeros(graph.size)
     if symbolic:
         added, took = added[:, :, None], took[:, None]
     bounds = graph.levels
@@ -324,7 +324,7 @@ def evaluate(graph: Graph, sources: np.ndarray, table: np.ndarray,
         ready += added[a:b]
         start = ready.max(axis=1)
         if starts is not None:
-            starts[a:b] = start
+            starts[s + a:s + b] = start
         start += took[a:b]
         values[s + a:s + b] = start
     return values, starts

@@ -9,8 +9,8 @@ period is p microbatches, else 1); no op before a cut needs one after it (checke
 warm-up, running M + P microbatches instead of M inserts one more period after a cut and
 renumbers the rest by P (checked on the two programs, not assumed).  Every rank is then in steady
 state: each period applies the same max-plus map T to the state (one matrix, read off the short
-run by timing one period with symbolic times), and the cool-down is a fixed max-plus function g
-of the state it starts from.  So for M = M' + k·P:
+run by timing one period with symbolic times: every value a max-plus form over the state), and
+the cool-down is a fixed max-plus function g of the state it starts from.  So for M = M' + k·P:
 
     state after the inserted periods = T^k ⊗ state of the short run at that cut,
     step = max_i (state_i + g_i),
@@ -24,10 +24,15 @@ cycle of dependencies paces every rank).  Near ties between cycles can delay it;
 point makes "one constant" equal to about 1e-14 of the times, so components may differ by
 ``REL_TOL`` of the largest.
 
+This module finds the cuts and the state's components; planner/pipeline/compiled.py times the
+short run, the period (symbolically) and the cool-down (from the state after the k periods, in
+numbers) on the short run's compiled graph (planner/pipeline/graph.py), and `state_positions`
+says where the state lies in each.
+
 DualPipe (pipeline/dualpipe.py) fits the same frame with P = 2 (one microbatch of each direction
 a period), its full backwards (BW) counted as backwards, an F&B pair timed as one op that waits
-for both inputs (``pair``), and ``mirrored`` transfers: an odd microbatch's boundary k is the
-link of boundary p - 2 - k, indexed p - 1 + k in the transfer list comm + reversed(comm).
+for both inputs, and ``mirrored`` transfers: an odd microbatch's boundary k is the link of
+boundary p - 2 - k, indexed p - 1 + k in the transfer list comm + reversed(comm).
 
 GPipe runs all forwards, then all backwards: each phase is a flow shop of identical jobs with a
 closed-form longest path (`gpipe_makespan`), so it needs no period.
@@ -197,6 +202,8 @@ def apply_sparse(form: tuple, s: np.ndarray) -> np.ndarray:
     """`apply` from T's `sparse_form`: the same sums and maxima, so the same floats, over the
     finite entries only (an -inf entry never wins a max; a row of them gives -inf)."""
     cols, values, starts, nonempty = form
+    if len(values) and len(starts) == len(nonempty):  # every row has a finite entry
+        return np.maximum.reduceat(values + s[cols], starts)
     out = np.full(len(nonempty), NEG)
     if len(values):
         out[nonempty] = np.maximum.reduceat(values + s[cols], starts)

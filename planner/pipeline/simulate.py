@@ -12,10 +12,13 @@ together once both inputs are in and end together, after `dualpipe.pair_s`; its 
 the reverse direction cross boundary k on the link between ranks p-1-k and p-2-k.
 The pass visits every op once or twice (a rank is parked on the op it waits for and woken when
 that op's input finishes), so it is linear in the number of ops: `simulate_ops` and
-``simulate(..., method="full")`` are the reference.  For long runs `simulate` simulates a short
-run instead and repeats its steady period exactly (planner/pipeline/periodic.py explains why that
-is exact), so its cost stops growing with the microbatch count once the pipeline is in steady
-state; the timeline it returns is then the short run's, a compressed picture of the step.
+``simulate(..., method="full")`` are the reference.  ``method="auto"`` (the default) gives the
+same floats faster: from a shape's second configuration on, it times the shape's run compiled
+once into a dependency graph (planner/pipeline/compiled.py), a few numpy operations per depth of
+the graph instead of Python per op.  For long runs `simulate` simulates a short run instead and
+repeats its steady period exactly (planner/pipeline/periodic.py explains why that is exact), so
+its cost stops growing with the microbatch count once the pipeline is in steady state; the
+timeline it returns is then the short run's, a compressed picture of the step.
 
 What an engine adds to the compute (`charge_actions`): every action (F, B, W) costs the stack's
 ``action_s`` more (dispatch, p2p setup: measured on torch.distributed.pipelining by
