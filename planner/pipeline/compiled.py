@@ -44,7 +44,7 @@ class Run:
     pairs: tuple[np.ndarray, ...]
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=32)  # a benchmark case asks for up to 21 shapes; a few MB each at p = 128
 def compile_run(name: str, p: int, m: int, v: int) -> Run | None:
     """The compiled run of `build_schedule(name, p, m, v)`; None if it cannot be compiled (an
     op waits on one that never runs: the op-by-op simulator then says which)."""

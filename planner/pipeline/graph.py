@@ -28,7 +28,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from planner.pipeline.periodic import boundary_index
 from planner.pipeline.schedule import ScheduleError
 
 _PROGRAMS: dict[int, tuple] = {}  # id(ops) -> (ops, program): build_schedule's ops are memoised
@@ -112,7 +111,6 @@ def build(prog, chunks: int, mirrored: bool) -> Graph | None:
     entries = np.array([e for row in prog for e in row], dtype=np.int64).reshape(-1, 2)
     code, idx = entries[:, 0], entries[:, 1]
     rank = np.repeat(np.arange(p), lengths)
-    n_entries = len(code)
     # a code-4 entry joins the unit of the code-5 entry just before it on its rank
     paired = code == 4
     before = np.flatnonzero(paired) - 1
@@ -124,7 +122,7 @@ def build(prog, chunks: int, mirrored: bool) -> Graph | None:
     n = int(new.sum())
     if n == 0:
         return None
-    stride = int(idx.max()) + 2 if n_entries else 1
+    stride = int(idx.max()) + 2
     # who makes each (slot, op): an op filed twice cannot be timed
     filed = np.concatenate([_SLOT[code] * stride + idx, 2 * stride + idx[(code == 3) | paired]])
     if len(np.unique(filed)) < len(filed):
@@ -133,6 +131,8 @@ def build(prog, chunks: int, mirrored: bool) -> Graph | None:
     made[filed] = np.concatenate([unit, unit[(code == 3) | paired]])
     # each entry's waits: "a" an F's input F(op - 1), a backward's own F, a W's B; "b" a
     # backward's B(op + 1); a pair's F fills column 1, its BW columns 2 and 3
+    # transfer index: 1 + the boundary crossed (periodic.boundary_index: boundary k lies
+    # between chunks k and k + 1; ``mirrored``, an odd microbatch's at p - 1 + k)
     k, mb = idx % chunks, idx // chunks
     forward = (code == 0) | (code == 5)
     backward = (code == 1) | (code == 3) | paired
@@ -281,9 +281,10 @@ def part(g: Graph, inside: np.ndarray, keys: tuple, offset: int, chunks: int) ->
     inputs[inputs < 0] = pad
     depth = g.depth[kept]
     position = tuple(np.where(at >= 0, new_pos[np.maximum(at, 0)], -1) for at in g.position)
+    none = np.zeros((0, WIDTH), dtype=np.int64)  # a part is not cut again
     return Graph(sources=s, inputs=inputs, comm=comm, duration=g.duration[kept],
                  levels=_levels(depth), position=position, pairs=g.pairs, depth=depth,
-                 rank=rank, waits=waits, cross=g.cross[kept], stride=g.stride)
+                 rank=rank, waits=none, cross=none.astype(bool), stride=g.stride)
 
 
 def durations(graph: Graph, fwd, bgrad, wgrad, full, pair_s=None) -> np.ndarray:

@@ -265,7 +265,7 @@ def _steady_cut(name, p, v, short, group):
     return (ops, labels, cuts[-1], keys[cuts[-1]]) if cuts else None
 
 
-@lru_cache(maxsize=32)
+@lru_cache(maxsize=16)
 def _periodic_parts(name, p, v, short, group) -> compiled.Periodic | None:
     """The compiled short run and its periodic parts (compiled.py), memoised like the cut."""
     run = compiled.compile_run(name, p, short, v)
