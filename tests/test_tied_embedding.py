@@ -144,3 +144,59 @@ def test_bf16_optimizer_all_reduces_the_fp32_gradients_at_zero1():
         other = replace(par, zero=zero)
         assert predict_plan(model, cluster, other, ds)[1].step_s == \
             predict_plan(model, cluster, other, scatter)[1].step_s
+
+
+# --- the MTP modules' embedding copy (issue #18) -------------------------------------------------
+
+def _deepseek_v3(mtp: int):
+    import json
+    from pathlib import Path
+
+    from planner.model.load import model_from_dict
+    config = Path(__file__).parent / "hf_configs" / "moe" / "deepseek-v3.json"
+    data = {**json.loads(config.read_text()), "num_nextn_predict_layers": mtp}
+    return model_from_dict(data, f"deepseek-v3-mtp{mtp}").with_seq_length(4096)
+
+
+def test_an_mtp_embedding_copy_is_all_reduced_as_a_tied_head_is():
+    """DeepSeek-V3 (untied, MTP depth 1) on 2,048 H800s at pp16 dp128 ep64 under 1F1B: the
+    last stage keeps the embedding copy its MTP module reads (129,280 x 7,168, vocab padded
+    to 129,280 already at tp1) and Megatron-Core all-reduces its fp32 main_grad with the first
+    stage's ('if model_module.share_embeddings_and_output_weights or getattr(config,
+    'mtp_num_layers', 0)'): 926,679,040 elements x 4 bytes, between two nodes (each GPU at
+    its share of the node's NICs, comm.group_link). Under DualPipe
+    the copy is the embedding itself (rank 0 holds both): nothing. Without MTP, or with one
+    stage: nothing."""
+    model, opts = _deepseek_v3(1), load_stack("megatron-core")
+    assert not model.tie_embeddings and model.layers[-1].mtp_copies_embedding
+    cluster = make_cluster(load_hardware("h800"), 2048, 256)
+    par = Parallel(tp=1, pp=16, dp=128, micro_batch=1, num_microbatches=120, zero=1, ep=64)
+    nbytes = 129280 * 7168 * 4
+    assert nbytes == 3_706_716_160
+    assert tied_embedding.synced(model, par)
+    assert tied_embedding.grad_bytes(model, par, opts) == nbytes
+    group = tied_embedding.embedding_group(par, cluster)
+    assert (group.ranks, group.nodes) == (2, 2)
+    assert tied_embedding.sync_s(model, par, cluster, opts) == pytest.approx(
+        float(nccl.collective_s("all_reduce", nbytes, group)), rel=1e-12)
+    # a two-rank ring moves one buffer per rank: bandwidth term plus NCCL's latency (< 1 ms)
+    bandwidth = nbytes / group.bus_bytes_per_s
+    assert bandwidth <= tied_embedding.sync_s(model, par, cluster, opts) < bandwidth + 1e-3
+    for other in (replace(par, schedule="dualpipe"), replace(par, pp=1, dp=2048)):
+        assert tied_embedding.grad_bytes(model, other, opts) == 0.0
+    assert tied_embedding.grad_bytes(_deepseek_v3(0), par, opts) == 0.0
+
+
+def test_the_step_pays_the_mtp_copy_all_reduce_once(monkeypatch):
+    """DeepSeek-V3 at pp4 on 1F1B (64 H800s, ep8): the all-reduce follows the drain on the
+    first and last rank, after their own DP sync, so the step grows by at most the all-reduce
+    (less where another rank's DP sync was already the longest) and by more than nothing."""
+    model, opts = _deepseek_v3(1), load_stack("megatron-core")
+    cluster = make_cluster(load_hardware("h800"), 64, 8)
+    par = Parallel(tp=1, pp=4, dp=16, micro_batch=1, num_microbatches=8, zero=1, ep=8)
+    sync = tied_embedding.sync_s(model, par, cluster, opts)
+    assert sync > 0.0
+    _, with_sync = predict_plan(model, cluster, par, opts)
+    monkeypatch.setattr(tied_embedding, "sync_s", lambda *args: 0.0)
+    _, without = predict_plan(model, cluster, par, opts)
+    assert 0.0 < with_sync.step_s - without.step_s <= sync * (1 + 1e-9)

@@ -226,8 +226,9 @@ def test_moe_step_time_error(both):
     # and MTP module, tests/test_deepseek_v3_memory.py). Issue #18's FSDP2 pass moved the two
     # Automodel DeepSeek-V3 rows (pp4 on the torchtitan stack) to -16.9% / -31.2%: under
     # torch.distributed.pipelining FSDP2 stages are gathered and reduce-scattered once a step
-    # (zero3_pipeline_hold, cost/zero.py), not per microbatch: mean 17.3%, max 31.2%.
-    assert moe.mean_abs_time_error == pytest.approx(0.173, abs=0.02)
+    # (zero3_pipeline_hold, cost/zero.py), not per microbatch: mean 17.3%, max 31.2%; 16.9%
+    # with the DeepSeek-V3 report row on DeepSeek's stage split (+10.4% -> +7.8%).
+    assert moe.mean_abs_time_error == pytest.approx(0.169, abs=0.02)
     assert moe.max_abs_time_error == pytest.approx(0.312, abs=0.03)
     # No MoE run that ran is predicted out of memory but the DeepSeek-V3 report's row
     # (test_the_deepseek_v3_report_row_runs_dualpipe): the Automodel Qwen3-30B row, at the
@@ -312,8 +313,9 @@ def test_fp8_runs_are_summarised_apart(both):
     # up-projection recompute and MTP module, +7.1% -> +10.4%, then 7.9%)
     assert (fp8.cases, fp8.evaluated) == (8, 5 + 3)
     # + torchtitan's three Float8 rows (issue #18, FSDP2 pass): -8.0%, -17.7%, -29.5%: the
-    # group's mean 8.1% -> 12.0%
-    assert fp8.mean_abs_time_error == pytest.approx(0.120, abs=0.02)
+    # group's mean 8.1% -> 12.0%; 11.7% with the DeepSeek-V3 row on DeepSeek's stage split
+    # (+10.4% -> +7.8%, test_the_deepseek_v3_report_row_runs_dualpipe)
+    assert fp8.mean_abs_time_error == pytest.approx(0.117, abs=0.02)
     gpt3 = {r.case: r for r in rows}["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
     assert " block 1 " in gpt3.configuration and "none would not fit" in gpt3.note
     assert all(r.precision == "fp8" and "precision=fp8" in r.stack
@@ -343,10 +345,12 @@ def test_the_deepseek_v3_report_row_runs_dualpipe(both):
     this mechanism landed (as 1F1B, with its all-to-all exposed, the prediction is 31.7 s,
     +59%); +7.6% with the report's recompute of the MLA up-projections (their GEMMs run again
     in the backward, cost/recompute.py), +10.4% with its MTP module on the last stage (a block,
-    a projection and a second output head and loss on DualPipe's ranks 0 and 15, cost/mtp.py).
+    a projection and a second output head and loss on DualPipe's ranks 0 and 15, cost/mtp.py);
+    +7.8% on DeepSeek's stage of 4 MoE layers (deepseek-ai/profile-data, the case's
+    stage_blocks: ranks 0 and 15 run 5 blocks beside the heads, not Megatron's even split's 7).
     Its memory is still over the H800's with every published mechanism priced
     (tests/test_deepseek_v3_memory.py says by how much and why); pinned at today's value."""
     rows, _ = both
     row = next(r for r in rows if r.case == "moe-deepseek-v3-report-h800-2048gpu")
     assert "dualpipe" in row.configuration
-    assert row.time_error == pytest.approx(0.104, abs=0.02)
+    assert row.time_error == pytest.approx(0.078, abs=0.02)

@@ -26,6 +26,20 @@ Both run it after the pipeline has drained, so the step pays it in full on the t
 hold the embedding and the head (predict/step.py adds it to their exposed sync). With one stage,
 or DualPipe (whose rank 0 holds both the first and the last stage), the head's weight is the
 embedding's on the same GPU and nothing is exchanged.
+
+The same all-reduce keeps the embedding copy of multi-token prediction in step: an untied model
+with MTP modules (DeepSeek-V3; model/spec.py Layer.mtp_copies_embedding) stores a copy of the
+embedding on the head's stage for them (cost/mtp.py), and Megatron-Core all-reduces its gradient
+over the same embedding group (megatron/core/distributed/finalize_model_grads.py,
+NVIDIA/Megatron-LM commit 00c2c0ad, ``_allreduce_word_embedding_grads``: "If use Multi-Token
+Prediction (MTP), we also need to maintain duplicated embedding weights in mtp process stage. So
+we need to allreduce grads of embedding in the embedding group in these cases." ... "if
+model_module.share_embeddings_and_output_weights or getattr(config, 'mtp_num_layers', 0):").
+Under DualPipe the copy is the embedding itself (DeepSeek-V3 report sec. 3.2.3, "we deploy the
+shallowest layers (including the embedding layer) and deepest layers (including the output head)
+of the model on the same PP rank. This arrangement enables the physical sharing of parameters
+and gradients, of the shared embedding and output head, between the MTP module and the main
+model"): nothing is exchanged, as for a tied head.
 """
 
 from __future__ import annotations
@@ -39,9 +53,12 @@ from planner.stack.spec import DTYPE_BYTES, Stack
 
 
 def synced(model: ModelSpec, par: Parallel) -> bool:
-    """Whether this configuration all-reduces a tied embedding's gradient: a tied model whose
-    embedding and head lie on different ranks (more than one stage, and not DualPipe)."""
-    return model.tie_embeddings and par.pp > 1 and par.schedule != "dualpipe"
+    """Whether this configuration all-reduces an embedding gradient between the first and last
+    stage: a tied model, or one whose MTP modules copy the embedding, with the embedding and
+    the head on different ranks (more than one stage, and not DualPipe)."""
+    head = model.layers[-1] if model.layers else None
+    copies = model.tie_embeddings or (head is not None and head.mtp_copies_embedding)
+    return copies and par.pp > 1 and par.schedule != "dualpipe"
 
 
 def grad_bytes(model: ModelSpec, par: Parallel, opts: Stack) -> float:

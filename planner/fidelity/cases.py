@@ -120,6 +120,41 @@ def _uniform_bounds(model: ModelSpec, chunks: int) -> tuple[tuple[int, int], ...
     return tuple((k * size, (k + 1) * size) for k in range(chunks))
 
 
+def stage_bounds(model: ModelSpec, blocks, chunks: int, name: str) -> tuple[tuple[int, int], ...]:
+    """The layer bounds of a case's published split ``blocks`` (transformer blocks per model
+    chunk, in pipeline order: pp x virtual stages of them): the embedding joins the first chunk
+    and the head the last, as Megatron places them. One line naming the run when the list does
+    not fit the model."""
+    total = sum(1 for layer in model.layers if layer.kind == "block")
+    ok = (isinstance(blocks, list) and len(blocks) == chunks
+          and all(isinstance(b, int) and not isinstance(b, bool) and b >= 0 for b in blocks)
+          and sum(blocks) == total and all(b > 0 for b in blocks[1:-1]))
+    if not ok:
+        raise PlanInputError(
+            f"run '{name}': config.stage_blocks must list {chunks} block counts (one per "
+            f"model chunk, none empty but the first and last) summing to the model's "
+            f"{total} blocks; got {blocks!r}")
+    bounds, start = [], 1
+    for b in blocks:
+        bounds.append((start, start + b))
+        start += b
+    bounds[0] = (0, bounds[0][1])
+    bounds[-1] = (bounds[-1][0], len(model.layers))
+    return tuple(bounds)
+
+
+def _runs_text(counts: list[int]) -> str:
+    """Block counts with repeats folded: [3, 4, 4, 4, 2] -> '3, 4 x 3, 2'."""
+    out, k = [], 0
+    while k < len(counts):
+        j = k
+        while j < len(counts) and counts[j] == counts[k]:
+            j += 1
+        out.append(str(counts[k]) if j - k == 1 else f"{counts[k]} x {j - k}")
+        k = j
+    return ", ".join(out)
+
+
 def _megatron_interleave(layers_per_stage: int) -> int:
     """Unreported virtual stages of the 2021 runs: the smallest interleaving the layer count
     allows (v = smallest divisor > 1 of the layers per stage), the least extra communication."""
@@ -155,7 +190,19 @@ def run_options(case: dict) -> dict:
 def case_setup(case: dict, hardware: Hardware | None = None,
                stack: Stack | None = None) -> CaseSetup:
     """Model, cluster, published configuration and the case's stack (or ``stack``) for one
-    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given)."""
+    case (on ``hardware`` instead of the bundled profile of its GPU kind, when given); the
+    case's own stage split (``config.stage_blocks``) where it gives one."""
+    setup = _group_setup(case, hardware, stack)
+    blocks = case["config"].get("stage_blocks")
+    if blocks is None or setup.unsupported:
+        return setup
+    bounds = stage_bounds(setup.model, blocks, setup.parallel.num_chunks, setup.name)
+    return replace(setup, bounds=bounds,
+                   notes=setup.notes + (f"stage split {_runs_text(blocks)} blocks (the case's)",))
+
+
+def _group_setup(case: dict, hardware: Hardware | None, stack: Stack | None) -> CaseSetup:
+    """:func:`case_setup` by the case's group, before any split the case gives."""
     name, group = case["name"], case.get("group", "")
     m, cf = case["model"], case["config"]
     cluster, notes = case_cluster(case, hardware)
@@ -300,7 +347,8 @@ def _stack_notes(cf: dict, opts: Stack) -> list[str]:
 
 def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
     """An MoE run: the model from its HuggingFace config (profiles/validation/configs/), the
-    published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split."""
+    published tp, pp, dp, ep, etp, virtual stages and batch; Megatron's even block split
+    unless the case gives its own (case_setup)."""
     name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
     # DeepSeek-V3 report sec. 3.2.1: bidirectional, each F&B pair's all-to-all hidden behind
     # its compute (planner/pipeline/dualpipe.py)

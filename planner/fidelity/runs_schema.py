@@ -60,6 +60,9 @@ CONFIG = {
     "overlap": Text(nullable=True),
     "precision": Text(nullable=True),
     "techniques": Text(nullable=True),
+    # blocks per pipeline stage where the source gives the split (MoE cases, cases.py
+    # stage_bounds); the embedding joins the first stage and the head the last
+    "stage_blocks": Free(),
 }
 
 MEASURED = {
