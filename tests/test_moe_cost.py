@@ -302,3 +302,23 @@ def test_profiling_refuses_moe_blocks():
     from planner.profiling.profiler import profile_model
     with pytest.raises(PlanInputError, match="mixture-of-experts blocks are not measured"):
         profile_model(TINY)
+
+
+def test_an_moe_block_has_no_dense_tp_pair_for_its_experts():
+    """Megatron-Core's MoE layer runs on the sequence-parallel shard: a block's dense-TP
+    collectives are the attention's pair and the shared experts' pair (cost/moe.py
+    block_tp_pairs); the routed experts' only TP traffic is the expert-TP gather in dispatch_s,
+    none at etp 1. So a block holds one pair without shared experts (Mixtral), two with them
+    (DeepSeek-V3), where a dense block holds two."""
+    from planner.cost.layer import _work
+
+    shape = Shape(tp=4, sp=True, micro_batch=1, seq_len=4096, ep=8, etp=1, ep_in_domain=8)
+    mixtral, dsv3 = MIXTRAL.blocks[0], next(b for b in DSV3.blocks if b.is_moe)
+    assert not mixtral.shared_ffn_hidden_size and dsv3.shared_ffn_hidden_size
+    for block, pairs in ((mixtral, 1), (dsv3, 2)):
+        work = _work(block, shape, True)
+        assert (work.collectives, work.collectives_bwd) == (pairs, pairs)
+        assert moe.dispatch_s(block, shape, H100) == moe.all_to_all_s(
+            moe.dispatch_bytes(block, shape), 8, 8, H100)  # no expert-TP gather at etp 1
+    dense = next(b for b in DSV3.blocks if not b.is_moe)
+    assert moe.block_tp_pairs(dense) == _work(dense, shape, True).collectives == 2

@@ -228,8 +228,13 @@ def test_moe_step_time_error(both):
     # torch.distributed.pipelining FSDP2 stages are gathered and reduce-scattered once a step
     # (zero3_pipeline_hold, cost/zero.py), not per microbatch: mean 17.3%, max 31.2%; 16.9%
     # with the DeepSeek-V3 report row on DeepSeek's stage split (+10.4% -> +7.8%).
+    # The MoE pass on the Qwen3 sweep: an MoE block's MLP has no dense-TP pair under
+    # Megatron-Core (its dispatcher runs on the SP shard; cost/moe.py block_tp_pairs), which
+    # speeds the three TP rows (EP32 +11.2%, EP8 a2a -16.7%, EP8 TP4 -29.7%); the Automodel
+    # DeepSeek-V3 row on 1,024 GPUs runs its pipeline once per local batch, four times a step
+    # (LBS 8, GA 4: cases.local_batch_passes): -31.2% -> -28.5%. Mean 16.9%, max 29.7%.
     assert moe.mean_abs_time_error == pytest.approx(0.169, abs=0.02)
-    assert moe.max_abs_time_error == pytest.approx(0.312, abs=0.03)
+    assert moe.max_abs_time_error == pytest.approx(0.297, abs=0.03)
     # No MoE run that ran is predicted out of memory but the DeepSeek-V3 report's row
     # (test_the_deepseek_v3_report_row_runs_dualpipe): the Automodel Qwen3-30B row, at the
     # torchtitan stack's fp32 master, gradients and Adam beside fp32 cross-entropy buffers once

@@ -143,20 +143,21 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
             moe.permute_bytes(layer, shape)
     mem = (22.0 if layer.dropout else 20.0) * T * h * rep + act_fn \
         + elementwise.fused_rope_bytes(layer, T, t)
+    pairs = moe.block_tp_pairs(layer)  # attention's and a dense MLP's TP collectives
     if not fused:  # eager kernels: fp32 RMSNorm, RoPE, SwiGLU in two (cost/elementwise.py)
         mem += elementwise.eager_extra_bytes(layer, T, t, shape.sp, floor)
     if flash:
         return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / 2 / t,
-                     attn_model_flops=attn_full / t, mem_bytes=mem, collectives=2,
-                     collectives_bwd=2, gemm_shapes=shapes)
+                     attn_model_flops=attn_full / t, mem_bytes=mem, collectives=pairs,
+                     collectives_bwd=pairs, gemm_shapes=shapes)
     # Unfused attention: the scores are written by one bmm, scaled/masked/softmaxed (read, write),
     # dropout (read, write, mask) and read by the next bmm: ~13 bytes per score; 8 without dropout.
     scores = layer.num_attention_heads * s * shape.context * shape.micro_batch / t
     per_score = 13.0 if layer.dropout else 8.0
     return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / t,
                  attn_model_flops=attn_full / t,
-                 mem_bytes=mem, attn_mem_bytes=per_score * scores, collectives=2,
-                 collectives_bwd=2, gemm_shapes=shapes)
+                 mem_bytes=mem, attn_mem_bytes=per_score * scores, collectives=pairs,
+                 collectives_bwd=pairs, gemm_shapes=shapes)
 
 
 def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,

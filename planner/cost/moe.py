@@ -74,6 +74,22 @@ def expert_tp(shape) -> int:
     return shape.etp or shape.tp
 
 
+def block_tp_pairs(layer: Layer) -> int:
+    """Dense-TP collective pairs of one block's forward (sequence parallel: an all-gather before
+    the column-parallel linear, a reduce-scatter after the row-parallel one; without it one
+    all-reduce each): the attention's and, in a dense block, the MLP's. An MoE block's MLP runs
+    on the sequence-parallel shard and has no dense pair: Megatron-Core's token dispatcher works
+    on "hidden_states: 3D tensor [S/TP, B, H]" and its only tensor-parallel collectives are over
+    the expert-TP group ("# use model_comm_pgs.expt_tp_group as tensor parallel group in this
+    module."), "permute->A2A(EP)->AG(TP)->sort_chunk" and "sort_chunk->RS(TP)->A2A(EP)->
+    unpermute" (megatron/core/transformer/moe/token_dispatcher.py, MoEAlltoAllTokenDispatcher),
+    priced in dispatch_s over etp ranks (none at etp 1). Shared experts are a dense MLP split by
+    tp (SharedExpertMLP, a column- then row-parallel pair): one pair where the model has them."""
+    if not layer.is_moe:
+        return 2
+    return 1 + (1 if layer.shared_ffn_hidden_size else 0)
+
+
 def local_expert_params(layer: Layer, shape) -> float:
     """Routed-expert weights on one GPU: num_experts / ep experts, each split etp ways."""
     return layer.expert_params / (shape.ep * expert_tp(shape))

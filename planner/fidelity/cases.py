@@ -57,6 +57,9 @@ class CaseSetup:
     # Megatron's --recompute-method block: the first N blocks of every chunk recompute (with
     # recompute "full"); None: every block (validate_case's guess sets it)
     recompute_layers: int | None = None
+    # pipeline runs per optimizer step: a stack whose gradient accumulation loops over whole
+    # pipeline schedules (each a fill and drain of ``parallel.num_microbatches``) runs several
+    pipeline_passes: int = 1
 
 
 # --- building the cases --------------------------------------------------------------------------
@@ -375,14 +378,47 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
         notes.append(f"recompute '{cf['recompute']}': selective, modules "
                      f"{', '.join(opts.recompute_modules)}")
     etp = cf.get("etp")
-    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),
+    # A published local batch (samples per DP rank in one pipeline run) smaller than the step's
+    # share: the stack accumulates gradients over several whole pipeline runs (GA of them),
+    # each filling and draining the pipeline (cases.local_batch_passes)
+    per_run, passes = local_batch_passes(cf, gb, dp, name) if pp > 1 else (gb // dp, 1)
+    if passes > 1:
+        notes.append(f"GA {passes}: {passes} pipeline runs of {per_run // mb} microbatches a step")
+    par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, per_run // mb),
                    schedule="dualpipe" if dual else "interleaved" if v > 1 else "1f1b",
                    virtual_stages=v,
                    recompute=recompute, zero=int(cf.get("zero") or 0),
                    sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
                    etp=None if etp in (None, tp) else int(etp))
     return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
-                     recompute_guessed=cf.get("recompute") is None)
+                     recompute_guessed=cf.get("recompute") is None, pipeline_passes=passes)
+
+
+def local_batch_passes(cf: dict, global_batch: int, dp: int,
+                       name: str = "a case") -> tuple[int, int]:
+    """(samples per DP rank in one pipeline run, pipeline runs per optimizer step) of a case
+    whose config gives ``local_batch``; without it one run holds the rank's whole share.
+
+    NeMo Automodel's benchmark recipe loops its gradient accumulation over local batches, each
+    one call of the pipeline schedule: 'ga_steps = global_batch_size // (local_batch_size *
+    dp_size)', then 'for ga_step_idx in range(ga_steps):' ... 'batch = next(dataloader_iter)' ...
+    'self._forward_backward_step(ga_step_idx, batch, ...)' (nemo_automodel/recipes/llm/
+    benchmark.py, run_benchmark), which under PP runs the batch through one schedule,
+    'self.pp.info.schedule.step(input_ids, target=targets, losses=losses, **batch)'
+    (recipes/llm/train_ft.py); its performance table states LBS and GA per row
+    (docs/performance-summary.md: 'LBS: Local Batch Size - size of one step per GPU', 'GA:
+    Gradient Accumulation - number of local-batches before optimizer step'). FSDP's gradient
+    sync waits for the last of them ('The patch disables sync/resharding for all backwards
+    except the last one before optimizer step', nemo_automodel/components/moe/fsdp_mixin.py),
+    so only the pipeline repeats. Without a pipeline (pp 1) the runs are just microbatches in
+    a row, which one run of them prices alike."""
+    share = global_batch // dp
+    local = cf.get("local_batch")
+    local = share if local is None else int(local)
+    if local < 1 or share % local:
+        raise PlanInputError(f"{name}: config.local_batch {local} must divide the global "
+                             f"batch's share of a DP rank ({global_batch} / dp {dp} = {share})")
+    return local, share // local
 
 
 def _recompute_mode(text) -> tuple[str, bool]:

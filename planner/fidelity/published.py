@@ -20,7 +20,7 @@ from planner.core.parallel import Parallel
 from planner.core.units import GIB
 from planner.fidelity.cases import DEFAULT_FILES, CaseSetup, case_setup, case_stack, load_cases
 from planner.hardware.profiles import Hardware
-from planner.predict.step import evaluate
+from planner.predict.step import predict_plan
 from planner.stack import Stack
 
 # How each file is named in the summary's per-group lines.
@@ -121,11 +121,15 @@ def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, 
         [setup.recompute_layers] * setup.parallel.num_chunks
     got = []
     for mode in modes:
-        plan = evaluate(setup.model, setup.cluster, replace(setup.parallel, recompute=mode),
-                        setup.options, bounds=list(setup.bounds) if setup.bounds else None,
-                        simulated=simulated, recompute_layers=layers)
-        mt = plan.metrics
-        got.append((mt.step_time_s, mt.mfu * mt.step_time_s, mt.hfu * mt.step_time_s,
+        plan, pred = predict_plan(setup.model, setup.cluster,
+                                  replace(setup.parallel, recompute=mode), setup.options,
+                                  bounds=list(setup.bounds) if setup.bounds else None,
+                                  simulated=simulated, recompute_layers=layers)
+        mt, runs = plan.metrics, setup.pipeline_passes
+        # several pipeline runs a step (cases.local_batch_passes): the pipeline repeats, the DP
+        # sync and the optimizer step do not; FLOPs scale with the runs
+        step = mt.step_time_s + (runs - 1) * pred.pipeline_s
+        got.append((step, runs * mt.mfu * mt.step_time_s, runs * mt.hfu * mt.step_time_s,
                     mt.peak_memory_bytes))
     step = sum(g[0] for g in got) / len(got)
     # MFU and HFU are FLOPs over time: average the FLOPs (x step), then divide by the mean step

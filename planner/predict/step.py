@@ -130,6 +130,8 @@ class Prediction:
     model_flops: float  # the whole step, all GPUs
     hardware_flops: float
     transfer_s: np.ndarray  # per chunk: its output to the next chunk (0 for the last)
+    # of step_s: the pipeline's fill, steady state and drain (no DP sync, no optimizer step)
+    pipeline_s: float = 0.0
     # per pipeline rank, by part (MEMORY_PARTS); the parts sum to rank_memory_bytes
     memory_parts: dict | None = None
 
@@ -211,7 +213,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                       rank_memory_bytes=rank_mem, chunk_memory_bytes=chunk_mem,
                       model_flops=float(stages.model_flops.sum()) * replicas,
                       hardware_flops=float(stages.hardware_flops.sum()) * replicas,
-                      transfer_s=p2p, memory_parts=parts)
+                      transfer_s=p2p, memory_parts=parts, pipeline_s=float(pipeline_s))
 
 
 def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction,
