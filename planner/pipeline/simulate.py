@@ -319,8 +319,9 @@ _ASKED: dict[tuple, int] = {}  # shapes the whole-run path was asked for (`_comp
 
 def _compiled_run(name, p, m, v) -> compiled.Run | None:
     """The compiled run of a shape asked for before, else None (simulated op by op): compiling
-    costs about one op-by-op run, timing the compiled run a fifth of one, so it pays from a
-    shape's second configuration on (measured by benchmarks/bench_solve.py's cases)."""
+    costs about one op-by-op run, timing the compiled run a fifth to a third of one (1F1B on 128
+    ranks, interleaved on 16 with v = 6, measured), so it pays from a shape's second
+    configuration on."""
     shape = (name, p, m, v)
     asked = _ASKED.get(shape, 0) + 1
     if asked < 2:
