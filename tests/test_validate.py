@@ -40,7 +40,11 @@ def test_zero_bubble_2p_runs_within_eight_percent(result):
 def test_step_time_error(result):
     _, s = result
     assert s.mean_abs_time_error <= 0.10  # issue target: mean |error| <= 10%
-    assert s.mean_abs_time_error == pytest.approx(0.061, abs=0.01)
+    # 4.0% since BLOOM's synchronous kernel launches are priced (CUDA_LAUNCH_BLOCKING=1 in its
+    # slurm script; cost/host.py, host_s_per_block in the BLOOM cases, issue #15): its six rows
+    # moved from -11.6..-25.2% to -0.5..-3.7%. Issue target: mean <= 5%.
+    assert s.mean_abs_time_error <= 0.05
+    assert s.mean_abs_time_error == pytest.approx(0.040, abs=0.005)
     # issue target: no case worse than 25%, MISSED since issue #15's DeepSpeed pipeline p2p.
     # The worst case is BLOOM's TP8/DP4 run, 26.2% slower than predicted (20.9% before, 19.2%
     # before the NICs ran at their measured 0.95 of line rate, constants.NIC_EFFICIENCY). The
@@ -53,8 +57,12 @@ def test_step_time_error(result):
     # all-reduce between the first and last stage (cost/tied_embedding.py, +0.30 s on this TP8
     # run) and BF16_Optimizer's all-reduce of the fp32 gradients at ZeRO-1 (deepspeed stack
     # zero1_grad_reduce, +1.0 s).
-    assert s.max_abs_time_error <= 0.26
-    assert s.max_abs_time_error == pytest.approx(0.252, abs=0.015)
+    # 9.6% (megatron-readme-gpt3-175B) since BLOOM's synchronous launches are priced
+    # (cost/host.py): the TP8/DP4 run's per-block host time is twice the TP4 runs' per step (twice
+    # the microbatches), which is what made it 19% slower than them; it reads -1.5% now. Issue
+    # target met: no case worse than 15%.
+    assert s.max_abs_time_error <= 0.15
+    assert s.max_abs_time_error == pytest.approx(0.096, abs=0.01)
 
 
 def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
@@ -76,7 +84,8 @@ def test_every_case_names_its_stack_and_the_old_set_is_no_worse(result):
     # embedding's gradient all-reduce (cost/tied_embedding.py) and BF16_Optimizer's ZeRO-1
     # all-reduce (deepspeed stack zero1_grad_reduce) are priced: BLOOM's rows 1.0-1.8 points
     # closer, the interleaved Megatron Table 1 rows by under 0.1.
-    assert s.mean_abs_time_error <= 0.0620
+    # 3.98% since BLOOM's synchronous kernel launches are priced (cost/host.py, issue #15).
+    assert s.mean_abs_time_error <= 0.0410
 
 
 def test_groups_outside_bloom_are_within_twelve_percent(result):
@@ -105,7 +114,10 @@ def test_memory_error(result):
 def test_speed_ranking_within_sweeps(result):
     _, s = result
     rho = dict(s.spearman)
-    assert rho["bloom_sweep_0228"] >= 0.7  # issue target met, but only just (0.70)
+    # 0.70 before BLOOM's synchronous launches were priced (cost/host.py); 0.90 since: the TP8
+    # run is ranked slowest as measured, only the TP4 micro-batch-4 run ranks one place early.
+    assert rho["bloom_sweep_0228"] >= 0.8  # issue target
+    assert rho["bloom_sweep_0228"] == pytest.approx(0.9)
     assert rho["zero_bubble_table4:1.5B"] >= 0.8
     assert rho["zero_bubble_table4:14.6B"] >= 0.7
 
@@ -239,40 +251,68 @@ def test_moe_step_time_error(both):
     # (test_the_deepseek_v3_report_row_runs_dualpipe): the Automodel Qwen3-30B row, at the
     # torchtitan stack's fp32 master, gradients and Adam beside fp32 cross-entropy buffers once
     # 112 GiB, is priced on its own bf16 parameters, Adam states, gradients and loss (62 GiB).
+    # Issues #15/#18 memory pass: torch.distributed.pipelining's receive buffers, one per
+    # microbatch and direction for the whole pipeline pass (stack p2p_buffers_per_microbatch;
+    # NeMo Automodel pull request #3780: "pre-allocates one full-size P2P recv buffer per
+    # microbatch and per direction ... At large microbatch counts this dominates stage
+    # memory") add 4.6 GiB to both Automodel DeepSeek-V3 rows (8 microbatches a pass through 8
+    # stages a rank); under full recompute they still fit (76.0 and 73.1 GiB).
     assert moe.oom_mismatches == ("moe-deepseek-v3-report-h800-2048gpu",)
 
 
 def test_modern_memory(both):
     # Issue target met where memory was published (torchtitan H100, 8 and 128 GPUs, eager and
-    # compiled): never under-estimated; eager +9..+11%, compiled +17..+20% (the activation model
-    # does not yet shrink what torch.compile's fused kernels save for the backward: measured
-    # 5.0-5.4 GiB less than eager). No run that ran is predicted out of memory: where recompute is
+    # compiled): never under-estimated; eager +1.6% at 8 and 128 GPUs, compiled +8.7% / +9.8%.
+    # The compiled rows read 5.0-5.4 GiB below eager at the same configuration, which is not in
+    # the tensors held: torchtitan's default selective AC (train_configs/llama3_8b.toml
+    # selective_ac_option = 'op') saves the outputs of mm and SDPA only and recomputes the norms
+    # and SwiGLU in both modes, and the peak is the loss's backward, before any block's; so it
+    # is the allocator's reserve again (eager's many temporaries; torchtitan PR #165 measured a
+    # compiled full-AC run's reserved peak 28.72 GiB against eager's 32.64% of 95.04 GiB, 7%
+    # less). No run that ran is predicted out of memory: where recompute is
     # unpublished and none would not fit (Llama 3 405B, 8,192 GPUs), the guess is the least
     # recompute that fits: full, since its chunks hold one block each (no block count between).
-    # Issue #18 added torchtitan's three Float8 rows (reserved peak, GiB): 70B 2D -0.9%, once
-    # FSDP2's FP8 all-gather, loss parallel's fp32 buffers (cost/loss.py) and DTensor SP's kept
-    # gathered inputs are priced. The two 405B 3D rows are NOT within the invariant: 1F1B -9.1%,
-    # interleaved -7.0% with the stage's FP8 weights and fp32 gradients held unsharded through
-    # the step (zero3_pipeline_hold), the torchtitan microbatch defaults (8 of 4, 16 of 2) and
-    # no double-counted gradient shard. What is left matches the allocator: torchtitan's own
-    # FSDP2 + full-AC measurement reads 23.92% peak active against 32.64% peak reserved
-    # (pytorch/torchtitan PR #165), 27% of the reserved peak unused, where the planner assumes
-    # 15% (cost/constants.py RECOMPUTE_FRAGMENTATION); at 27% they read +5% / +7%, but as a
-    # torchtitan stack value it also moves the llm-foundry rows priced on that stack into
-    # predicted OOM. Pinned one assertion each so the lead can see and decide.
+    # Issue #18 added torchtitan's three Float8 rows (reserved peak, GiB), priced with FSDP2's
+    # FP8 all-gather, loss parallel's fp32 buffers (cost/loss.py), DTensor SP's kept gathered
+    # inputs, the stage's FP8 weights and fp32 gradients held unsharded through the step
+    # (zero3_pipeline_hold) and the torchtitan microbatch defaults (8 of 4, 16 of 2).
+    # Issues #15/#18 memory pass (moved every torchtitan row; each mechanism sourced in place):
+    # - the readings are torchtitan's max_reserved, the caching allocator's reserve, which holds
+    #   neither the CUDA context nor NCCL's buffers: compared less RESERVED_BYTES
+    #   (measured.memory_scope "allocator", fidelity/published.py): every row -2 GiB;
+    # - eager cross-entropy peaks at three fp32 logit buffers, not three and the 16-bit
+    #   gradient (cost/loss.py): 8B rows about -4 GiB (eager 8 GPUs +9.3% -> +1.6%);
+    # - torch.distributed.pipelining keeps a receive buffer per microbatch and direction
+    #   (stack p2p_buffers_per_microbatch): 405B rows +1 / +2.5 GiB;
+    # - under SP one of a block's two hidden-size backward gradients is whole (cost/memory.py
+    #   working_bytes): 405B rows +1 / +0.5 GiB.
+    # Three Float8 + TP + SP rows are NOT within the invariant: 70B 2D -3.7% (-0.9% before, when
+    # it was compared with the device total), 405B 1F1B -8.8% (-9.1%), interleaved -5.4%
+    # (-7.0%). What is left is the allocator's reserve above the tensors held at the peak, which
+    # no source sizes: the model's allocated peaks read 1.22x (70B), 1.29x (1F1B), 1.24x
+    # (interleaved) below these reserved readings where the planner's RECOMPUTE_FRAGMENTATION
+    # gives 1.18x. The same table measures a lower bound for the 70B row: '2D + AsyncTP' reads
+    # 67.6 GiB against 71.9 for '2D' (Table 4) with the same tensors at the modelled peak (the
+    # loss's buffers beside the kept block inputs; AsyncTP changes only the blocks' TP
+    # collectives, whose big transient buffers it moves to symmetric memory), so at least
+    # 4.3 GiB of that reading is reserve, not tensors. Pinned one assertion each so the lead
+    # can see and decide.
     rows, s = both
     modern = dict(s.groups)["modern"]
     assert modern.memory_cases == 7
     by_case = {r.case: r for r in rows}
     assert by_case["torchtitan-llama3.1-405b-512gpu-3d-1f1b-float8"].memory_error == \
-        pytest.approx(-0.091, abs=0.01)
+        pytest.approx(-0.088, abs=0.01)
     assert by_case["torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8"].memory_error == \
-        pytest.approx(-0.070, abs=0.01)
+        pytest.approx(-0.054, abs=0.01)
+    assert by_case["torchtitan-llama3.1-70b-256gpu-fsdp32-tp8-float8"].memory_error == \
+        pytest.approx(-0.037, abs=0.01)
     known = ("torchtitan-llama3.1-405b-512gpu-3d-1f1b-float8",
-             "torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8")
+             "torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8",
+             "torchtitan-llama3.1-70b-256gpu-fsdp32-tp8-float8")
     others = [r.memory_error for r in rows if r.dataset == "modern" and r.supported
               and r.memory_error is not None and r.case not in known]
-    assert len(others) == 5 and min(others) >= -0.03 and modern.max_memory_error <= 0.21
+    assert len(others) == 4 and min(others) >= -0.03 and modern.max_memory_error <= 0.11
     assert modern.oom_mismatches == ()
     llama = {r.case: r for r in rows}["llama3-405b-paper-8192gpu-tp8-cp1-pp16-dp64-seq8192"]
     assert " full " in llama.configuration and "none would not fit" in llama.note

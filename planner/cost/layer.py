@@ -20,6 +20,7 @@ from planner.cost import constants
 from planner.cost import comm, context, loss, mla, moe, mtp
 from planner.cost import elementwise
 from planner.cost import gemm
+from planner.cost import host
 from planner.cost import precision
 from planner.cost import recompute as recompute_modules
 from planner.cost import tensor_parallel
@@ -272,6 +273,11 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     bwd_input_s += a2a
     if recompute == "full" and layer.kind == "block":
         recompute_s += a2a
+
+    if layer.kind == "block" and opts.host_s_per_block:  # synchronous launches (cost/host.py)
+        host_f, host_b, host_r = host.block_host_s(opts.host_s_per_block, recompute == "full")
+        fwd_s, bwd_input_s, recompute_s = fwd_s + host_f, bwd_input_s + host_b, \
+            recompute_s + host_r
 
     return LayerCost(
         fwd_s=fwd_s, bwd_input_s=bwd_input_s, bwd_weight_s=bwd_weight_s, recompute_s=recompute_s,

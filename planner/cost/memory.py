@@ -173,13 +173,24 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
     the MLP's backward (two hidden-size and two MLP-width gradients) and, without flash, the
     attention's, after the MLP has freed what it saved: the gradients of the s×s probabilities
     and scores, 16-bit, as the dropout and softmax backward write them. They live for one layer
-    at a time, so a stage adds only its largest."""
+    at a time, so a stage adds only its largest.
+
+    Of the two hidden-size gradients one is whole even under sequence parallelism: where the
+    backward enters the tensor-parallel region it all-gathers the SP-sharded gradient
+    (Megatron-Core's _ReduceScatterToSequenceParallelRegion: "def backward(ctx, grad_output):
+    ... return _gather_along_first_dim(grad_output, ...)", and where it leaves, the input
+    gradient is whole until reduce-scattered (_GatherFromSequenceParallelRegion.backward:
+    "return _reduce_scatter_along_first_dim(grad_output, ...)",
+    megatron/core/tensor_parallel/mappings.py; DTensor's Shard(1) <-> Replicate redistributions
+    under torchtitan's TP plan do the same): h·(1 + 1/t) hidden values instead of 2h/t."""
     s, b, h, t = shape.seq_len, shape.micro_batch, layer.hidden_size, shape.tp
     rep = 1 / t if shape.sp else 1.0
-    if layer.kind == "head":
+    hidden = h * (1 + rep)  # two hidden-size gradients, one whole (2h without SP)
+    if layer.kind == "head":  # (its hidden-size gradients come after the loss's buffers,
+        # cost/loss.py, are freed: kept at the two SP shards this sum has always counted)
         return ACT_BYTES * s * b * layer.padded_vocab(t) / t + 2 * ACT_BYTES * s * b * h * rep
     if layer.kind != "block":
-        return 2 * ACT_BYTES * s * b * h * rep
+        return ACT_BYTES * s * b * hidden
     # what the backward rebuilds: the whole block under full recompute and (conservatively, as
     # before the modules were priced) under Korthikanti's core_attn selective; under Megatron's
     # output-discarding modules only what they discarded (cost/recompute.py)
@@ -189,7 +200,7 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
     elif recompute == "selective":
         rebuilt = modules.discarded_bytes(layer, shape)
     width = (2 if layer.mlp == "swiglu" else 1) * layer.ffn_hidden_size
-    mlp_moment = ACT_BYTES * s * b * (2 * h * rep + 2 * width / t)
+    mlp_moment = ACT_BYTES * s * b * (hidden + 2 * width / t)
     if layer.is_moe:  # the gradients of the routed copies' inputs and FC1 outputs
         mlp_moment = ACT_BYTES * (2 * s * b * h * rep + moe.routed_copies(layer, shape) * (
             2 * h + 2 * width / moe.expert_tp(shape)))

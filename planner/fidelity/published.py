@@ -18,6 +18,7 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.parallel import Parallel
 from planner.core.units import GIB
+from planner.cost import constants
 from planner.fidelity.cases import DEFAULT_FILES, CaseSetup, case_setup, case_stack, load_cases
 from planner.hardware.profiles import Hardware
 from planner.predict.step import predict_plan
@@ -167,7 +168,7 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
         # the run fitted, so it recomputed: the guess moves to the least recompute that fits
         setup, (step, mfu, hfu, peak_bytes) = _least_recompute(setup, simulated)
     peak = setup.cluster.hardware.peak_tflops
-    predicted_mem = peak_bytes / MEMORY_UNIT_BYTES
+    predicted_mem = _comparable_memory_bytes(peak_bytes, me) / MEMORY_UNIT_BYTES
     config = _configuration(setup.parallel)
     if setup.recompute_layers is not None:
         config = config.replace(" full ZeRO", f" block {setup.recompute_layers} ZeRO")
@@ -216,6 +217,19 @@ def _most_blocks(model, chunks: int, bounds) -> int:
 
     bounds = bounds or even_block_bounds(model, chunks)
     return max(sum(1 for layer in model.layers[a:b] if layer.kind == "block") for a, b in bounds)
+
+
+def _comparable_memory_bytes(peak_bytes: float, measured: dict) -> float:
+    """The predicted peak as the source counts memory. "device" (nvidia-smi, the default): all
+    of it. "allocator": PyTorch's caching-allocator reserve, which torchtitan logs
+    ('max_reserved = device_info["reserved_bytes.all.peak"]', torchtitan/metrics.py
+    DeviceMemoryMonitor.get_peak_stats; the 'memory: ...GiB' of its log line is
+    max_reserved_gib, train.py): "the current GPU memory managed by the caching allocator"
+    (torch.cuda.memory_reserved docs), without what the framework holds outside it (the CUDA
+    context and NCCL's buffers: cost/constants.py RESERVED_BYTES), which is left out."""
+    if measured.get("memory_scope") == "allocator":
+        return max(peak_bytes - constants.RESERVED_BYTES, 0.0)
+    return peak_bytes
 
 
 def _memory_gib(measured: dict) -> float | None:

@@ -4,7 +4,8 @@ model, cluster, parallel configuration and measurements. The bundled files
 
 from __future__ import annotations
 
-from planner.core.schema import Bool, Free, Int, Name, Num, Text, check_list, check_object
+from planner.core.schema import (Bool, Free, Int, Name, Num, OneOf, Text, check_list,
+                                 check_object)
 from planner.core.errors import PlanInputError
 from planner.model.schema import MAX_FFN, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_VOCAB
 
@@ -78,6 +79,10 @@ MEASURED = {
     "hfu": Num(0, 1, low_open=True, nullable=True),
     "memory_gb_per_gpu": Num(0, 1e6, low_open=True, nullable=True),
     "memory_gib_per_gpu": Num(0, 1e6, low_open=True, nullable=True),
+    # what the memory reading counts: "device" (nvidia-smi: everything the process holds; the
+    # default) or "allocator" (PyTorch's caching-allocator reserve, torch.cuda
+    # max_memory_reserved: not the CUDA context nor NCCL's own buffers; planner/fidelity)
+    "memory_scope": OneOf("device", "allocator", nullable=True),
     "bubble_rate_theoretical": Num(0, 1e6, nullable=True),
 }
 

@@ -42,11 +42,20 @@ def stage_output_bytes(model: ModelSpec, par: Parallel) -> float:
 
 
 def kept_outputs(model: ModelSpec, par: Parallel, inflight: np.ndarray, opts: Stack) -> np.ndarray:
-    """Per chunk: the stage outputs a pipeline engine that keeps them holds (each in-flight
-    microbatch's output of every chunk but the last); zeros for an engine that frees them."""
+    """Per chunk: what the pipeline engine holds beyond the layers' activations. The stage
+    outputs of an engine that keeps them (each in-flight microbatch's output of every chunk but
+    the last), and the receive buffers of an engine that allocates one per microbatch of the
+    step (p2p_buffers_per_microbatch): the output gradients of every chunk but the last, and
+    the inputs of every chunk but the first, less the in-flight inputs, which are the buffers
+    the chunk's first layer keeps (counted in its activations)."""
     out = np.zeros(par.num_chunks)
+    one = stage_output_bytes(model, par)
     if opts.keep_stage_outputs:
-        out[:-1] = inflight[:-1] * stage_output_bytes(model, par)
+        out[:-1] = inflight[:-1] * one
+    if opts.p2p_buffers_per_microbatch and par.num_chunks > 1:
+        m = par.num_microbatches
+        out[:-1] += m * one  # output-gradient receive buffers
+        out[1:] += np.maximum(m - inflight[1:], 0.0) * one  # input buffers not in flight
     return out
 
 

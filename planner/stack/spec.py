@@ -80,6 +80,10 @@ class Stack:
     p2p_blocking: bool
     # the pipeline engine keeps every in-flight microbatch's stage output until its backward
     keep_stage_outputs: bool
+    # the pipeline engine allocates a receive buffer for every microbatch of the step, its
+    # input on each stage but the first and its output gradient on each stage but the last,
+    # and keeps them across steps (torch.distributed.pipelining; planner/predict/memory.py)
+    p2p_buffers_per_microbatch: bool
     # cross-entropy computes its gradient in place (no two extra fp32 logit buffers)
     fused_cross_entropy: bool
     # fused element-wise kernels (bias-GeLU, SwiGLU, bias-dropout-add) instead of eager ops
@@ -89,6 +93,10 @@ class Stack:
     # fixed cost of each pipeline action (a chunk's forward, backward, or in zero-bubble
     # schedules its input- or weight-gradient half), seconds; the simulator charges it per action
     pipeline_action_overhead_s: float
+    # host seconds per transformer block per forward pass that the GPU waits for because kernel
+    # launches are synchronous (CUDA_LAUNCH_BLOCKING=1); the backward costs twice, a full
+    # recompute once more (planner/cost/host.py). 0: asynchronous launches, the host runs ahead
+    host_s_per_block: float
     # MoE: routed tokens on the busiest GPU over the mean (1.0 balanced; a capacity factor caps
     # it); scales expert time and all-to-all bytes, not model FLOPs (planner/cost/moe.py)
     moe_expert_load: float
@@ -249,12 +257,14 @@ _CHOICES = {
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy",
+          "p2p_buffers_per_microbatch",
           "fused_elementwise", "optimizer_post_validation", "fp8_weight_cache",
           "fp8_saved_activations", "fp8_all_gather", "zero3_pipeline_hold", "loss_parallel",
           "sp_keeps_gathered", "moe_probs_in_activation", "fp8_moe_act_input")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
            "pipeline_action_overhead_s": (0.0, 0.1), "split_backward_overhead": (0.0, 1.0),
+           "host_s_per_block": (0.0, 0.1),
            "moe_expert_load": (1.0, 64.0), "fp8_attn_out_bytes": (1.0, 2.0),
            "tp_overlap_hidden": (0.0, 1.0)}
 
