@@ -9,8 +9,8 @@ period is p microbatches, else 1); no op before a cut needs one after it (checke
 warm-up, running M + P microbatches instead of M inserts one more period after a cut and
 renumbers the rest by P (checked on the two programs, not assumed).  Every rank is then in steady
 state: each period applies the same max-plus map T to the state (one matrix, read off the short
-run by timing one period with symbolic times), and the cool-down is a fixed max-plus function g
-of the state it starts from.  So for M = M' + k·P:
+run by timing one period with symbolic times: every value a max-plus form over the state), and
+the cool-down is a fixed max-plus function g of the state it starts from.  So for M = M' + k·P:
 
     state after the inserted periods = T^k ⊗ state of the short run at that cut,
     step = max_i (state_i + g_i),
@@ -24,18 +24,21 @@ cycle of dependencies paces every rank).  Near ties between cycles can delay it;
 point makes "one constant" equal to about 1e-14 of the times, so components may differ by
 ``REL_TOL`` of the largest.
 
+This module finds the cuts and the state's components; planner/pipeline/compiled.py times the
+short run, the period (symbolically) and the cool-down (from the state after the k periods, in
+numbers) on the short run's compiled graph (planner/pipeline/graph.py), and `state_positions`
+says where the state lies in each.
+
 DualPipe (pipeline/dualpipe.py) fits the same frame with P = 2 (one microbatch of each direction
 a period), its full backwards (BW) counted as backwards, an F&B pair timed as one op that waits
-for both inputs (``pair``), and ``mirrored`` transfers: an odd microbatch's boundary k is the
-link of boundary p - 2 - k, indexed p - 1 + k in the transfer list comm + reversed(comm).
+for both inputs, and ``mirrored`` transfers: an odd microbatch's boundary k is the link of
+boundary p - 2 - k, indexed p - 1 + k in the transfer list comm + reversed(comm).
 
 GPipe runs all forwards, then all backwards: each phase is a flow shop of identical jobs with a
 closed-form longest path (`gpipe_makespan`), so it needs no period.
 """
 
 from __future__ import annotations
-
-from typing import Callable
 
 import numpy as np
 
@@ -150,109 +153,34 @@ def steady_cuts(short, longer, labels, keys: dict[int, tuple], group: int,
     return sorted(j for j in ok or () if keys.get(j) is not None and keys.get(j) == keys.get(j + 1))
 
 
-def state_values(end: Callable[[str, int, int], float], ops, labels, keys: tuple, cut: int,
-                 group: int, comm: list[float], mirrored: bool = False) -> np.ndarray:
-    """The numeric state of a simulated run at a cut (components in ``keys`` order); ``end``
-    gives an op's end from its (kind, microbatch, chunk)."""
-    free = {}
-    for r, (rank, lab) in enumerate(zip(ops, labels)):
-        before = [op for op, x in zip(rank, lab) if x < cut]
-        free[r] = end(*key_of(before[-1])) if before else 0.0
-    p = len(ops)
-    out = []
+def state_positions(keys: tuple, cut: int, group: int, p: int, free_at, end_at,
+                    earlier: dict | None = None, mirrored: bool = False):
+    """Where the state at cut ``cut`` (components in ``keys`` order) lies in a timed graph
+    (planner/pipeline/graph.py): per component, a position in the graph's values and the
+    transfer added to it (an index in `graph.comm_table`, 0 for none).  ``free_at[r]``: the
+    position of rank r's free time at the cut; ``end_at(kind, microbatch, chunk)``: the
+    position of that op's end, or None when the graph does not time it.  A transfer the graph
+    does not time was made before it: with ``earlier`` (the keys' positions among the graph's
+    sources, the state one cut before) it is that state's component one group further on.
+    None when a component is in neither."""
+    pos, comm = [], []
     for key in keys:
         if key[0] == "free":
-            out.append(free[key[1]])
-        else:
-            kind, rel, k = key
-            mb = rel + cut * group
-            out.append(end(kind, mb, k) + comm[boundary_index(kind, mb, k, p, mirrored)])
-    return np.array(out)
-
-
-def symbolic_run(ops, labels, keys: tuple, cut: int, stop: int | None, p: int, v: int,
-                 group: int, comm: list[float], duration: Callable[[Op], float],
-                 state: np.ndarray | None = None, mirrored: bool = False,
-                 pair: Callable[[Op, Op], float] | None = None):
-    """Time the ops between cut ``cut`` and cut ``stop`` (None: to the end) with symbolic times:
-    each time is a max-plus form over the state at ``cut`` (a vector, -inf where it does not
-    depend on a component).  Returns the end form of every op timed, keyed by (kind, microbatch,
-    chunk), and each rank's free form at the end; None if an input is neither timed nor in the
-    state (the ops do not form a closed period).  Given the ``state``'s values, the times are
-    numbers instead (each form applied to the state: the same max-plus arithmetic, in scalars):
-    the cool-down, timed once from the state the periods reach, costs a float per op, not a form.
-    An F followed by a paired BW runs as one op of ``pair(f, bw)`` that waits for both inputs."""
-    chunks = p * v
-    n = len(keys)
-    index = {key: i for i, key in enumerate(keys)}
-    join = np.maximum if state is None else max
-
-    def unit(i: int):
-        if state is not None:
-            return float(state[i])
-        form = np.full(n, NEG)
-        form[i] = 0.0
-        return form
-
-    free = [unit(index[("free", r)]) for r in range(p)]
-    todo = [[op for op, x in zip(rank, lab) if x >= cut and (stop is None or x < stop)]
-            for rank, lab in zip(ops, labels)]
-    ends: dict[tuple, np.ndarray] = {}
-    ptr = [0] * p
-    progress = True
-    while progress:
-        progress = False
-        for r in range(p):
-            while ptr[r] < len(todo[r]):
-                op = todo[r][ptr[r]]
-                unit_ops = [op]
-                if ptr[r] + 1 < len(todo[r]) and todo[r][ptr[r] + 1].paired:
-                    unit_ops.append(todo[r][ptr[r] + 1])
-                start = free[r]
-                ready = True
-                for one in unit_ops:
-                    for kind, mb, k, boundary in cross_inputs(one, p, chunks, mirrored):
-                        made = ends.get((kind, mb, k))
-                        if made is not None:
-                            start = join(start, made + comm[boundary])
-                        elif (kind, mb - cut * group, k) in index:
-                            start = join(start, unit(index[(kind, mb - cut * group, k)]))
-                        else:
-                            ready = False
-                if not ready:
-                    break
-                took = duration(op) if len(unit_ops) == 1 else pair(*unit_ops)
-                free[r] = start + took
-                for one in unit_ops:
-                    ends[key_of(one)] = free[r]
-                ptr[r] += len(unit_ops)
-                progress = True
-    if any(ptr[r] < len(todo[r]) for r in range(p)):
-        return None
-    return ends, free
-
-
-def period_map(ends, free, keys: tuple, cut: int, group: int, comm: list[float],
-               mirrored: bool = False) -> np.ndarray:
-    """T: the state one period later (the same components, microbatches relative to the next
-    cut) as max-plus forms over the state at ``cut``; row i is component i's form."""
-    index = {key: i for i, key in enumerate(keys)}
-    p = sum(1 for key in keys if key[0] == "free")
-    rows = []
-    for key in keys:
-        if key[0] == "free":
-            rows.append(free[key[1]])
+            pos.append(free_at[key[1]])
+            comm.append(0)
             continue
         kind, rel, k = key
-        mb = rel + (cut + 1) * group
-        made = ends.get((kind, mb, k))
+        mb = rel + cut * group
+        made = end_at(kind, mb, k)
         if made is not None:
-            rows.append(made + comm[boundary_index(kind, mb, k, p, mirrored)])
-        else:  # made before the cut: already a component, one group further on
-            row = np.full(len(keys), NEG)
-            row[index[(kind, rel + group, k)]] = 0.0
-            rows.append(row)
-    return np.array(rows)
+            pos.append(made)
+            comm.append(1 + boundary_index(kind, mb, k, p, mirrored))
+        elif earlier is not None and (kind, rel + group, k) in earlier:
+            pos.append(earlier[(kind, rel + group, k)])
+            comm.append(0)
+        else:
+            return None
+    return np.array(pos, dtype=np.int64), np.array(comm, dtype=np.int64)
 
 
 def apply(T: np.ndarray, s: np.ndarray) -> np.ndarray:
@@ -274,6 +202,8 @@ def apply_sparse(form: tuple, s: np.ndarray) -> np.ndarray:
     """`apply` from T's `sparse_form`: the same sums and maxima, so the same floats, over the
     finite entries only (an -inf entry never wins a max; a row of them gives -inf)."""
     cols, values, starts, nonempty = form
+    if len(values) and len(starts) == len(nonempty):  # every row has a finite entry
+        return np.maximum.reduceat(values + s[cols], starts)
     out = np.full(len(nonempty), NEG)
     if len(values):
         out[nonempty] = np.maximum.reduceat(values + s[cols], starts)

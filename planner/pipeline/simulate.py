@@ -12,10 +12,13 @@ together once both inputs are in and end together, after `dualpipe.pair_s`; its 
 the reverse direction cross boundary k on the link between ranks p-1-k and p-2-k.
 The pass visits every op once or twice (a rank is parked on the op it waits for and woken when
 that op's input finishes), so it is linear in the number of ops: `simulate_ops` and
-``simulate(..., method="full")`` are the reference.  For long runs `simulate` simulates a short
-run instead and repeats its steady period exactly (planner/pipeline/periodic.py explains why that
-is exact), so its cost stops growing with the microbatch count once the pipeline is in steady
-state; the timeline it returns is then the short run's, a compressed picture of the step.
+``simulate(..., method="full")`` are the reference.  ``method="auto"`` (the default) gives the
+same floats faster: from a shape's second configuration on, it times the shape's run compiled
+once into a dependency graph (planner/pipeline/compiled.py), a few numpy operations per depth of
+the graph instead of Python per op.  For long runs `simulate` simulates a short run instead and
+repeats its steady period exactly (planner/pipeline/periodic.py explains why that is exact), so
+its cost stops growing with the microbatch count once the pipeline is in steady state; the
+timeline it returns is then the short run's, a compressed picture of the step.
 
 What an engine adds to the compute (`charge_actions`): every action (F, B, W) costs the stack's
 ``action_s`` more (dispatch, p2p setup: measured on torch.distributed.pipelining by
@@ -29,8 +32,11 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Sequence
 
-from planner.pipeline import dualpipe, periodic
+import numpy as np
+
+from planner.pipeline import compiled, dualpipe, graph, periodic
 from planner.pipeline.schedule import Op, ScheduleError, build_schedule, check_args
+
 
 PerChunk = float | Sequence[float]
 
@@ -149,11 +155,16 @@ def simulate(
             fast = _extrapolated(name, p, m, v, timeline, overlap, **args)
             if fast is not None:
                 return fast
+    run = _compiled_run(name, p, m, v) if method == "auto" else None
+    if run is not None:
+        table = _Times(name, p * v, args, overlap).table(run.graph)
+        comm = graph.comm_table(_effective_comm(comm_s, p, v), name == "dualpipe")
+        return _timed(run, name, p, m, v, table, comm, act_bytes, timeline)[1]
     return _simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline,
                          overlap=overlap, **args)[0]
 
 
-FULL_UP_TO = 64  # microbatches simulated op by op whatever the method: cheap, and drawn in full
+FULL_UP_TO = 64  # microbatches simulated in full (every op) whatever the method: cheap, and drawn
 
 
 def _first_short_run(name: str, p: int, v: int) -> int:
@@ -229,9 +240,10 @@ def _extrapolated(name, p, m, v, keep_timeline, overlap, **args) -> SimResult | 
     group = _group(name, p)
     short = _first_short_run(name, p, v)
     while 2 * short <= m:
-        found = _steady_cut(name, p, v, short, group)
-        if found is not None:
-            return _repeated(name, p, m, v, short, group, *found, keep_timeline, args, overlap)
+        if _steady_cut(name, p, v, short, group) is not None:
+            parts = _periodic_parts(name, p, v, short, group)
+            return None if parts is None else _repeated(name, p, m, v, short, group, parts,
+                                                        keep_timeline, args, overlap)
         short *= 2
     return None
 
@@ -253,61 +265,90 @@ def _steady_cut(name, p, v, short, group):
     return (ops, labels, cuts[-1], keys[cuts[-1]]) if cuts else None
 
 
-def _repeated(name, p, m, v, short, group, ops, labels, cut, keys, keep_timeline, args,
+@lru_cache(maxsize=16)
+def _periodic_parts(name, p, v, short, group) -> compiled.Periodic | None:
+    """The compiled short run and its periodic parts (compiled.py), memoised like the cut."""
+    run = compiled.compile_run(name, p, short, v)
+    if run is None:
+        return None
+    _, labels, cut, keys = _steady_cut(name, p, v, short, group)
+    return compiled.periodic_parts(run, labels, cut, keys, p, v, group, name == "dualpipe")
+
+
+def _repeated(name, p, m, v, short, group, parts: compiled.Periodic, keep_timeline, args,
               overlap=(0.0, 0.0, 0.0)):
-    """Time the short run, read the period map T after ``cut`` and the cool-down's forms, and
-    apply T (m - short) / group times (planner/pipeline/periodic.py)."""
-    mirrored = name == "dualpipe"  # transfers of odd microbatches: comm reversed, after comm
-    comm = _effective_comm(args["comm_s"], p, v)
-    comm = comm + comm[::-1] if mirrored else comm
-    chunks = p * v
-    fwd, bgrad, wgrad = _op_times(name in SPLIT_BACKWARD or mirrored, chunks, args["fwd_s"],
-                                  args["bwd_s"], args["wgrad_s"])
-    full = _per_chunk(args["bwd_s"], chunks, "bwd_s")
-    times = {"F": fwd, "B": bgrad, "W": wgrad, "BW": full}
-    o_fwd = _per_chunk(overlap[0], chunks, "overlap_fwd_s")
-    o_bwd = _per_chunk(overlap[1], chunks, "overlap_bwd_s")
-
-    def duration(op: Op) -> float:
-        return times[op.kind][op.chunk]
-
-    def pair(f: Op, b: Op) -> float:
-        return dualpipe.pair_s(fwd[f.chunk], o_fwd[f.chunk], full[b.chunk], o_bwd[b.chunk],
-                               overlap[2])
-
-    period = periodic.symbolic_run(ops, labels, keys, cut, cut + 1, p, v, group, comm, duration,
-                                   mirrored=mirrored, pair=pair)
-    if period is None:
-        return None
-    T = periodic.period_map(*period, keys, cut, group, comm, mirrored)
-    run, done = _simulate_ops(ops, name, p, short, v, timeline=keep_timeline, overlap=overlap,
-                              **args)
-
-    def end(kind: str, mb: int, chunk: int) -> float:
-        return done["FBW".index(kind)][mb * chunks + chunk]
-
+    """Time the short run, then the m - short microbatches more as (m - short) / group steady
+    periods and the cool-down after them (compiled.extend, planner/pipeline/periodic.py)."""
+    run = compiled.compile_run(name, p, short, v)
+    table = _Times(name, p * v, args, overlap).table(run.graph)  # the parts index it too
+    comm = graph.comm_table(_effective_comm(args["comm_s"], p, v), name == "dualpipe")
+    timed, short_run = _timed(run, name, p, short, v, table, comm, args["act_bytes"],
+                              keep_timeline)
     k = (m - short) // group
-    state = periodic.power_apply(T, periodic.state_values(end, ops, labels, keys, cut + 1, group,
-                                                          comm, mirrored), k)
-    # the cool-down from that state, in numbers (its max-plus forms applied to the state)
-    cooldown = periodic.symbolic_run(ops, labels, keys, cut + 1, None, p, v, group, comm,
-                                     duration, state, mirrored=mirrored, pair=pair)
-    if cooldown is None:
-        return None
-    rank_end = [float(x) for x in cooldown[1]]
+    rank_end, work = compiled.extend(parts, table, comm, timed.values, k)
     makespan = max(rank_end)
-    span = max(e - s for e, s in zip(rank_end, run.rank_start_s))
+    span = max(e - s for e, s in zip(rank_end, short_run.rank_start_s))
+    busy = [b + k * w for b, w in zip(short_run.busy_s, work)]
+    return _result(name, p, m, v, short_run.timeline, makespan, busy, short_run.peak_inflight,
+                   short_run.peak_activation_bytes, timeline_m=short if keep_timeline else None,
+                   span=span, rank_start=short_run.rank_start_s)
 
-    def work(rank, lab) -> float:  # one period's compute on a rank, an F&B pair once
-        ops_in = [op for op, x in zip(rank, lab) if x == cut]
-        return sum(pair(op, nxt) if nxt is not None and nxt.paired else
-                   0.0 if op.paired else duration(op)
-                   for op, nxt in zip(ops_in, ops_in[1:] + [None]))
 
-    busy = [b + k * work(rank, lab) for b, rank, lab in zip(run.busy_s, ops, labels)]
-    return _result(name, p, m, v, run.timeline, makespan, busy, run.peak_inflight,
-                   run.peak_activation_bytes, timeline_m=short if keep_timeline else None,
-                   span=span, rank_start=run.rank_start_s)
+class _Times:
+    """A configuration's op times as the duration table of a compiled run (graph.durations)."""
+
+    def __init__(self, name, chunks, args, overlap):
+        split = name in SPLIT_BACKWARD or name == "dualpipe"
+        self.fwd, self.bgrad, self.wgrad = _op_times(split, chunks, args["fwd_s"],
+                                                     args["bwd_s"], args["wgrad_s"])
+        self.full = _per_chunk(args["bwd_s"], chunks, "bwd_s")
+        self.o_fwd = _per_chunk(overlap[0], chunks, "overlap_fwd_s")
+        self.o_bwd = _per_chunk(overlap[1], chunks, "overlap_bwd_s")
+        self.interference = overlap[2]
+
+    def pair(self, kf: int, kb: int) -> float:
+        return dualpipe.pair_s(self.fwd[kf], self.o_fwd[kf], self.full[kb], self.o_bwd[kb],
+                               self.interference)
+
+    def table(self, g: graph.Graph) -> np.ndarray:
+        return graph.durations(g, self.fwd, self.bgrad, self.wgrad, self.full, self.pair)
+
+
+_ASKED: dict[tuple, int] = {}  # shapes the whole-run path was asked for (`_compiled_run`)
+
+
+def _compiled_run(name, p, m, v) -> compiled.Run | None:
+    """The compiled run of a shape asked for before, else None (simulated op by op): compiling
+    costs about one op-by-op run, timing the compiled run a fifth to a third of one (1F1B on 128
+    ranks, interleaved on 16 with v = 6, measured), so it pays from a shape's second
+    configuration on."""
+    shape = (name, p, m, v)
+    asked = _ASKED.get(shape, 0) + 1
+    if asked < 2:
+        if len(_ASKED) >= 256:
+            _ASKED.pop(next(iter(_ASKED)))
+        _ASKED[shape] = asked
+        return None
+    return compiled.compile_run(name, p, m, v)
+
+
+def _timed(run: compiled.Run, name, p, m, v, table, comm, act_bytes,
+           keep_timeline) -> tuple[compiled.Timed, SimResult]:
+    """A compiled run timed (compiled.time_run) and summarised as `_summarise` does."""
+    chunks = p * v
+    act = np.asarray(_per_chunk(act_bytes, chunks, "act_bytes") or [0.0] * chunks)
+    timed = compiled.time_run(run, table, comm, act)
+    timeline = []
+    if keep_timeline:
+        for row, ends, starts in zip(run.prog, timed.ends, timed.starts):
+            timeline.append(tuple(
+                TimedOp(Op(graph.CODE_KIND[code], idx // chunks, idx % chunks, paired=code == 4),
+                        start, end) for (code, idx), start, end in zip(row, starts, ends)))
+    makespan = max((e[-1] for e in timed.ends if e), default=0.0)
+    first = [s[0] if s else 0.0 for s in timed.starts]
+    span = max((e[-1] - f for e, f in zip(timed.ends, first) if e), default=0.0)
+    return timed, _result(name, p, m, v, timeline, makespan, timed.busy, run.peak_n,
+                          timed.peak_bytes, span=span, rank_start=first)
 
 
 def _gpipe(p, m, keep_timeline, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes) -> SimResult:
@@ -398,7 +439,7 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
     def pair_s(kf: int, kb: int) -> float:
         return dualpipe.pair_s(fwd[kf], o_fwd[kf], full[kb], o_bwd[kb], overlap[2])
 
-    prog = _program(ops, chunks)
+    prog = graph.program(ops, chunks)
     size = m * chunks
     ready = [[None] * size, [None] * size, [None] * size]  # [kind][mb*chunks+chunk] -> end time (+comm)
     done = [[None] * size, [None] * size, [None] * size]
@@ -506,38 +547,6 @@ def _record(done, r: int, slot: int, idx: int, chunks: int, end: float) -> None:
     done[slot][idx] = end
 
 
-_PROGRAMS: dict[int, tuple] = {}  # id(ops) -> (ops, program): build_schedule's ops are memoised
-
-
-# op codes of a program: F, B, W, BW (both gradients), BW paired with the F before it, and an
-# F that opens such a pair
-_KIND_CODE = {"F": 0, "B": 1, "W": 2, "BW": 3}
-_CODE_KIND = ("F", "B", "W", "BW", "BW", "F")
-
-
-def _program(ops, chunks: int) -> list[list[tuple[int, int]]]:
-    """Per rank, each compute op as (kind code, microbatch * chunks + chunk); kept for the last
-    few op lists (the same memoised schedule is timed for many configurations)."""
-    held = _PROGRAMS.get(id(ops))
-    if held is not None and held[0] is ops:
-        return held[1]
-    prog = []
-    for rank in ops:
-        row = [(_KIND_CODE[o.kind] + (1 if o.paired else 0), o.microbatch * chunks + o.chunk)
-               for o in rank if o.kind in _KIND_CODE]
-        for i in range(1, len(row)):
-            if row[i][0] == 4:
-                if row[i - 1][0] != 0:
-                    raise ScheduleError("a paired BW must follow an F on its rank")
-                row[i - 1] = (5, row[i - 1][1])
-        prog.append(row)
-    if isinstance(ops, tuple):  # immutable: the same object is the same program
-        if len(_PROGRAMS) >= 16:
-            _PROGRAMS.pop(next(iter(_PROGRAMS)))
-        _PROGRAMS[id(ops)] = (ops, prog)
-    return prog
-
-
 def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline,
                shared=None) -> SimResult:
     """Busy/idle, bubble and peak activations from the placed ops (``shared``: per rank, time
@@ -549,7 +558,7 @@ def _summarise(name, p, m, v, prog, starts, ends, act, split, keep_timeline,
     release = 2 if split else 1  # activation freed when W (zero bubble), B or BW ends
     for r in range(p):
         if keep_timeline:
-            timeline.append(tuple(TimedOp(Op(_CODE_KIND[kind], idx // chunks, idx % chunks,
+            timeline.append(tuple(TimedOp(Op(graph.CODE_KIND[kind], idx // chunks, idx % chunks,
                                              paired=kind == 4), s, e)
                                   for (kind, idx), s, e in zip(prog[r], starts[r], ends[r])))
         busy.append(sum(ends[r]) - sum(starts[r]) - (shared[r] if shared else 0.0))
