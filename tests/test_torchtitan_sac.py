@@ -118,7 +118,7 @@ def test_the_rows_set_their_policy(rows):
     op = case_setup(cases["torchtitan-llama3-8b-a100-64gpu-fsdp2-lbs1-ac_selective-op"])
     assert op.parallel.recompute == "selective" and op.options.recompute_modules == OP
     h100 = case_setup(cases["torchtitan-llama3.1-8b-8gpu-fsdp"])
-    assert h100.options.recompute_modules == OP and not h100.half_recompute
+    assert h100.options.recompute_modules == OP
 
 
 def test_measured_ratios_between_the_policies(rows):

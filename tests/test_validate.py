@@ -328,7 +328,7 @@ def test_modern_setups():
     titan = case_setup(cases["torchtitan-llama3-8b-a100-64gpu-fsdp2-lbs1-ac_selective-op"])
     # torchtitan's op-level selective AC, priced as its policy runs (cost/recompute.py)
     assert titan.options.recompute_modules == ("torchtitan_op",)
-    assert not titan.half_recompute and not titan.options.fused_cross_entropy
+    assert not titan.options.fused_cross_entropy
     h100 = case_setup(cases["llmfoundry-mpt7b-h100_80gb-8gpu-seq2048"])
     assert h100.cluster.hardware.attention_efficiency == pytest.approx(0.35)
     assert h100.cluster.hardware.memory_bandwidth_gbps == 3350

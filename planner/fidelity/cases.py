@@ -51,9 +51,6 @@ class CaseSetup:
     bounds: tuple[tuple[int, int], ...] | None
     notes: tuple[str, ...]
     unsupported: str = ""
-    # evaluated as the mean of no and full recompute (fidelity/published.py); no bundled case
-    # sets it since torchtitan's two selective policies are priced as such (_recompute_mode)
-    half_recompute: bool = False
     # unpublished recompute: none, unless none would not fit where the run did (validate_case)
     recompute_guessed: bool = False
     # Megatron's --recompute-method block: the first N blocks of every chunk recompute (with
