@@ -75,7 +75,8 @@ from planner.cost import elementwise, mla, moe
 from planner.core.errors import PlanInputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.model.spec import Layer
+    from planner.model.spec import Layer, ModelSpec
+    from planner.stack import Stack
 
 ACT_BYTES = 2  # 16-bit activations
 GELU_BYTES = 4.0  # a fused GeLU reads 2 and writes 2 bytes per element of f
@@ -85,6 +86,30 @@ OP_POLICY = "torchtitan_op"  # torchtitan's op-level selective AC (module docstr
 def drops_scores(shape) -> bool:
     """Whether this selective recompute drops the s x s scores (Korthikanti's selective)."""
     return "core_attn" in shape.recompute_modules
+
+
+def selective_discards_nothing(model: ModelSpec, opts: Stack) -> bool:
+    """Whether the stack's selective recompute changes nothing on this model, so a search need
+    not try it: each of its modules is a no-op here (core_attn under flash attention, which
+    stores no scores; moe_act without MoE blocks; mla_up_proj without MLA). layernorm and
+    torchtitan_op always discard something."""
+    acts = {"core_attn": not opts.flash_attention, "layernorm": True, "torchtitan_op": True,
+            "moe_act": model.is_moe, "mla_up_proj": any(b.is_mla for b in model.blocks)}
+    return not any(acts[m] for m in opts.recompute_modules)
+
+
+def selective_refusal(model: ModelSpec, opts: Stack) -> str | None:
+    """Why the stack's selective recompute is not priced on this model (None where it is):
+    torchtitan's op policy is priced for dense attention blocks with 16-bit linears only
+    (module docstring; ``torchtitan_mms`` and cost/layer.py raise where it would be reached).
+    Short: a search counts its rejections under it."""
+    if OP_POLICY not in opts.recompute_modules:
+        return None
+    if model.is_moe or any(b.is_mla for b in model.blocks):
+        return "torchtitan_op selective AC not priced for MoE/MLA blocks"
+    if opts.precision == "fp8":  # cost/precision.py uses_fp8: every block's linears
+        return "torchtitan_op selective AC not priced for FP8 linears"
+    return None
 
 
 def norm_output_bytes(layer: Layer, shape) -> float:
