@@ -6,9 +6,11 @@ Where the op policy is not priced (MoE or MLA blocks, FP8 linears) a search coun
 configurations as rejected under their reason, and a pinned ``--recompute selective`` is refused
 in one line (exit 2)."""
 
+import shlex
 from collections import Counter
 
 import pytest
+from conftest import engine_module
 from typer.testing import CliRunner
 
 from cli import app
@@ -22,6 +24,7 @@ from planner.model.load import load_model
 from planner.predict.stages import allowed_modes
 from planner.predict.step import evaluate
 from planner.search.engine import Pins, Request, enumerate_configs, explain, search
+from planner.search.space import space_size
 from planner.stack import load_stack, with_overrides
 
 TITAN = load_stack("torchtitan")
@@ -99,7 +102,7 @@ def test_an_moe_search_counts_the_unpriced_selective_configurations():
     req = Request(model=MOE, cluster=cluster, options=TITAN, pins=Pins(tp=1), top=3)
     result = search(req)
     assert result.rejected[UNPRICED_MOE] > 0
-    assert result.accounted
+    assert result.accounted and result.considered == space_size(req)
     assert all(s.recompute != "selective" for p in result.plans for s in p.stages)
     # exactly the selective configurations the launcher runs: as many as the full ones
     configs = list(enumerate_configs(req, Counter()))
@@ -151,3 +154,30 @@ def test_validation_prices_op_rows_on_the_stacks_own_field():
         assert row.parallel.recompute == "selective"
         assert row.options.recompute_modules == TITAN.recompute_modules
         assert "recompute_modules" not in dict(row.options.overrides)  # the stack's own value
+
+
+def test_torchtitan_parses_the_selective_export_as_its_op_policy(tmp_path):
+    engine_module("torchtitan", reason="torchtitan is not installed; the render test above "
+                  "stands in for its parser")
+    from importlib.metadata import version
+
+    from torchtitan.config.manager import ConfigManager
+
+    cluster = make_cluster(load_hardware("a100"), 8, 1)
+    req = Request(model=LLAMA3_8B.with_seq_length(8192), cluster=cluster, options=TITAN,
+                  pins=Pins(tp=1, pp=1, recompute="selective"), top=1)
+    plan = search(req).plans[0]
+    if version("torchtitan").startswith("0.3"):
+        text = torchtitan.render(plan, "0.3.0")["torchtitan_args.sh"]
+        words = [w for name in ("TORCHTITAN_ARGS", "TORCHTITAN_TAIL")
+                 for w in shlex.split(text.split(f"{name}=(", 1)[1].split(")\n", 1)[0],
+                                      comments=True)]
+        # torchtitan/distributed/activation_checkpoint.py SelectiveAC: "Per-op selective
+        # activation checkpointing ... recomputes every second matmul"
+        assert type(ConfigManager().parse_args(words).activation_checkpoint).__qualname__ == \
+            "SelectiveAC.Config"
+    else:
+        (tmp_path / "t.toml").write_text(torchtitan.render(plan, "0.2")["torchtitan.toml"])
+        cfg = ConfigManager().parse_args(["--job.config_file", str(tmp_path / "t.toml")])
+        assert (cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option) \
+            == ("selective", "op")

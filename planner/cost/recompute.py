@@ -64,7 +64,8 @@ the SP all-gathers (not in the save list; the reduce-scatters are). Without flas
 attention runs as unsaved bmm/softmax ops: recomputed, its scores never kept. The SDPA kernel's
 fp32 log-sum-exp (4 bytes per head and token) is not counted, as the planner counts it nowhere.
 Priced for dense blocks (torchtitan's Llama); MoE and MLA blocks, and FP8 linears (whose
-``_scaled_mm`` is not ``aten.mm``) are refused.
+``_scaled_mm`` is not ``aten.mm``) are refused: ``selective_refusal`` says why, the search
+counts such configurations rejected under it and refuses a pinned --recompute selective.
 """
 
 from __future__ import annotations
