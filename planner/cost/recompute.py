@@ -93,10 +93,18 @@ def selective_discards_nothing(model: ModelSpec, opts: Stack) -> bool:
     """Whether the stack's selective recompute changes nothing on this model, so a search need
     not try it: each of its modules is a no-op here (core_attn under flash attention, which
     stores no scores; moe_act without MoE blocks; mla_up_proj without MLA). layernorm and
-    torchtitan_op always discard something."""
-    acts = {"core_attn": not opts.flash_attention, "layernorm": True, "torchtitan_op": True,
-            "moe_act": model.is_moe, "mla_up_proj": any(b.is_mla for b in model.blocks)}
-    return not any(acts[m] for m in opts.recompute_modules)
+    torchtitan_op always discard something. Cheap where the modules decide it alone (a search
+    asks once per shape): only moe_act and mla_up_proj look at the model's layers."""
+    for m in opts.recompute_modules:
+        if m in ("layernorm", OP_POLICY) or (m == "core_attn" and not opts.flash_attention):
+            return False
+        if (m == "moe_act" and model.is_moe) or (m == "mla_up_proj" and _has_mla(model)):
+            return False
+    return True
+
+
+def _has_mla(model: ModelSpec) -> bool:
+    return any(layer.is_mla for layer in model.layers)
 
 
 def selective_refusal(model: ModelSpec, opts: Stack) -> str | None:
@@ -106,7 +114,7 @@ def selective_refusal(model: ModelSpec, opts: Stack) -> str | None:
     Short: a search counts its rejections under it."""
     if OP_POLICY not in opts.recompute_modules:
         return None
-    if model.is_moe or any(b.is_mla for b in model.blocks):
+    if model.is_moe or _has_mla(model):
         return "torchtitan_op selective AC not priced for MoE/MLA blocks"
     if opts.precision == "fp8":  # cost/precision.py uses_fp8: every block's linears
         return "torchtitan_op selective AC not priced for FP8 linears"

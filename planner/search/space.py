@@ -16,7 +16,8 @@ from itertools import product
 from planner.core.divisors import divisors
 from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.core.errors import PlanInputError
-from planner.cost import context, recompute
+from planner.cost import context
+from planner.cost.recompute import selective_discards_nothing, selective_refusal
 from planner.launchers import LAUNCHERS, Facts, launcher_allows
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
@@ -131,7 +132,7 @@ def validate_pins(req: Request) -> None:
         raise PlanInputError(f"--recompute must be one of {', '.join(RECOMPUTE_PINS)}, "
                              f"got {pins.recompute!r}")
     if pins.recompute == "selective":
-        unpriced = recompute.selective_refusal(req.model, req.options)
+        unpriced = selective_refusal(req.model, req.options)
         if unpriced:
             raise PlanInputError(f"--recompute selective: {unpriced} ({req.model.name} on the "
                                  f"{req.options.name} stack); use --recompute full or none, or "
@@ -364,7 +365,7 @@ def _choices(req: Request, tp: int, pp: int):
         ["1f1b"] if pp == 1 else [s for s in SCHEDULES if s in req.options.schedules])
     recomputes = [pinned_recompute(pins.recompute)] if pins.recompute else [
         r for r in RECOMPUTE_MODES if not (
-            r == "selective" and recompute.selective_discards_nothing(req.model, req.options))]
+            r == "selective" and selective_discards_nothing(req.model, req.options))]
     zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
     sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else (
         [True, False] if tp > 1 else [False])
@@ -413,8 +414,8 @@ def _knobs(req: Request, shape: Parallel, rejected: Counter):
 
 def _schedules(req: Request, shape: Parallel, rejected: Counter):
     """The schedule, virtual-stage, recompute, ZeRO and SP choices of one shape and expert split."""
+    unpriced = selective_refusal(req.model, req.options)  # why selective is not priced, if so
     schedules, vs, recomputes, zeros, sps = _choices(req, shape.tp, shape.pp)
-    unpriced = recompute.selective_refusal(req.model, req.options)
     for schedule in schedules:
         for v in vs(schedule):
             timed = replace(shape, schedule=schedule, virtual_stages=v)
@@ -432,15 +433,15 @@ def _schedules(req: Request, shape: Parallel, rejected: Counter):
                 # prune, so they would cost hundreds of refinements to rule out.
                 rejected[UNEVEN_UNPINNED] += len(recomputes) * len(zeros) * len(sps)
                 continue
-            for mode, zero, sp in product(recomputes, zeros, sps):
-                par = replace(timed, recompute=mode, zero=zero, sequence_parallel=sp)
+            for recompute, zero, sp in product(recomputes, zeros, sps):
+                par = replace(timed, recompute=recompute, zero=zero, sequence_parallel=sp)
                 if req.model.is_moe and par.tp > 1 and not sp:
                     rejected[MOE_NEEDS_SP] += 1
                     continue
                 if req.runs_on and launcher_rule(req, par):
                     rejected[f"{req.runs_on} cannot run it"] += 1
                     continue
-                if mode == "selective" and unpriced:  # runs, but its cost is not modelled
+                if recompute == "selective" and unpriced:  # runs, but is not priced
                     rejected[unpriced] += 1
                     continue
                 yield par
