@@ -39,7 +39,7 @@ def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, m
         order = sorted(options, key=lambda r: (prep.chunk_time(k, start, e, r), r))
         pick = next(
             (r for r in order
-             if prep.chunk_mem(k, start, e, r) + prep.extra[k % prep.p] <= prep.option_cap(r)),
+             if prep.chunk_mem(k, start, e, r) + prep.extra[prep.rank_of[k]] <= prep.option_cap(r)),
             int(np.argsort(prep.pt[e] - prep.pt[start], kind="stable")[-1]),
         )
         modes.append(pick)

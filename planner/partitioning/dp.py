@@ -84,7 +84,7 @@ def _band(prep: Prepared, k: int, W: int, by_end: bool) -> tuple[np.ndarray, np.
     i, j = np.clip(i, 0, L), np.clip(j, 0, L)
     time = prep.pt[j] - prep.pt[i] + prep.bnd[k]
     mem = (prep.ps[j] - prep.ps[i])[:, :, None] + prep.inflight[k] * (prep.pa[j] - prep.pa[i])
-    fits = (mem + prep.extra[k % prep.p] <= _cap(prep.cap)) & valid[:, :, None]
+    fits = (mem + prep.extra[prep.rank_of[k]] <= _cap(prep.cap)) & valid[:, :, None]
     count = prep.least_partial(k, i, j) * valid
     if prep.nb is not None:
         b = prep.problem.partial[0]
@@ -203,7 +203,7 @@ def min_peak_memory(prep: Prepared) -> tuple[float, int, float]:
             mem = (prep.ps[None, :] - prep.ps[:, None])[:, :, None] + prep.inflight[k] * (
                 prep.pa[None, :, :] - prep.pa[:, None, :]
             )
-            c = (mem + prep.extra[k] - prep.cap).min(axis=2)  # excess of the best mode
+            c = (mem + prep.extra[prep.rank_of[k]] - prep.cap).min(axis=2)  # excess of the best mode
             c = np.where(idx[None, :] > idx[:, None], c, INF)
             m = np.maximum(f[:, None], c)
             arg.append(m.argmin(axis=0))
@@ -213,10 +213,10 @@ def min_peak_memory(prep: Prepared) -> tuple[float, int, float]:
         j, best = L, (-INF, 0.0, 0, 0.0)
         for k in range(K - 1, -1, -1):
             i = int(arg[k][j])
-            mem = [prep.chunk_mem(k, i, j, r) + prep.extra[k] for r in range(prep.R)]
+            mem = [prep.chunk_mem(k, i, j, r) + prep.extra[prep.rank_of[k]] for r in range(prep.R)]
             r = int(np.argmin([m - c for m, c in zip(mem, prep.cap)]))
             if mem[r] - prep.cap[r] >= best[0]:
-                best = (mem[r] - prep.cap[r], mem[r], k, float(prep.cap[r]))
+                best = (mem[r] - prep.cap[r], mem[r], prep.rank_of[k], float(prep.cap[r]))
             j = i
         return best[1], best[2], best[3]
     light = prep.ps[L] + prep.inflight.min() * float(prep.problem.act_bytes.min(axis=1).sum())
@@ -248,9 +248,10 @@ def _exhaustive(prep: Prepared) -> tuple[list[int], list[int]] | None:
             for k, (e, r) in enumerate(zip(ends, modes)):
                 t = prep.chunk_time(k, i, e, r)
                 largest = max(largest, t)
-                rank_t[k % p] += t
-                rank_m[k % p] += prep.chunk_mem(k, i, e, r)
-                rank_cap[k % p] = min(rank_cap[k % p], prep.option_cap(r))
+                rho = prep.rank_of[k]
+                rank_t[rho] += t
+                rank_m[rho] += prep.chunk_mem(k, i, e, r)
+                rank_cap[rho] = min(rank_cap[rho], prep.option_cap(r))
                 comp += t - prep.bnd[k]
                 i = e
             if all(m <= _cap(c) for m, c in zip(rank_m, rank_cap)):

@@ -223,7 +223,7 @@ class BoundaryModel(_Model):
             if chunk_cap is not None:
                 self.C.upBound = chunk_cap * (1 + 1e-7) / ts
         for rho in range(p):
-            ks = range(rho, K, p)
+            ks = prep.chunks_of(rho)
             prob += self.B >= pulp.lpSum(tk[k] for k in ks) + float(sum(bnd[k] for k in ks))
             worst = sum(
                 float(s[start(k) : hi[k]].sum() + prep.inflight[k] * a[start(k) : hi[k]].max(axis=1).sum())

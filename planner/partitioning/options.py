@@ -54,8 +54,8 @@ def chunk_options(prep: Prepared, ub: float | None, chunk_cap: float | None = No
     least_mem = [min(cost(k, nmin[k], r)[1] for r in range(R)) for k in range(K)]
     options: dict[tuple[int, int, int], tuple[float, float]] = {}
     for k in range(K):
-        rho = k % p
-        others = [j for j in range(rho, K, p) if j != k]
+        rho = prep.rank_of[k]
+        others = [j for j in prep.chunks_of(rho) if j != k]
         t_rest = sum(least[j][0] for j in others)
         m_rest = sum(least_mem[j] for j in others) + prep.extra[rho]
         nmax = N - (sum(nmin) - nmin[k])
@@ -104,7 +104,7 @@ def rank_tables(prep: Prepared, cost: dict, by_chunk: list) -> tuple[np.ndarray,
     # counts and transfers: 4 distinct of 8 ranks on gpt3-175b, pp 8, v 6)
     done: dict = {}
     for rho in range(p):
-        ks = list(range(rho, K, p))
+        ks = list(prep.chunks_of(rho))
         same = (prep.extra[rho], tuple(tuple((o[1], o[2]) + cost[o] for o in by_chunk[k])
                                        for k in ks))
         if same in done:
@@ -170,7 +170,7 @@ class OptionModel(_Model):
             prob += pulp.lpSum(self.y[o] for o in self.by_chunk[k]) == 1
         prob += _lin((self.y[o], o[1]) for o in self.y) == N
         for rho in range(p):
-            ks = range(rho, K, p)
+            ks = prep.chunks_of(rho)
             opts = [o for k in ks for o in self.by_chunk[k]]
             prob += _lin([(self.y[o], self.cost[o][0] / ts) for o in opts] + [(self.B, -1.0)]) <= 0
             if len(ks) == 1:
@@ -312,7 +312,7 @@ class RankModel(_Model):
         self.B = prob.add_variable("B", lowBound=om.rank_bound_s / ts,
                                    upBound=None if om.B.upBound is None else om.B.upBound)
         self.u = {}
-        bnd = [float(sum(prep.bnd[k] for k in range(rho, K, p))) for rho in range(p)]
+        bnd = [float(sum(prep.bnd[k] for k in prep.chunks_of(rho))) for rho in range(p)]
         for rho in range(p):
             for c in np.flatnonzero(np.isfinite(om.tau[rho])):
                 if om.tau[rho, c] <= ub * (1 + 1e-7):
@@ -338,8 +338,8 @@ class RankModel(_Model):
         n, modes = [0] * K, [0] * K  # chunk k holds n[k] blocks
         for (rho, c), v in self.u.items():
             if _val(v) > 0.5:
-                for i, (nk, rk) in enumerate(self.om.patterns[rho][c]):
-                    n[rho + i * p], modes[rho + i * p] = nk, rk
+                for k, (nk, rk) in zip(prep.chunks_of(rho), self.om.patterns[rho][c]):
+                    n[k], modes[k] = nk, rk
         ends, end = [], 1
         for k in range(K):
             end += n[k]

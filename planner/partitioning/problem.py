@@ -2,7 +2,8 @@
 
 The model is a sequence of L layers.  It is cut into K = p*v contiguous,
 non-empty chunks in order; chunk k runs on rank ``k % p`` (v virtual stages
-per rank, v = 1 is the plain pipeline).  Every chunk picks one recompute mode
+per rank, v = 1 is the plain pipeline), or on the rank a problem's ``chunk_ranks`` names
+(DualPipe's mirrored placement, :func:`mirrored_ranks`).  Every chunk picks one recompute mode
 for all its layers, or, when the problem allows it, recomputes only its first c transformer
 blocks (Megatron's ``--recompute-method block``: see ``PartitionProblem.partial``).  We minimise the pipeline bottleneck: the largest per-rank
 sum of chunk times (plus one boundary transfer for every chunk but the last),
@@ -87,6 +88,9 @@ class PartitionProblem:
             least c that fits is a chunk's fastest partial option.
         blocks: (L,) which layers are the transformer blocks the partial option counts (the
             embedding and the head are never recomputed); default every layer.
+        chunk_ranks: optional (K,) rank of each chunk; None: chunk k on rank ``k % p`` (the
+            interleaved placement). Every rank holds K / p chunks; a rank's time and memory
+            sum its chunks wherever they sit (:func:`mirrored_ranks`: DualPipe's).
     """
 
     time_s: np.ndarray
@@ -99,6 +103,7 @@ class PartitionProblem:
     extra_bytes: np.ndarray | None = None
     partial: tuple[int, int] | None = None
     blocks: np.ndarray | None = None
+    chunk_ranks: tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         t = np.atleast_2d(np.asarray(self.time_s, dtype=float))
@@ -134,6 +139,8 @@ class PartitionProblem:
             raise PartitionError(f"capacity_bytes needs one finite number or one per mode ({t.shape[1]})")
         else:
             object.__setattr__(self, "capacity_bytes", _readonly(cap))
+        if self.chunk_ranks is not None:
+            object.__setattr__(self, "chunk_ranks", tuple(int(r) for r in self.chunk_ranks))
         self._check_partial(t, a)
 
     def _check_partial(self, t: np.ndarray, a: np.ndarray) -> None:
@@ -245,9 +252,15 @@ class Prepared:
     inflight: np.ndarray  # (K,)
     extra: np.ndarray  # (p,)
     cap: np.ndarray  # (R,) capacity of a rank that uses mode r
+    rank_of: tuple[int, ...] = ()  # (K,) the rank of each chunk
+    rank_chunks: tuple[tuple[int, ...], ...] = ()  # (p,) each rank's chunks, in layer order
     nb: np.ndarray | None = None  # (L+1,) blocks before each layer (partial recompute only)
     dt: np.ndarray | None = None  # (blocks+1,) prefix of each block's extra time recomputed
     da: np.ndarray | None = None  # (blocks+1,) prefix of each block's activation change (<= 0)
+
+    def chunks_of(self, rho: int) -> tuple[int, ...]:
+        """The chunks on rank ``rho``, in layer order."""
+        return self.rank_chunks[rho]
 
     @property
     def cap_max(self) -> float:
@@ -323,7 +336,7 @@ class Prepared:
         if self.nb is None:
             return np.zeros(np.broadcast(i, j).shape, dtype=int)
         b, f = self.problem.partial
-        room = self.cap[f] * (1 + TIE_RTOL) + 1e-300 - self.extra[k % self.p]
+        room = self.cap[f] * (1 + TIE_RTOL) + 1e-300 - self.extra[self.rank_of[k]]
         base = self.ps[j] - self.ps[i] + self.inflight[k] * (self.pa[j, b] - self.pa[i, b])
         q = self.nb[i]
         target = self.da[q] + (room - base) / self.inflight[k]  # da[q + c] <= target
@@ -331,6 +344,13 @@ class Prepared:
         c = np.maximum(first - q, 1)
         ok = (c < self.nb[j] - q) & (first < len(self.da))
         return np.where(ok, c, 0)
+
+
+def _by_rank(rank_of: tuple[int, ...], p: int) -> tuple[tuple[int, ...], ...]:
+    out: list[list[int]] = [[] for _ in range(p)]
+    for k, r in enumerate(rank_of):
+        out[r].append(k)
+    return tuple(tuple(ks) for ks in out)
 
 
 def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
@@ -362,6 +382,11 @@ def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
     extra = np.zeros(p) if problem.extra_bytes is None else np.asarray(problem.extra_bytes, dtype=float)
     if extra.shape[0] != p:
         raise PartitionError(f"extra_bytes has {extra.shape[0]} entries, need one per rank ({p})")
+    rank_of = tuple(k % p for k in range(K)) if problem.chunk_ranks is None else problem.chunk_ranks
+    if problem.chunk_ranks is not None and (len(rank_of) != K or any(
+            not 0 <= r < p for r in rank_of) or any(rank_of.count(r) != K // p for r in range(p))):
+        raise PartitionError(f"chunk_ranks {rank_of} must place {K // p} of the {K} chunks on "
+                             f"each of {p} ranks")
     z = np.zeros((1, problem.num_modes))
     nb = dt = da = None
     if problem.partial is not None:
@@ -382,8 +407,25 @@ def prepare(problem: PartitionProblem, num_chunks: int, p: int) -> Prepared:
         inflight=np.asarray(inflight, dtype=float),
         extra=extra,
         cap=np.array(problem.mode_capacity, dtype=float),
+        rank_of=rank_of,
+        rank_chunks=_by_rank(rank_of, p),
         nb=nb, dt=dt, da=da,
     )
+
+
+def mirrored_ranks(num_chunks: int) -> tuple[int, ...]:
+    """DualPipe's placement (planner/pipeline/dualpipe.py) as chunks on K / 2 ranks: the model's
+    K = pp stages in layer order, stage c on rank c for c < K / 2 and on rank K - 1 - c otherwise,
+    so a rank holds a shallow stage and its mirror, the first and last on rank 0 (DeepSeek-V3
+    report sec. 3.2.3: "we deploy the shallowest layers (including the embedding layer) and
+    deepest layers (including the output head) of the model on the same PP rank"). DualPipe's
+    rank r holds stages r and pp - 1 - r and rank pp - 1 - r the same two, with the same
+    activations held of each (dualpipe.held_at_peak), so the two are one rank here: its time
+    (both stages per microbatch pair) and its memory (both stages' states and activations)."""
+    K = int(num_chunks)
+    if K < 2 or K % 2:
+        raise PartitionError(f"DualPipe's mirrored placement needs an even stage count, got {K}")
+    return tuple(c if c < K // 2 else K - 1 - c for c in range(K))
 
 
 def le_tol(a: float, b: float) -> bool:
@@ -415,9 +457,10 @@ def score_split(
         m = prep.chunk_mem(k, start, e, r)
         chunks.append(Chunk(start, int(e), names[prep.option_mode(int(r))], t, m,
                             prep.partial_count(int(r))))
-        rank_t[k % p] += t
-        rank_m[k % p] += m
-        rank_modes[k % p].append(int(r))
+        rho = prep.rank_of[k]
+        rank_t[rho] += t
+        rank_m[rho] += m
+        rank_modes[rho].append(int(r))
         start = e
     rank_cap = tuple(prep.rank_capacity(ms) for ms in rank_modes)
     if check_memory:
