@@ -146,3 +146,36 @@ def test_a_rank_whose_two_stages_overflow_memory_is_refused():
     part = partition(roomy, 4, 2, time_limit_s=SLOW_CI)
     assert part.boundaries == (1, 3, 5, 6)  # rank 0: only the embedding and the head
     assert part.rank_memory_bytes == (60.0, 4.0)
+
+
+def test_the_search_splits_dualpipe_unevenly_where_that_is_faster():
+    """Qwen3-30B-A3B on 16 H100s, pp 4, DualPipe: the head (larger than the embedding) shares
+    rank 0 with the first stage, so the partitioner gives the middle stages more layers than
+    Megatron's even split; simulated, that step is faster, and the search keeps it."""
+    from collections import Counter
+
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.model.load import load_model
+    from planner.predict.stages import best_split, megatron_split
+    from planner.search.engine import Request, _Costs, enumerate_configs, screen
+    from planner.stack import load_stack, with_overrides
+
+    model = load_model("profiles/validation/configs/qwen3-30b-a3b.json").with_seq_length(4096)
+    stack = with_overrides(load_stack("megatron-core"), schedules=["dualpipe"], launcher=None)
+    req = Request(model=model, cluster=make_cluster(load_hardware("h100-sxm-80gb"), 16, 2),
+                  global_batch=64, options=stack)
+    costs = _Costs(req)
+    par = next(par for par in screen(req, costs, list(enumerate_configs(req, Counter())),
+                                     Counter()) if par.schedule == "dualpipe" and par.pp == 4)
+    split = best_split(model, req.cluster, par, stack, costs.known(par))
+    even = megatron_split(model, req.cluster, par, stack, costs.known(par))
+    assert split.bounds != even.bounds
+    assert split.partition.rank_memory_bytes[0] == pytest.approx(
+        split.partition.chunks[0].memory_bytes + split.partition.chunks[3].memory_bytes)
+    faster = costs._simulated(par, split, costs.known(par)).metrics.step_time_s
+    slower = costs._simulated(par, even, costs.known(par)).metrics.step_time_s
+    assert faster < slower
+    plan = costs.refined(par)
+    assert plan.notes[-1].startswith("stage split: ilp")
+    assert tuple((s.first, s.last) for s in plan.stages) == split.bounds
+    assert plan.metrics.step_time_s == pytest.approx(faster)

@@ -21,7 +21,7 @@ from planner.hardware.profiles import Cluster
 from planner.cost.memory import ACT_BYTES, fragmentation
 from planner.model.spec import ModelSpec
 from planner.partitioning.baselines import equal_param_split, fixed_split
-from planner.partitioning.problem import Partition, PartitionProblem
+from planner.partitioning.problem import Partition, PartitionProblem, mirrored_ranks
 from planner.partitioning.solve import partition
 from planner.partitioning.dp import partition_dp
 from planner.core.parallel import RECOMPUTE_MODES, Parallel
@@ -153,7 +153,8 @@ def partial_modes(model: ModelSpec, par: Parallel, modes: tuple[str, ...], time_
     builds one TransformerBlock per model chunk and counts within it): wherever both modes are
     allowed and recomputing a block costs time and saves memory. The chain DP (one chunk per
     rank) solves it for any layer sequence, the option MILP for embedding, identical blocks and
-    head; an interleaved split of other models (the boundary MILP) keeps whole-chunk modes."""
+    head; an interleaved or DualPipe split of other models (the boundary MILP) keeps whole-chunk
+    modes."""
     if "none" not in modes or "full" not in modes:
         return None
     b, f = modes.index("none"), modes.index("full")
@@ -164,7 +165,8 @@ def partial_modes(model: ModelSpec, par: Parallel, modes: tuple[str, ...], time_
     uniform = (blocks[1:-1].all() and not blocks[0] and not blocks[-1]
                and bool((time_s[blocks] == time_s[blocks][0]).all())
                and bool((act[blocks] == act[blocks][0]).all()))
-    return (b, f) if par.virtual_stages == 1 or uniform else None
+    one_chunk_a_rank = par.virtual_stages == 1 and par.schedule != "dualpipe"
+    return (b, f) if one_chunk_a_rank or uniform else None
 
 
 def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
@@ -205,25 +207,29 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     """The compute-balanced split under memory, interleaved chunks included: with v > 1 the
     chunks of a rank may differ in size (every launcher that runs the interleaved schedule takes
     uneven chunks: Megatron's --pipeline-model-parallel-layout, torchtitan's split points)."""
+    several = par.virtual_stages > 1 or par.schedule == "dualpipe"  # chunks a rank
+    ranks = ranks_of(par)
     if method == "auto":
-        method = "ilp" if par.virtual_stages > 1 or lp_path is not None else "dp"
+        method = "ilp" if several or lp_path is not None else "dp"
     if method == "ilp":
-        # Interleaved: among splits of equal bottleneck the schedule still runs some faster
-        # (its critical path crosses every chunk); keep Megatron's even split on a tie. The
-        # chunk-order tie-break (step 3) is left out there: with many chunks it can take the
-        # whole time limit, and the order of equal chunks is not what the step time ranks.
-        interleaved = par.virtual_stages > 1
-        even = [b for _, b in even_block_bounds(model, par.num_chunks)] if interleaved else None
-        return _solved(lambda problem: partition(problem, par.num_chunks, par.pp,
+        # Interleaved (and DualPipe's two stages a rank): among splits of equal bottleneck the
+        # schedule still runs some faster (its critical path crosses every chunk); keep
+        # Megatron's even split on a tie. The chunk-order tie-break (step 3) is left out there:
+        # with many chunks it can take the whole time limit, and the order of equal chunks is
+        # not what the step time ranks.
+        even = [b for _, b in even_block_bounds(model, par.num_chunks)] if several else None
+        return _solved(lambda problem: partition(problem, par.num_chunks, ranks,
                                                  lp_path=lp_path, prefer=even,
-                                                 tie_break_steps=2 if interleaved else 3),
+                                                 tie_break_steps=2 if several else 3),
                        model, cluster, par, opts, tables)
-    if par.virtual_stages > 1:  # the exact DP is v = 1 only (v > 1: enumeration, tiny cases)
+    if several:  # the exact DP is one chunk a rank only (else: enumeration, tiny cases)
         ends = [b for _, b in even_block_bounds(model, par.num_chunks)]
-        split = _solved(lambda problem: fixed_split(problem, ends, par.pp, par.recompute),
+        split = _solved(lambda problem: fixed_split(problem, ends, ranks, par.recompute),
                         model, cluster, par, opts, tables)
-        return replace(split, partition=replace(split.partition, method="even",
-                                                note="interleaved chunks; the DP is v = 1 only"))
+        return replace(split, partition=replace(
+            split.partition, method="even",
+            note=f"{'interleaved chunks' if par.virtual_stages > 1 else 'two stages a rank'}; "
+                 "the DP is one chunk a rank only"))
     return _solved(lambda problem: partition_dp(problem, par.num_chunks, par.pp),
                    model, cluster, par, opts, tables)
 
@@ -233,8 +239,8 @@ def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     """The common hand-made split: equal parameter counts per stage, each stage with its
     fastest recompute mode that fits."""
     params = [c.params for c in next(iter(tables.values())).costs]
-    return _solved(lambda problem: equal_param_split(problem, par.num_chunks, par.pp, params,
-                                                     None),
+    return _solved(lambda problem: equal_param_split(problem, par.num_chunks, ranks_of(par),
+                                                     params, None),
                    model, cluster, par, opts, tables)
 
 
@@ -242,13 +248,35 @@ def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stac
                    tables: dict[str, CostTable]) -> Split:
     """Megatron's default even split, each stage with its fastest recompute mode that fits."""
     ends = [b for _, b in even_block_bounds(model, par.num_chunks)]
-    return _solved(lambda problem: fixed_split(problem, ends, par.pp, None),
+    return _solved(lambda problem: fixed_split(problem, ends, ranks_of(par), None),
                    model, cluster, par, opts, tables)
+
+
+def ranks_of(par: Parallel) -> int:
+    """The ranks the partitioner places chunks on: pp, or pp / 2 for DualPipe, whose ranks r
+    and pp - 1 - r hold the same two stages (:func:`placed`)."""
+    return par.pp // 2 if par.schedule == "dualpipe" else par.pp
+
+
+def placed(problem: PartitionProblem, par: Parallel) -> PartitionProblem:
+    """The configuration's partition problem placed on :func:`ranks_of` ranks. DualPipe
+    (planner/pipeline/dualpipe.py) cuts the model into pp stages, rank r running stage r of the
+    forward direction and stage pp - 1 - r of the reverse one, so ranks r and pp - 1 - r hold the
+    same two stages, with the same activations held of each (dualpipe.held_at_peak): pp chunks
+    on pp / 2 ranks (partitioning/problem.py mirrored_ranks), a rank's time per microbatch pair
+    and its memory those of both stages, the stage outputs it keeps (extra bytes, per stage
+    here) of both summed."""
+    if par.schedule != "dualpipe":
+        return problem
+    extra = problem.extra_bytes
+    if extra is not None:
+        extra = (np.asarray(extra) + np.asarray(extra)[::-1])[: par.pp // 2]
+    return replace(problem, chunk_ranks=mirrored_ranks(par.pp), extra_bytes=extra)
 
 
 def _solved(solve, model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
             tables: dict[str, CostTable]) -> Split:
-    return _as_split(solve(partition_problem(model, cluster, par, opts, tables)))
+    return _as_split(solve(placed(partition_problem(model, cluster, par, opts, tables), par)))
 
 
 def _as_split(result: Partition) -> Split:

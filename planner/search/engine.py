@@ -28,6 +28,7 @@ from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
 from planner.search.bound import Bound, layer_times, step_bound
 from planner.search.chunk_bound import chunk_bound
+from planner.search.dualpipe_bound import least_pair_compute_s
 from planner.search.space import (MOE_NEEDS_SP, Pins, Request, enumerate_configs, exact_recompute,
                                   launcher_rule, microbatches, pinned_recompute, schedule_rule,
                                   stack_rule, tp_rule, validate_pins)
@@ -120,14 +121,13 @@ class _Costs:
 
     def _dualpipe_bound(self, par: Parallel, bound: Bound) -> Bound:
         """DualPipe's bound (planner/search/bound.py's pipeline terms count one stage per rank
-        and the all-to-all its pairs hide): it runs Megatron's even split (`refined`), rank r
-        M/2 microbatches of stages r and p - 1 - r, each F and B at least its compute (an F&B
-        pair takes at least both computes: pipeline/dualpipe.py pair_s), so the step is at
-        least the busiest rank's M/2 x that; bound.py's data-parallel and optimizer part holds
-        (it counts one stage's parameters of the two)."""
-        even = self.even_stages(par)
-        compute = even.fwd_s + even.bwd_s - even.a2a_s
-        pipeline = par.num_microbatches / 2 * float((compute + compute[::-1]).max())
+        and the all-to-all its pairs hide): rank r runs M/2 microbatches of stages r and
+        p - 1 - r, each F and B at least its compute (an F&B pair takes at least both computes:
+        pipeline/dualpipe.py pair_s), so the step is at least M/2 x the busiest rank's pair,
+        bounded for any split the partitioner may choose (search/dualpipe_bound.py); bound.py's
+        data-parallel and optimizer part holds (it counts one stage's parameters of the two)."""
+        pair = least_pair_compute_s(self.known(par), par.pp)
+        pipeline = par.num_microbatches / 2 * pair
         return Bound(pipeline + bound.rest_s, bound.rest_s, None)
 
     def problem(self, par: Parallel):
@@ -189,20 +189,14 @@ class _Costs:
         r = self.req
         self.refinements += 1
         known = self.known(par)
-        if par.schedule == "dualpipe":
-            # the partitioner counts one stage per rank, not DualPipe's two copies: Megatron's
-            # even split, its memory from the prediction (the caller checks it fits)
-            plan = evaluate(r.model, r.cluster, par, r.options, tables=known, profile=r.profile,
-                            simulated=True, sim_cache=self.simulations)
-            return replace(plan, notes=plan.notes + (
-                "stage split: even (dualpipe: the partitioner counts one stage per rank)",))
         try:
             split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
         except PartitionError:
             return "memory (no stage split fits)"
         plan = self._simulated(par, split, known)
         label = split.how
-        if par.virtual_stages > 1 and split.partition.method != "even":
+        several = par.virtual_stages > 1 or par.schedule == "dualpipe"  # chunks a rank
+        if several and split.partition.method != "even":
             # The partitioner ranks interleaved splits by their largest chunk, then their busiest
             # rank; the schedule's steady state also stalls on chunks that differ in size, which
             # neither sees (partitioning/largest_chunk.py): where Megatron's even split fits,
