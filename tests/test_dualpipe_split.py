@@ -179,3 +179,31 @@ def test_the_search_splits_dualpipe_unevenly_where_that_is_faster():
     assert plan.notes[-1].startswith("stage split: ilp")
     assert tuple((s.first, s.last) for s in plan.stages) == split.bounds
     assert plan.metrics.step_time_s == pytest.approx(faster)
+
+
+def test_dualpipe_falls_back_to_the_even_split_when_the_partitioner_fails(monkeypatch):
+    """A solver that finds no split in its time limit (the boundary MILP on layers that differ)
+    leaves DualPipe on Megatron's even split where that fits, labelled, not a false memory
+    rejection."""
+    from collections import Counter
+
+    from planner.hardware.profiles import load_hardware, make_cluster
+    from planner.model.load import load_model
+    from planner.search import engine
+    from planner.search.engine import Request, _Costs, enumerate_configs, screen
+    from planner.stack import load_stack, with_overrides
+
+    def fail(*args, **kwargs):
+        raise PartitionError("the highs solver failed (no split within 2 s)")
+
+    monkeypatch.setattr(engine, "best_split", fail)
+    model = load_model("profiles/validation/configs/qwen3-30b-a3b.json").with_seq_length(4096)
+    stack = with_overrides(load_stack("megatron-core"), schedules=["dualpipe"], launcher=None)
+    req = Request(model=model, cluster=make_cluster(load_hardware("h100-sxm-80gb"), 16, 2),
+                  global_batch=64, options=stack)
+    costs = _Costs(req)
+    par = next(par for par in screen(req, costs, list(enumerate_configs(req, Counter())),
+                                     Counter()) if par.schedule == "dualpipe" and par.pp == 4)
+    plan = costs.refined(par)
+    assert plan.notes[-1] == ("stage split: even (the partitioner: the highs solver failed "
+                              "(no split within 2 s))")

@@ -66,14 +66,15 @@ def build(prep: Prepared, ub: float | None, chunk_cap: float | None = None,
             return model
     except _Infeasible:
         return None
-    lo, hi = windows(prep, ub)
+    cap = chunk_cap if chunk_cap is not None else known_chunk if prep.K > prep.p else None
+    lo, hi = windows(prep, ub, cap)
     if prep.problem.partial is not None:
         raise PartitionError("partial recompute is solved by the option MILP only "
                              "(embedding, identical blocks, head)")
     n_binaries = sum(h - l for l, h in zip(lo, hi)) + prep.K * prep.R
     if n_binaries > MAX_BINARIES:
         raise PartitionError(f"MILP too large ({n_binaries} binaries > {MAX_BINARIES})")
-    return BoundaryModel(prep, ub, chunk_cap)
+    return BoundaryModel(prep, ub, chunk_cap, known_chunk)
 
 
 # ---------------------------------------------------------------- solving

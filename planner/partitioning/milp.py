@@ -11,6 +11,7 @@ them.
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import numpy as np
@@ -20,24 +21,28 @@ from planner.partitioning.problem import PartitionError, Prepared, _lower_bound
 MAX_BINARIES = 20_000
 """Above this many binaries PuLP model building alone takes seconds."""
 
-def windows(prep: Prepared, ub: float | None) -> tuple[list[int], list[int]]:
-    """Range [lo_k, hi_k] of each chunk end, tightened with an upper bound on B.
+def windows(prep: Prepared, ub: float | None, chunk_cap: float | None = None
+            ) -> tuple[list[int], list[int]]:
+    """Range [lo_k, hi_k] of each chunk end, tightened with an upper bound on B and one on the
+    largest chunk.
 
     Chunks 0..k touch min(k+1, p) ranks, each with at most ``ub`` seconds, so
     the fastest-mode time of layers [0, end_k) plus their boundaries is at
-    most min(k+1, p) * ub; symmetrically for the chunks after k.
+    most min(k+1, p) * ub; with every chunk within ``chunk_cap`` seconds also at most
+    (k+1) * chunk_cap; symmetrically for the chunks after k.
     """
     L, K, p = prep.L, prep.K, prep.p
     lo = [k + 1 for k in range(K)]
     hi = [L - (K - 1 - k) for k in range(K)]
-    if ub is not None:
-        ub = ub * (1 + 1e-7)
+    if ub is not None or chunk_cap is not None:
+        ub = math.inf if ub is None else ub * (1 + 1e-7)
+        cap = math.inf if chunk_cap is None else chunk_cap * (1 + 1e-7)
         pref = np.concatenate([[0.0], np.cumsum(prep.problem.time_s.min(axis=1))])
         suf = pref[-1] - pref
         bcum = np.cumsum(prep.bnd)
         for k in range(K - 1):
-            room_before = min(k + 1, p) * ub - bcum[k]
-            room_after = min(K - 1 - k, p) * ub - (bcum[-1] - bcum[k])
+            room_before = min(min(k + 1, p) * ub, (k + 1) * cap) - bcum[k]
+            room_after = min(min(K - 1 - k, p) * ub, (K - 1 - k) * cap) - (bcum[-1] - bcum[k])
             hi[k] = min(hi[k], int(np.searchsorted(pref, room_before, side="right")) - 1)
             lo[k] = max(lo[k], int(np.searchsorted(-suf, -room_after, side="left")))
     for k in range(1, K):
@@ -131,14 +136,20 @@ class BoundaryModel(_Model):
     window allows. A rank's memory is held to the capacity of every mode one of its chunks uses
     (a big-M row per chunk and mode whose capacity is below the largest)."""
 
-    def __init__(self, prep: Prepared, ub: float | None, chunk_cap: float | None = None) -> None:
+    def __init__(self, prep: Prepared, ub: float | None, chunk_cap: float | None = None,
+                 known_chunk: float | None = None) -> None:
+        """``known_chunk``: the largest chunk of a split known to fit (interleaved, step 0 still
+        to run): the least largest chunk is no larger, so it bounds C and narrows the windows."""
         import pulp
 
         if prep.problem.partial is not None:  # its chunk costs are not linear in the ends
             raise PartitionError("the boundary MILP has no partial-recompute options")
         self.prep = prep
         K, p, R = prep.K, prep.p, prep.R
-        lo, hi = self.lo, self.hi = windows(prep, ub)
+        if K == p or chunk_cap is not None:
+            known_chunk = None
+        lo, hi = self.lo, self.hi = windows(prep, ub, chunk_cap if chunk_cap is not None
+                                            else known_chunk)
         self.end_lo, self.end_hi = lo, hi
         if any(lo[k] > hi[k] for k in range(K)):
             raise PartitionError("internal: empty window")  # ub came from a feasible split
@@ -222,6 +233,8 @@ class BoundaryModel(_Model):
                 prob += self.C >= tk[k] + float(bnd[k])
             if chunk_cap is not None:
                 self.C.upBound = chunk_cap * (1 + 1e-7) / ts
+            elif known_chunk is not None:  # a row, not a bound: step 0 still minimises C
+                prob += self.C <= known_chunk * (1 + 1e-7) / ts
         for rho in range(p):
             ks = prep.chunks_of(rho)
             prob += self.B >= pulp.lpSum(tk[k] for k in ks) + float(sum(bnd[k] for k in ks))

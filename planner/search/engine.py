@@ -191,8 +191,16 @@ class _Costs:
         known = self.known(par)
         try:
             split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
-        except PartitionError:
-            return "memory (no stage split fits)"
+        except PartitionError as exc:
+            if par.schedule != "dualpipe":
+                return "memory (no stage split fits)"
+            # DualPipe's stages of a model whose layers differ (the boundary MILP) may find no
+            # split in the time limit: Megatron's even split where it fits, labelled so
+            split = megatron_split(r.model, r.cluster, par, r.options, known)
+            if not fits(split.partition):
+                return "memory (no stage split fits)"
+            split = replace(split, partition=replace(  # (a given split: no gap to report)
+                split.partition, method="even", optimal=True, note=f"the partitioner: {exc}"))
         plan = self._simulated(par, split, known)
         label = split.how
         several = par.virtual_stages > 1 or par.schedule == "dualpipe"  # chunks a rank
