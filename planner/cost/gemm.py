@@ -42,6 +42,7 @@ sweep, tile-aligned by construction), so only the loss relative to a well-shaped
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 # (tile rows, tile columns): the guide's 256x128 example tile in both orientations and 128x128.
 TILES = ((256, 128), (128, 256), (128, 128))
@@ -65,11 +66,15 @@ def gemm_seconds(m: float, k: float, n: float, rate: float) -> float:
     return 2.0 * m * k * n / (rate * quantization_efficiency(m, n))
 
 
+@lru_cache(maxsize=65536)
 def training_gemm_seconds(m: float, k: float, n: float,
                           rate: float) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of a weight matmul Y = X·W with X of
     m x k and W of k x n: the backward computes dX = dY·Wᵀ (output m x k) and dW = Xᵀ·dY
-    (output k x n), each with the forward's FLOPs and its own output shape."""
+    (output k x n), each with the forward's FLOPs and its own output shape. A pure function of
+    its four numbers, cached: a search prices the same few shapes for every recompute mode and
+    every expert-parallel degree of a tensor-parallel shape (thousands of calls, DeepSeek-V3 on
+    2,048 GPUs)."""
     return gemm_seconds(m, k, n, rate), gemm_seconds(m, n, k, rate), gemm_seconds(k, m, n, rate)
 
 
