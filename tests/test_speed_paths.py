@@ -16,7 +16,7 @@ from planner.cost import gemm, layer
 from planner.cost.memory import Shape
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.load import load_model
-from planner.partitioning import lexicographic, options
+from planner.partitioning import dp, lexicographic, options
 from planner.partitioning.problem import TIE_RTOL, PartitionError, PartitionProblem, prepare
 from planner.partitioning.solve import partition
 from planner.predict import chunks, step
@@ -143,6 +143,26 @@ def split_stages_reference(tables, bounds, modes, counts=None, blocks=None):
                               **sums)
 
 
+def band_reference(prep, k, W, by_end):
+    L = prep.L
+    a = np.arange(L + 1)[:, None]
+    w = np.arange(1, W + 1)[None, :]
+    i, j = (a - w, a) if by_end else (a, a + w)
+    valid = (i >= 0) & (j <= L)
+    i, j = np.clip(i, 0, L), np.clip(j, 0, L)
+    time = prep.pt[j] - prep.pt[i] + prep.bnd[k]
+    mem = (prep.ps[j] - prep.ps[i])[:, :, None] + prep.inflight[k] * (prep.pa[j] - prep.pa[i])
+    fits = (mem + prep.extra[k % prep.p] <= dp._cap(prep.cap)) & valid[:, :, None]
+    count = prep.least_partial(k, i, j) * valid
+    if prep.nb is not None:
+        b = prep.problem.partial[0]
+        q = prep.nb[i]
+        t_part = prep.pt[j, b] - prep.pt[i, b] + prep.dt[q + count] - prep.dt[q] + prep.bnd[k]
+        time = np.concatenate([time, t_part[:, :, None]], axis=2)
+        fits = np.concatenate([fits, (count > 0)[:, :, None]], axis=2)
+    return time, fits, count
+
+
 def uniform_problem(rng: np.random.Generator, partial: bool = False):
     """An embedding, n identical blocks and a head, with R modes and a random capacity; K, p."""
     n, p, v, R = (int(rng.integers(2, 13)), int(rng.integers(1, 4)), int(rng.integers(2, 4)),
@@ -187,6 +207,21 @@ def test_chunk_options_and_rank_tables_match_the_plain_code(seed):
         tau, how = options.rank_tables(prep, *fast)
         tau_ref, how_ref = rank_tables_reference(prep, *plain)
         assert np.array_equal(tau, tau_ref) and how == how_ref
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_dp_band_matches_the_plain_code(seed):
+    rng = np.random.default_rng(500 + seed)
+    prob, K, p = uniform_problem(rng, partial=seed % 2 == 1)
+    if K > prob.num_layers:
+        return
+    prep = prepare(prob, K, p)
+    for W in (1, 2, prep.L - prep.K + 1):
+        for by_end in (True, False):
+            for k in range(prep.K):
+                for fast, plain in zip(dp._band(prep, k, W, by_end),
+                                       band_reference(prep, k, W, by_end)):
+                    assert np.array_equal(fast, plain)
 
 
 @pytest.mark.parametrize("seed", range(100))
