@@ -19,7 +19,10 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 # "layernorm": recompute the input_layernorm and pre_mlp_layernorm. "mla_up_proj": recompute
 # the MLA up projection and RoPE applying parts.' Its "mlp", "moe" and "shared_experts" are not
 # priced (a stack naming them is refused).
-RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj")
+# "torchtitan_op": not a module but torchtitan's op-level selective AC policy
+# (selective_ac_option = 'op': every second mm and every element-wise op recomputed), priced
+# alone (planner/cost/recompute.py).
+RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "torchtitan_op")
 # dualpipe: DeepSeek-V3's bidirectional schedule (planner/pipeline/dualpipe.py), last: the search
 # ranks ties by this order, and no built-in stack runs it
 SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-2p", "dualpipe")

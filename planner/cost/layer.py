@@ -233,6 +233,21 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
 
     if recompute == "full" and layer.kind == "block":
         recompute_s, recompute_flops = fwd_s, fwd_flops  # before TP comm is added below
+    elif recompute == "selective" and layer.kind == "block" and \
+            recompute_modules.op_policy(shape):
+        # torchtitan's op-level selective AC (cost/recompute.py): the unsaved mms (16-bit: FP8
+        # refused) and every memory-bound op run again; TP collectives added below
+        if fp8 is not None:
+            raise PlanInputError("recompute_modules torchtitan_op with FP8 linears is not "
+                                 "priced (their _scaled_mm is not the policy's aten.mm); use "
+                                 "recompute full or --precision bf16")
+        mms = recompute_modules.op_recomputed_mms(layer, shape)
+        recompute_flops = sum(2.0 * m * k * n for m, k, n in mms)
+        recompute_s = recompute_modules.op_rebuild_s(
+            gemm.weight_matmul_seconds(mms, rate)[0] + _gemm_bytes(*mms) / mem_rate,
+            mem_fwd_s, attn_fwd_s, 0.0, flash)
+        if not flash:
+            recompute_flops += w.attn_model_flops
     elif recompute == "selective" and layer.kind == "block":
         # the stack's --recompute-modules (cost/recompute.py); FLOPs for core_attn's attention
         # and mla_up_proj's up-projection GEMMs (at this layer's GEMM rate and operand bytes)
@@ -268,6 +283,11 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     bwd_input_s += w.collectives_bwd * one
     if recompute == "full" and layer.kind == "block":
         recompute_s += w.collectives * one
+    elif recompute == "selective" and layer.kind == "block" and \
+            recompute_modules.op_policy(shape) and shape.tp > 1:
+        # the op policy saves the reduce-scatters, not the all-gathers (or all-reduces)
+        recompute_s += w.collectives * (exposed * tensor_parallel.all_gather_s(
+            ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, hw) if shape.sp else one)
 
     # MoE token dispatch and combine (cost/moe.py): forward both, backward their transposes,
     # full recompute the forward pair again.

@@ -7,7 +7,8 @@ counted the same way the paper counts GPT (for a GPT block they reduce exactly t
   tensor parallel t     s·b·h·(10 + 24/t + 5as/(ht))
   t + sequence parallel s·b·h·(34 + 5as/h)/t
   selective recompute   drops the 5as/h term (scores, softmax, dropout mask); Megatron's other
-                        --recompute-modules drop what cost/recompute.py lists
+                        --recompute-modules drop what cost/recompute.py lists; torchtitan's
+                        op-level policy keeps what cost/recompute.py op_kept_bytes counts
   full recompute        2·s·b·h per layer (the layer input), /t with sequence parallel
 Flash attention never stores the s×s scores, so it drops the 5as/h term as selective recompute does.
 A model trained without dropout (Llama, MPT: ``Layer.dropout`` False) keeps no masks: 2·sbh less
@@ -99,6 +100,8 @@ def activation_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) ->
                 + shape.loss_bytes * s * b * layer.padded_vocab(t) / t)
     if recompute == "full":
         return ACT_BYTES * sbh * rep
+    if recompute == "selective" and modules.op_policy(shape):  # torchtitan's op-level SAC
+        return modules.op_kept_bytes(layer, shape, flash)
     if recompute == "selective":
         scores = 0.0 if flash or modules.drops_scores(shape) else _scores_bytes(layer, shape)
         return _block_kept(layer, shape) + scores - modules.discarded_bytes(layer, shape)
@@ -195,7 +198,10 @@ def working_bytes(layer: Layer, shape: Shape, recompute: str, flash: bool) -> fl
     # before the modules were priced) under Korthikanti's core_attn selective; under Megatron's
     # output-discarding modules only what they discarded (cost/recompute.py)
     rebuilt = 0.0
-    if recompute == "full" or (recompute == "selective" and modules.drops_scores(shape)):
+    if recompute == "selective" and modules.op_policy(shape):  # all it did not keep
+        rebuilt = max(0.0, activation_bytes(layer, shape, "none", flash)
+                      - modules.op_kept_bytes(layer, shape, flash))
+    elif recompute == "full" or (recompute == "selective" and modules.drops_scores(shape)):
         rebuilt = activation_bytes(layer, shape, "none", flash)
     elif recompute == "selective":
         rebuilt = modules.discarded_bytes(layer, shape)

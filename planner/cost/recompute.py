@@ -37,6 +37,34 @@ its output once the next module has used it; the backward runs the module again.
 
 None of the others add model or hardware FLOPs beyond core_attn's attention (norms and
 activations are not counted in either convention).
+
+"torchtitan_op" is not a Megatron module but torchtitan's op-level selective AC policy
+(``[activation_checkpoint] mode = 'selective'``, ``selective_ac_option = 'op'``), priced alone.
+torchtitan wraps each TransformerBlock in a selective-checkpoint context whose policy is
+(torchtitan/parallelisms/parallelize_llama.py, _apply_ac_to_transformer_block, commit 004b314):
+
+    _save_list = {torch.ops.aten.mm.default,
+                  torch.ops.aten._scaled_dot_product_efficient_attention.default,
+                  torch.ops.aten._scaled_dot_product_flash_attention.default,
+                  torch.ops._c10d_functional.reduce_scatter_tensor.default}
+    ...
+    # Saves output of all compute ops, except every second mm
+    to_save = func in _save_list and not (
+        func == torch.ops.aten.mm.default and meta[mm_count_key] % 2 == 0)
+
+with ``meta`` a fresh counter per block forward (``selective_checkpointing_context_fn``:
+``meta = defaultdict(int)``). torchtitan's Llama block runs its mms in the order wq, wk, wv, wo
+(Attention.forward) and w1, w3, w2 (FeedForward.forward: ``self.w2(F.silu(self.w1(x)) *
+self.w3(x))``), so the 1st, 3rd, 5th and 7th are saved (wq, wv, w1, w2) and wk, wo and w3 run
+again in the backward. A block therefore keeps its input (the checkpoint's argument), the saved
+mms' outputs, the SDPA output (flash or efficient kernel) and, under sequence parallel, the two
+reduce-scatter outputs; the backward re-runs every other op: the unsaved mms, all element-wise
+ops (norms, RoPE, SiLU, products, residual adds: the block's whole memory-bound forward), and
+the SP all-gathers (not in the save list; the reduce-scatters are). Without flash the
+attention runs as unsaved bmm/softmax ops: recomputed, its scores never kept. The SDPA kernel's
+fp32 log-sum-exp (4 bytes per head and token) is not counted, as the planner counts it nowhere.
+Priced for dense blocks (torchtitan's Llama); MoE and MLA blocks, and FP8 linears (whose
+``_scaled_mm`` is not ``aten.mm``) are refused.
 """
 
 from __future__ import annotations
@@ -44,12 +72,14 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from planner.cost import elementwise, mla, moe
+from planner.core.errors import PlanInputError
 
 if TYPE_CHECKING:  # pragma: no cover
     from planner.model.spec import Layer
 
 ACT_BYTES = 2  # 16-bit activations
 GELU_BYTES = 4.0  # a fused GeLU reads 2 and writes 2 bytes per element of f
+OP_POLICY = "torchtitan_op"  # torchtitan's op-level selective AC (module docstring)
 
 
 def drops_scores(shape) -> bool:
@@ -109,3 +139,57 @@ def rebuild_s(layer: Layer, shape, flash: bool, attn_fwd_s: float,
         out += per * moe.routed_copies(layer, shape) * layer.ffn_hidden_size / \
             moe.expert_tp(shape) / mem_rate
     return out
+
+
+# --- torchtitan's op-level selective AC ('op' policy, module docstring) --------------------------
+
+
+def op_policy(shape) -> bool:
+    """Whether "selective" means torchtitan's op-level policy on this stack."""
+    return OP_POLICY in shape.recompute_modules
+
+
+def torchtitan_mms(layer: Layer, shape) -> tuple[tuple[float, float, float], ...]:
+    """(m, k, n) of each ``aten.mm`` of one torchtitan Llama block on one GPU of its TP group, in
+    the order the forward runs them: wq, wk, wv, wo, then w1, w3, w2 (SwiGLU) or w1, w2."""
+    if layer.is_moe or layer.is_mla:
+        raise PlanInputError("recompute_modules torchtitan_op is priced for dense attention "
+                             "blocks only (torchtitan's Llama); use recompute full or none for "
+                             "an MoE or MLA model")
+    t, T, h, f = shape.tp, shape.tokens, layer.hidden_size, layer.ffn_hidden_size
+    q, kv = layer.q_size, layer.num_kv_heads * layer.head_dim
+    attention = ((T, h, q / t), (T, h, kv / t), (T, h, kv / t), (T, q / t, h))
+    mlp = ((T, h, f / t), (T, h, f / t), (T, f / t, h)) if layer.mlp == "swiglu" else \
+        ((T, h, f / t), (T, f / t, h))
+    return attention + mlp
+
+
+def op_recomputed_mms(layer: Layer, shape) -> tuple[tuple[float, float, float], ...]:
+    """The mms the policy does not save (every second one: the 2nd, 4th, ...): run again."""
+    return torchtitan_mms(layer, shape)[1::2]
+
+
+def op_kept_bytes(layer: Layer, shape, flash: bool) -> float:
+    """Bytes a block keeps under the op policy: its 16-bit input (SP-sharded under sequence
+    parallel), the outputs of the saved mms (a row-parallel mm's output is the whole hidden,
+    partial sums, before its reduce-scatter), the SDPA output with flash, and with sequence
+    parallel the two reduce-scatter outputs (the attention's and the MLP's, SP shards)."""
+    t, T, h = shape.tp, shape.tokens, layer.hidden_size
+    rep = 1 / t if shape.sp else 1.0
+    saved = torchtitan_mms(layer, shape)[0::2]
+    out = ACT_BYTES * T * h * rep + ACT_BYTES * sum(m * n for m, _, n in saved)
+    if flash:
+        out += ACT_BYTES * T * layer.q_size / t
+    if shape.sp and t > 1:
+        out += 2 * ACT_BYTES * T * h / t
+    return out
+
+
+def op_rebuild_s(mm_s: float, mem_fwd_s: float, attn_fwd_s: float, tp_s: float,
+                 flash: bool) -> float:
+    """Seconds the backward spends re-running what the op policy did not save: the unsaved mms
+    (``mm_s``, priced by the caller), the block's memory-bound forward (``mem_fwd_s``), the
+    attention without flash, and the TP collectives it re-runs (``tp_s``, priced by the caller:
+    the all-gathers under sequence parallel, whose reduce-scatters are saved; the all-reduces
+    without it, which the save list does not name)."""
+    return mm_s + mem_fwd_s + (0.0 if flash else attn_fwd_s) + tp_s

@@ -8,6 +8,7 @@ nothing is tuned per case. planner/fidelity/published.py evaluates the cases and
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -50,8 +51,6 @@ class CaseSetup:
     bounds: tuple[tuple[int, int], ...] | None
     notes: tuple[str, ...]
     unsupported: str = ""
-    # torchtitan's selective AC: evaluated as the mean of no and full recompute (_recompute_mode)
-    half_recompute: bool = False
     # unpublished recompute: none, unless none would not fit where the run did (validate_case)
     recompute_guessed: bool = False
     # Megatron's --recompute-method block: the first N blocks of every chunk recompute (with
@@ -421,16 +420,26 @@ def local_batch_passes(cf: dict, global_batch: int, dp: int,
     return local, share // local
 
 
-def _recompute_mode(text) -> tuple[str, bool]:
-    """(planner recompute mode, half): torchtitan's selective AC recomputes about half a block's
-    forward (layer policy: every other block checkpointed; op policy: every other matmul and the
-    element-wise ops), so it is evaluated as the mean of no and full recompute (``half``)."""
+def _recompute_mode(text, name: str = "a case") -> tuple[str, str | None]:
+    """(planner recompute mode, torchtitan's selective_ac_option or None) of a case's recompute
+    text. torchtitan's selective AC comes in two policies ([activation_checkpoint]
+    selective_ac_option, torchtitan/parallelisms/parallelize_llama.py
+    _apply_ac_to_transformer_block): 'op', its op-level policy (recompute "selective" with the
+    stack's recompute_modules set to torchtitan_op, cost/recompute.py), or an integer N, "#
+    Checkpoint every `ac_freq` of the modules passed to this function" (layer SAC: every N-th
+    block fully recomputed, _modern_setup). A selective text must name which, as
+    ``selective_ac_option 'op'`` or ``selective_ac_option '2'``."""
     text = str(text or "none").lower()
     if text.startswith("full"):
-        return "full", False
+        return "full", None
     if text.startswith("selective"):
-        return "none", True
-    return "none", False
+        found = re.search(r"selective_ac_option '(op|\d+)'", text)
+        if not found:
+            raise PlanInputError(f"{name}: config.recompute {text!r} must name torchtitan's "
+                                 "policy, selective_ac_option 'op' or an integer as "
+                                 "selective_ac_option '2'")
+        return "selective", found.group(1)
+    return "none", None
 
 
 def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> CaseSetup:
@@ -450,11 +459,26 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
         mb = 1
         notes.append("micro-batch unpublished: 1")
     mb = int(mb)
-    recompute, half = _recompute_mode(cf.get("recompute"))
+    recompute, sac = _recompute_mode(cf.get("recompute"), name)
     if cf.get("recompute") is None:
         notes.append("recompute unpublished: none")
-    if half:
-        notes.append("selective AC (about half the forward recomputed): mean of none and full")
+    layers = None  # torchtitan's layer SAC: every N-th block recomputes, the others keep all
+    if sac == "op":
+        opts = with_overrides(opts, f"{name}: config.recompute", recompute_modules=["torchtitan_op"])
+        notes.append("op SAC: every second mm and the element-wise ops recomputed")
+    elif sac is not None:
+        # 'ptd_checkpoint_wrapper._count += 1' then 'if not ac_freq or
+        # ptd_checkpoint_wrapper._count % ac_freq == 0': checkpointed (fully recomputed), once a
+        # process over its blocks; with pp 1 that is floor(L / N) of the L blocks. Priced as
+        # Megatron's block method with that count (the same blocks' worth of memory and time).
+        freq = int(sac)
+        if int(cf["pp"]) > 1:
+            raise PlanInputError(f"{name}: torchtitan's layer SAC is priced for pp 1 only "
+                                 "(its block counter runs over a rank's chunks)")
+        count = model.num_layers // freq if freq else model.num_layers
+        recompute = "full" if count else "none"
+        layers = count if 0 < count < model.num_layers else None
+        notes.append(f"layer SAC {freq}: {count} of {model.num_layers} blocks recompute")
     schedule, v = "1f1b", 1
     sched_text = str(cf.get("schedule") or "").lower()
     if pp > 1 and sched_text.startswith("interleaved"):
@@ -469,4 +493,4 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
                    schedule=schedule, virtual_stages=v, recompute=recompute, zero=zero,
                    sequence_parallel=bool(cf.get("sequence_parallel")) and tp > 1, cp=cp)
     return CaseSetup(name, group, "", model, cluster, par, opts, None, tuple(notes),
-                     half_recompute=half, recompute_guessed=cf.get("recompute") is None)
+                     recompute_guessed=cf.get("recompute") is None, recompute_layers=layers)

@@ -115,27 +115,18 @@ def _configuration(par: Parallel) -> str:
 
 
 def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, float]:
-    """(step s, tokens/s, MFU, HFU, peak bytes) of a case's configuration; a half recompute is
-    the mean of the none and full evaluations."""
-    modes = ("none", "full") if setup.half_recompute else (setup.parallel.recompute,)
+    """(step s, MFU, HFU, peak bytes) of a case's configuration."""
     layers = None if setup.recompute_layers is None else \
         [setup.recompute_layers] * setup.parallel.num_chunks
-    got = []
-    for mode in modes:
-        plan, pred = predict_plan(setup.model, setup.cluster,
-                                  replace(setup.parallel, recompute=mode), setup.options,
-                                  bounds=list(setup.bounds) if setup.bounds else None,
-                                  simulated=simulated, recompute_layers=layers)
-        mt, runs = plan.metrics, setup.pipeline_passes
-        # several pipeline runs a step (cases.local_batch_passes): the pipeline repeats, the DP
-        # sync and the optimizer step do not; FLOPs scale with the runs
-        step = mt.step_time_s + (runs - 1) * pred.pipeline_s
-        got.append((step, runs * mt.mfu * mt.step_time_s, runs * mt.hfu * mt.step_time_s,
-                    mt.peak_memory_bytes))
-    step = sum(g[0] for g in got) / len(got)
-    # MFU and HFU are FLOPs over time: average the FLOPs (x step), then divide by the mean step
-    return (step, sum(g[1] for g in got) / len(got) / step,
-            sum(g[2] for g in got) / len(got) / step, sum(g[3] for g in got) / len(got))
+    plan, pred = predict_plan(setup.model, setup.cluster, setup.parallel, setup.options,
+                              bounds=list(setup.bounds) if setup.bounds else None,
+                              simulated=simulated, recompute_layers=layers)
+    mt, runs = plan.metrics, setup.pipeline_passes
+    # several pipeline runs a step (cases.local_batch_passes): the pipeline repeats, the DP sync
+    # and the optimizer step do not; FLOPs scale with the runs
+    step = mt.step_time_s + (runs - 1) * pred.pipeline_s
+    scale = runs * mt.step_time_s / step
+    return step, mt.mfu * scale, mt.hfu * scale, mt.peak_memory_bytes
 
 
 def validate_case(case: dict, simulated: bool = True, dataset: str = "",
@@ -172,8 +163,6 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
     config = _configuration(setup.parallel)
     if setup.recompute_layers is not None:
         config = config.replace(" full ZeRO", f" block {setup.recompute_layers} ZeRO")
-    if setup.half_recompute:
-        config = config.replace(" none ZeRO", " half ZeRO")
     return ValidationRow(
         configuration=config, predicted_step_s=step, predicted_tokens_per_s=tokens / step,
         predicted_tflops=(hfu if hardware_def else mfu) * peak,

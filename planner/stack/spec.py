@@ -310,6 +310,9 @@ def check_value(key: str, value, origin: str):
             raise PlanInputError(f"{where} must be a non-empty list of distinct modules from "
                                  f"{', '.join(RECOMPUTE_MODULES)} (Megatron's other "
                                  f"--recompute-modules are not priced), got {value!r}")
+        if "torchtitan_op" in value and len(value) > 1:
+            raise PlanInputError(f"{where}: torchtitan_op (torchtitan's op-level selective AC "
+                                 f"policy) stands alone; got {value!r}")
         return tuple(value)
     if key == "fp32_grad_accumulation_zero":
         if not isinstance(value, (list, tuple)) or any(
