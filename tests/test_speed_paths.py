@@ -280,9 +280,8 @@ def test_even_split_sums_match_the_segment_loop(seed):
 
 def test_cached_pure_functions_answer_what_they_compute():
     shapes = [(4096.0, 4096.0, 1024.0), (37.5, 14336.0, 4096.0), (1.0, 1.0, 1.0)]
-    for shape in shapes:
-        assert gemm.training_gemm_seconds(*shape, 7e14) == \
-            gemm.training_gemm_seconds.__wrapped__(*shape, 7e14)
+    for m, _, n in shapes:
+        assert gemm.quantization_efficiency(m, n) == gemm.quantization_efficiency.__wrapped__(m, n)
     model = load_model("llama3-8b")
     shape = Shape(tp=2, sp=True, micro_batch=1, seq_len=model.seq_length)
     for lay in (model.layers[0], model.layers[1], model.layers[-1]):
@@ -310,7 +309,7 @@ def test_interleaved_search_gives_the_same_plans_as_the_plain_code(monkeypatch):
     monkeypatch.setattr(options, "rank_tables", rank_tables_reference)
     monkeypatch.setattr(chunks, "split_stages", split_stages_reference)
     monkeypatch.setattr("planner.search.engine.split_stages", split_stages_reference)
-    monkeypatch.setattr(gemm, "training_gemm_seconds", gemm.training_gemm_seconds.__wrapped__)
+    monkeypatch.setattr(gemm, "quantization_efficiency", gemm.quantization_efficiency.__wrapped__)
     monkeypatch.setattr(layer, "_work", layer._work.__wrapped__)
     monkeypatch.setattr(step, "_inflight_closed_form", step._inflight_closed_form.__wrapped__)
     monkeypatch.setattr(step, "_rank_hops_s", step._rank_hops_s.__wrapped__)

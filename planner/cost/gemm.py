@@ -53,8 +53,12 @@ def tile_efficiency(m: int, n: int, tile_m: int, tile_n: int) -> float:
     return (m * n) / (math.ceil(m / tile_m) * tile_m * math.ceil(n / tile_n) * tile_n)
 
 
+@lru_cache(maxsize=65536)
 def quantization_efficiency(m: float, n: float) -> float:
-    """Useful fraction of the work of a GEMM whose output is m x n, with the best tile of TILES."""
+    """Useful fraction of the work of a GEMM whose output is m x n, with the best tile of TILES.
+    A pure function of two numbers, cached: a search prices the same few shapes for every
+    recompute mode and expert-parallel degree (tens of thousands of calls, DeepSeek-V3 on 2,048
+    GPUs)."""
     m, n = max(1, round(m)), max(1, round(n))
     return max(tile_efficiency(m, n, tm, tn) for tm, tn in TILES)
 
@@ -66,15 +70,11 @@ def gemm_seconds(m: float, k: float, n: float, rate: float) -> float:
     return 2.0 * m * k * n / (rate * quantization_efficiency(m, n))
 
 
-@lru_cache(maxsize=65536)
 def training_gemm_seconds(m: float, k: float, n: float,
                           rate: float) -> tuple[float, float, float]:
     """(forward, input-gradient, weight-gradient) seconds of a weight matmul Y = X·W with X of
     m x k and W of k x n: the backward computes dX = dY·Wᵀ (output m x k) and dW = Xᵀ·dY
-    (output k x n), each with the forward's FLOPs and its own output shape. A pure function of
-    its four numbers, cached: a search prices the same few shapes for every recompute mode and
-    every expert-parallel degree of a tensor-parallel shape (thousands of calls, DeepSeek-V3 on
-    2,048 GPUs)."""
+    (output k x n), each with the forward's FLOPs and its own output shape."""
     return gemm_seconds(m, k, n, rate), gemm_seconds(m, n, k, rate), gemm_seconds(k, m, n, rate)
 
 
