@@ -176,3 +176,16 @@ def test_model_json_moe_and_its_checks():
 def test_dense_models_are_unchanged():
     dense = model_from_dict(json.loads((CONFIGS.parent / "llama-3.1-8b.json").read_text()), "l")
     assert not dense.is_moe and dense.active_params == dense.params
+
+
+@pytest.mark.parametrize("name", ["deepseek-v2-lite", "deepseek-v3"])
+def test_mla_projection_shapes_carry_its_flops(name):
+    """One (m, k, n) per projection matmul, with or without a query latent (V2-Lite has none:
+    one q_proj; it used to fail to unpack), and together exactly the projection FLOPs."""
+    from planner.cost import mla
+
+    layer = next(b for b in spec_of(name).blocks if b.kv_lora_rank)
+    shapes = mla.projection_shapes(layer, 4096.0, 1)
+    assert len(shapes) == (5 if layer.q_lora_rank else 4)
+    assert sum(2.0 * m * k * n for m, k, n in shapes) == \
+        pytest.approx(mla.projection_flops(layer, 4096.0))

@@ -35,8 +35,8 @@ def projection_shapes(layer: Layer, tokens: float, tp: int) -> tuple:
     """(m, k, n) of each projection matmul on one GPU, for the operand-traffic term."""
     h, heads = layer.hidden_size, layer.num_attention_heads
     qk = heads * (layer.qk_nope_head_dim + layer.qk_rope_head_dim)
-    q_b, kv_b = up_projection_shapes(layer, tokens, tp)
-    q = ((tokens, h, layer.q_lora_rank), q_b) if layer.q_lora_rank else ((tokens, h, qk / tp),)
+    *q_b, kv_b = up_projection_shapes(layer, tokens, tp)  # q_b only with a query latent
+    q = ((tokens, h, layer.q_lora_rank), *q_b) if layer.q_lora_rank else ((tokens, h, qk / tp),)
     return (*q, (tokens, h, layer.kv_lora_rank + layer.qk_rope_head_dim),
             kv_b, (tokens, layer.v_size / tp, h))
 

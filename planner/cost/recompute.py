@@ -64,7 +64,8 @@ the SP all-gathers (not in the save list; the reduce-scatters are). Without flas
 attention runs as unsaved bmm/softmax ops: recomputed, its scores never kept. The SDPA kernel's
 fp32 log-sum-exp (4 bytes per head and token) is not counted, as the planner counts it nowhere.
 Priced for dense blocks (torchtitan's Llama); MoE and MLA blocks, and FP8 linears (whose
-``_scaled_mm`` is not ``aten.mm``) are refused.
+``_scaled_mm`` is not ``aten.mm``) are refused: ``selective_refusal`` says why, the search
+counts such configurations rejected under it and refuses a pinned --recompute selective.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ from planner.cost import elementwise, mla, moe
 from planner.core.errors import PlanInputError
 
 if TYPE_CHECKING:  # pragma: no cover
-    from planner.model.spec import Layer
+    from planner.model.spec import Layer, ModelSpec
+    from planner.stack import Stack
 
 ACT_BYTES = 2  # 16-bit activations
 GELU_BYTES = 4.0  # a fused GeLU reads 2 and writes 2 bytes per element of f
@@ -85,6 +87,38 @@ OP_POLICY = "torchtitan_op"  # torchtitan's op-level selective AC (module docstr
 def drops_scores(shape) -> bool:
     """Whether this selective recompute drops the s x s scores (Korthikanti's selective)."""
     return "core_attn" in shape.recompute_modules
+
+
+def selective_discards_nothing(model: ModelSpec, opts: Stack) -> bool:
+    """Whether the stack's selective recompute changes nothing on this model, so a search need
+    not try it: each of its modules is a no-op here (core_attn under flash attention, which
+    stores no scores; moe_act without MoE blocks; mla_up_proj without MLA). layernorm and
+    torchtitan_op always discard something. Cheap where the modules decide it alone (a search
+    asks once per shape): only moe_act and mla_up_proj look at the model's layers."""
+    for m in opts.recompute_modules:
+        if m in ("layernorm", OP_POLICY) or (m == "core_attn" and not opts.flash_attention):
+            return False
+        if (m == "moe_act" and model.is_moe) or (m == "mla_up_proj" and _has_mla(model)):
+            return False
+    return True
+
+
+def _has_mla(model: ModelSpec) -> bool:
+    return any(layer.is_mla for layer in model.layers)
+
+
+def selective_refusal(model: ModelSpec, opts: Stack) -> str | None:
+    """Why the stack's selective recompute is not priced on this model (None where it is):
+    torchtitan's op policy is priced for dense attention blocks with 16-bit linears only
+    (module docstring; ``torchtitan_mms`` and cost/layer.py raise where it would be reached).
+    Short: a search counts its rejections under it."""
+    if OP_POLICY not in opts.recompute_modules:
+        return None
+    if model.is_moe or _has_mla(model):
+        return "torchtitan_op selective AC not priced for MoE/MLA blocks"
+    if opts.precision == "fp8":  # cost/precision.py uses_fp8: every block's linears
+        return "torchtitan_op selective AC not priced for FP8 linears"
+    return None
 
 
 def norm_output_bytes(layer: Layer, shape) -> float:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost import constants, zero
+from planner.cost import constants, recompute, zero
 from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
 from planner.predict.chunks import CostTable, ChunkArrays
 from planner.predict.memory import gathered_bytes, kept_outputs, layer_gather_bytes, state_bytes
@@ -54,17 +54,25 @@ BLOCK_PIN = "block"
 N from 0 to all chosen per stage by the partitioner (full granularity: no selective stage)."""
 
 
-def allowed_modes(par: Parallel, opts: Stack, exact: bool | str = False) -> tuple[str, ...]:
+def allowed_modes(model: ModelSpec, par: Parallel, opts: Stack,
+                  exact: bool | str = False) -> tuple[str, ...]:
     """The recompute modes a stage may use: exactly the configuration's (a user's pin), or any
-    up to it, so the partitioner can spare the stages with memory to spare (flash attention
-    already drops the scores, so 'selective' adds nothing there). ``exact`` = BLOCK_PIN: none
-    and full, so that a stage may recompute part of its blocks (partial_modes)."""
+    up to it, so the partitioner can spare the stages with memory to spare ('selective' left
+    out where the stack's modules discard nothing on this model, as core_attn under flash
+    attention, which already drops the scores, or below full where it is not priced:
+    cost/recompute.py).
+    ``exact`` = BLOCK_PIN: none and full, so that a stage may recompute part of its blocks
+    (partial_modes)."""
     if exact == BLOCK_PIN:
         return ("none", "full")
     if exact:
         return (par.recompute,)
     modes = RECOMPUTE_MODES[: RECOMPUTE_MODES.index(par.recompute) + 1]
-    return tuple(m for m in modes if not (m == "selective" and opts.flash_attention))
+    # unpriced: left out below full; a selective configuration keeps it, and the cost model
+    # refuses it in one line rather than pricing it as something else
+    skip = recompute.selective_discards_nothing(model, opts) or (
+        par.recompute != "selective" and recompute.selective_refusal(model, opts) is not None)
+    return tuple(m for m in modes if not (m == "selective" and skip))
 
 
 def usable_bytes(cluster: Cluster, recompute: bool) -> float:
@@ -189,7 +197,7 @@ def cost_tables(model: ModelSpec, par: Parallel, hw, opts: Stack, profile=None,
     """Cost tables for every mode the configuration allows (reusing ``known`` ones)."""
     known = known or {}
     return {m: known.get(m) or CostTable(model_layer_costs(model, par, hw, opts, m, profile))
-            for m in allowed_modes(par, opts, exact)}
+            for m in allowed_modes(model, par, opts, exact)}
 
 
 def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,

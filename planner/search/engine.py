@@ -104,7 +104,7 @@ class _Costs:
         """A lower bound on the refined step time of ``par`` (planner/search/bound.py);
         ``with_memory`` adds what memory forces, which costs building the partition problem."""
         r = self.req
-        modes = allowed_modes(par, r.options, exact_recompute(r.pins))
+        modes = allowed_modes(r.model, par, r.options, exact_recompute(r.pins))
         key = (par, with_memory)
         if key not in self.bounds:
             times_key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, modes,
@@ -171,7 +171,7 @@ class _Costs:
     def known(self, par: Parallel) -> dict:
         """The cost tables of every recompute mode this configuration's stages may use."""
         r = self.req
-        return {m: self.table(par, m) for m in allowed_modes(par, r.options,
+        return {m: self.table(par, m) for m in allowed_modes(r.model, par, r.options,
                                                               exact_recompute(r.pins))}
 
     def even_stages(self, par: Parallel) -> ChunkArrays:

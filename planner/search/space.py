@@ -17,6 +17,7 @@ from planner.core.divisors import divisors
 from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.core.errors import PlanInputError
 from planner.cost import context
+from planner.cost.recompute import selective_discards_nothing, selective_refusal
 from planner.launchers import LAUNCHERS, Facts, launcher_allows
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
@@ -130,6 +131,12 @@ def validate_pins(req: Request) -> None:
     if pins.recompute is not None and pins.recompute not in RECOMPUTE_PINS:
         raise PlanInputError(f"--recompute must be one of {', '.join(RECOMPUTE_PINS)}, "
                              f"got {pins.recompute!r}")
+    if pins.recompute == "selective":
+        unpriced = selective_refusal(req.model, req.options)
+        if unpriced:
+            raise PlanInputError(f"--recompute selective: {unpriced} ({req.model.name} on the "
+                                 f"{req.options.name} stack); use --recompute full or none, or "
+                                 "leave --recompute out")
     if pins.zero is not None and pins.zero not in (0, 1, 2, 3):
         raise PlanInputError(f"--zero must be 0, 1, 2 or 3, got {pins.zero}")
     expert_pin_problem(req.model, pins)
@@ -357,7 +364,8 @@ def _choices(req: Request, tp: int, pp: int):
     schedules = [pins.schedule] if pins.schedule else (
         ["1f1b"] if pp == 1 else [s for s in SCHEDULES if s in req.options.schedules])
     recomputes = [pinned_recompute(pins.recompute)] if pins.recompute else [
-        r for r in RECOMPUTE_MODES if not (r == "selective" and req.options.flash_attention)]
+        r for r in RECOMPUTE_MODES if not (
+            r == "selective" and selective_discards_nothing(req.model, req.options))]
     zeros = [pins.zero] if pins.zero is not None else [0, 1, 2, 3]
     sps = [pins.sequence_parallel] if pins.sequence_parallel is not None else (
         [True, False] if tp > 1 else [False])
@@ -406,6 +414,7 @@ def _knobs(req: Request, shape: Parallel, rejected: Counter):
 
 def _schedules(req: Request, shape: Parallel, rejected: Counter):
     """The schedule, virtual-stage, recompute, ZeRO and SP choices of one shape and expert split."""
+    unpriced = selective_refusal(req.model, req.options)  # why selective is not priced, if so
     schedules, vs, recomputes, zeros, sps = _choices(req, shape.tp, shape.pp)
     needs_sp = req.model.is_moe and shape.tp > 1  # MOE_NEEDS_SP (is_moe walks every layer)
     for schedule in schedules:
@@ -432,6 +441,9 @@ def _schedules(req: Request, shape: Parallel, rejected: Counter):
                 par = replace(timed, recompute=recompute, zero=zero, sequence_parallel=sp)
                 if req.runs_on and launcher_rule(req, par):
                     rejected[f"{req.runs_on} cannot run it"] += 1
+                    continue
+                if recompute == "selective" and unpriced:  # runs, but is not priced
+                    rejected[unpriced] += 1
                     continue
                 yield par
 
