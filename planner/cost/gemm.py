@@ -42,6 +42,7 @@ sweep, tile-aligned by construction), so only the loss relative to a well-shaped
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 
 # (tile rows, tile columns): the guide's 256x128 example tile in both orientations and 128x128.
 TILES = ((256, 128), (128, 256), (128, 128))
@@ -52,8 +53,12 @@ def tile_efficiency(m: int, n: int, tile_m: int, tile_n: int) -> float:
     return (m * n) / (math.ceil(m / tile_m) * tile_m * math.ceil(n / tile_n) * tile_n)
 
 
+@lru_cache(maxsize=65536)
 def quantization_efficiency(m: float, n: float) -> float:
-    """Useful fraction of the work of a GEMM whose output is m x n, with the best tile of TILES."""
+    """Useful fraction of the work of a GEMM whose output is m x n, with the best tile of TILES.
+    A pure function of two numbers, cached: a search prices the same few shapes for every
+    recompute mode and expert-parallel degree (tens of thousands of calls, DeepSeek-V3 on 2,048
+    GPUs)."""
     m, n = max(1, round(m)), max(1, round(n))
     return max(tile_efficiency(m, n, tm, tn) for tm, tn in TILES)
 

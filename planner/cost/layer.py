@@ -15,6 +15,7 @@ the TP group's ring as NCCL prices them (cost/tensor_parallel.py). A measured pr
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 from planner.cost import constants
 from planner.cost import comm, context, loss, mla, moe, mtp
@@ -97,11 +98,13 @@ def _gemm_bytes(*mkn: tuple[float, float, float]) -> float:
     return precision.gemm_bytes(precision.Gemm(m, k, n) for m, k, n in mkn)
 
 
+@lru_cache(maxsize=4096)
 def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
           floor: float = 0.0, complex_rope: bool = False) -> _Work:
     """Forward work of ``layer``; ``floor``: the least bytes an eager kernel counts (its launch
     at the HBM rate, cost/elementwise.py); ``complex_rope``: a fused stack's RoPE stays eager
-    (Stack.complex_rope)."""
+    (Stack.complex_rope). A pure function of frozen arguments, cached: every recompute mode of
+    a shape asks for the same work."""
     t, s, T, h = shape.tp, shape.seq_len, shape.tokens, layer.hidden_size
     rep = 1 / t if shape.sp else 1.0
     if layer.kind == "embedding":

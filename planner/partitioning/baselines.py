@@ -33,7 +33,7 @@ def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, m
         # fastest option whose chunk alone fits next to the rank's extra bytes: the modes and
         # the least partial recompute that fits (the lower index first on equal time)
         options = list(range(prep.R))
-        c = int(prep.least_partial(k, start, e))
+        c = int(prep.least_partial(k, start, e)) if prep.nb is not None else 0  # 0: none
         if c:
             options.append(prep.R + c - 1)
         order = sorted(options, key=lambda r: (prep.chunk_time(k, start, e, r), r))

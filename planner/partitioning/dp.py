@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from functools import lru_cache
 
 import numpy as np
 
@@ -76,14 +77,9 @@ def _band(prep: Prepared, k: int, W: int, by_end: bool) -> tuple[np.ndarray, np.
     chunk's least partial option that fits (``Prepared.least_partial``; its count in the third
     array, 0 where there is none).
     """
-    L = prep.L
-    a = np.arange(L + 1)[:, None]
-    w = np.arange(1, W + 1)[None, :]
-    i, j = (a - w, a) if by_end else (a, a + w)
-    valid = (i >= 0) & (j <= L)
-    i, j = np.clip(i, 0, L), np.clip(j, 0, L)
-    time = prep.pt[j] - prep.pt[i] + prep.bnd[k]
-    mem = (prep.ps[j] - prep.ps[i])[:, :, None] + prep.inflight[k] * (prep.pa[j] - prep.pa[i])
+    i, j, valid, d_time, d_state, d_act = _band_sums(prep, W, by_end)
+    time = d_time + prep.bnd[k]
+    mem = d_state[:, :, None] + prep.inflight[k] * d_act
     fits = (mem + prep.extra[k % prep.p] <= _cap(prep.cap)) & valid[:, :, None]
     count = prep.least_partial(k, i, j) * valid
     if prep.nb is not None:
@@ -93,6 +89,24 @@ def _band(prep: Prepared, k: int, W: int, by_end: bool) -> tuple[np.ndarray, np.
         time = np.concatenate([time, t_part[:, :, None]], axis=2)
         fits = np.concatenate([fits, (count > 0)[:, :, None]], axis=2)
     return time, fits, count
+
+
+@lru_cache(maxsize=4)
+def _band_sums(prep: Prepared, W: int, by_end: bool) -> tuple[np.ndarray, ...]:
+    """What :func:`_band` reads that no chunk changes: the band's starts i and ends j (clipped),
+    its valid mask, and the time, state and activation sums of layers [i, j) (prefix-sum
+    differences). Computed once per prepared problem (``Prepared`` hashes by identity) and band,
+    not once per chunk; read-only."""
+    L = prep.L
+    a = np.arange(L + 1)[:, None]
+    w = np.arange(1, W + 1)[None, :]
+    i, j = (a - w, a) if by_end else (a, a + w)
+    valid = (i >= 0) & (j <= L)
+    i, j = np.clip(i, 0, L), np.clip(j, 0, L)
+    out = (i, j, valid, prep.pt[j] - prep.pt[i], prep.ps[j] - prep.ps[i], prep.pa[j] - prep.pa[i])
+    for array in out:
+        array.setflags(write=False)
+    return out
 
 
 def _bottleneck_v1(prep: Prepared, ub: float = INF) -> float:

@@ -75,13 +75,10 @@ def feasible_with_cap(prep: Prepared, cap_s: float) -> bool:
     """Some split of an embedding + identical blocks + head model fits memory with every chunk
     within ``cap_s`` seconds (each rank's chunks from the exact Pareto recursion of
     :func:`planner.partitioning.options.rank_tables`)."""
-    from planner.partitioning.options import chunk_options, rank_tables
+    from planner.partitioning.options import rank_options
 
-    cost, by_chunk = chunk_options(prep, None, cap_s)
-    if any(not opts for opts in by_chunk):
-        return False
-    tau, _ = rank_tables(prep, cost, by_chunk)
-    return _reaches(tau, prep.L - 2)
+    tau = rank_options(prep, None, cap_s)[2]
+    return tau is not None and _reaches(tau, prep.L - 2)
 
 
 def candidate_times(prep: Prepared) -> np.ndarray:

@@ -10,6 +10,7 @@ its chunks (:meth:`OptionModel._rank_bound`, a decomposition).
 from __future__ import annotations
 
 import math
+from functools import lru_cache
 from typing import Sequence
 
 import numpy as np
@@ -33,12 +34,18 @@ def chunk_options(prep: Prepared, ub: float | None, chunk_cap: float | None = No
         nmin = [N]
     edges = [([0] if k == 0 else []) + ([L - 1] if k == K - 1 else []) for k in range(K)]
     slow = math.inf if chunk_cap is None else chunk_cap * (1 + TIE_RTOL) + 1e-300
+    # the terms of a chunk's cost as Python floats, read once (cost() is called for every
+    # option: tens of thousands of times on gpt3-175b's interleaved splits); the sums run in the
+    # order they always did, so every option's numbers are unchanged
+    edge_t = [[float(sum(t[i, r] for i in e)) for r in range(R)] for e in edges]
+    edge_s = [float(sum(s[i] for i in e)) for e in edges]
+    edge_a = [[float(sum(a[i, r] for i in e)) for r in range(R)] for e in edges]
+    block_t, block_a, block_s = t[1].tolist(), a[1].tolist(), float(s[1])
+    bnd, inflight = prep.bnd.tolist(), prep.inflight.tolist()
 
     def cost(k: int, n: int, r: int) -> tuple[float, float]:
-        e = edges[k]
-        tm = float(sum(t[i, r] for i in e) + n * t[1, r] + prep.bnd[k])
-        mem = float(sum(s[i] for i in e) + n * s[1]
-                    + prep.inflight[k] * (sum(a[i, r] for i in e) + n * a[1, r]))
+        tm = edge_t[k][r] + n * block_t[r] + bnd[k]
+        mem = edge_s[k] + n * block_s + inflight[k] * (edge_a[k][r] + n * block_a[r])
         return tm, mem
 
     def partial_cost(k: int, n: int, o: int) -> tuple[float, float]:
@@ -92,6 +99,22 @@ def chunk_options(prep: Prepared, ub: float | None, chunk_cap: float | None = No
     return options, by_chunk
 
 
+@lru_cache(maxsize=8)
+def rank_options(prep: Prepared, ub: float | None, chunk_cap: float | None
+                 ) -> tuple[dict, list, np.ndarray | None, list[dict] | None]:
+    """(cost, by_chunk) of :func:`chunk_options` and (tau, patterns) of :func:`rank_tables`
+    (None when some chunk has no option). Cached per prepared problem (``Prepared`` hashes by
+    identity): the least-largest-chunk bisection (planner/partitioning/largest_chunk.py) ends on
+    the very cap the option model is then built with, so the model reuses its tables. Callers
+    only read what it returns."""
+    cost, by_chunk = chunk_options(prep, ub, chunk_cap)
+    if any(not opts for opts in by_chunk):
+        return cost, by_chunk, None, None
+    tau, patterns = rank_tables(prep, cost, by_chunk)
+    tau.setflags(write=False)
+    return cost, by_chunk, tau, patterns
+
+
 def rank_tables(prep: Prepared, cost: dict, by_chunk: list) -> tuple[np.ndarray, list[dict]]:
     """tau (p, N+1): each rank's least time holding c blocks in its chunks within its memory
     (inf where it cannot), and the chunk arrangement (n_k, option_k) that achieves it: the Pareto
@@ -103,6 +126,8 @@ def rank_tables(prep: Prepared, cost: dict, by_chunk: list) -> tuple[np.ndarray,
     # bytes get the same recursion: done once (interleaved ranks often share their in-flight
     # counts and transfers: 4 distinct of 8 ranks on gpt3-175b, pp 8, v 6)
     done: dict = {}
+    option_cap = {r: prep.option_cap(r) for r in {o[2] for opts in by_chunk for o in opts}}
+    levels = sorted(set(prep.cap.tolist()))
     for rho in range(p):
         ks = list(range(rho, K, p))
         same = (prep.extra[rho], tuple(tuple((o[1], o[2]) + cost[o] for o in by_chunk[k])
@@ -114,14 +139,17 @@ def rank_tables(prep: Prepared, cost: dict, by_chunk: list) -> tuple[np.ndarray,
         done[same] = rho
         best = np.full(N + 1, math.inf)
         how: dict[int, tuple] = {}  # c -> ((n_k, r_k) per chunk of the rank)
-        for level in sorted(set(prep.cap.tolist())):
-            ok = {o[2] for k in ks for o in by_chunk[k] if prep.option_cap(o[2]) >= level}
+        # each chunk's options as rows (blocks, seconds, memory, n, r), and each option's
+        # capacity, built once for every level
+        rows = {k: np.array([(o[1], cost[o][0], cost[o][1] / ms, o[1], o[2])
+                             for o in by_chunk[k]]).reshape(-1, 5) for k in ks}
+        caps = {k: np.array([option_cap[o[2]] for o in by_chunk[k]]) for k in ks}
+        for level in levels:
             cap = level / ms * (1 + TIE_RTOL)
             # columns: blocks, seconds, memory, then (n, r) of each chunk so far
             states = np.array([[0.0, 0.0, prep.extra[rho] / ms]])
             for k in ks:
-                opts = np.array([(o[1], cost[o][0], cost[o][1] / ms, o[1], o[2])
-                                 for o in by_chunk[k] if o[2] in ok]).reshape(-1, 5)
+                opts = rows[k][caps[k] >= level]
                 S, O = len(states), len(opts)
                 both = np.concatenate([
                     (states[:, None, :3] + opts[None, :, :3]).reshape(-1, 3),
@@ -162,9 +190,9 @@ class OptionModel(_Model):
         ms = prep.cap_max if prep.cap_max > 0 else 1.0
         prob = pulp.LpProblem("partition_options", pulp.LpMinimize)
         self.B = prob.add_variable("B", lowBound=0)
-        self.cost, self.by_chunk = chunk_options(prep, ub, chunk_cap)
+        self.cost, self.by_chunk, self.tau, self.patterns = rank_options(prep, ub, chunk_cap)
         self.y = {o: prob.add_variable(f"y_{o[0]}_{o[1]}_{o[2]}", cat="Binary") for o in self.cost}
-        if any(not opts for opts in self.by_chunk):
+        if self.tau is None:  # a chunk with no option
             raise _Infeasible
         for k in range(K):
             prob += pulp.lpSum(self.y[o] for o in self.by_chunk[k]) == 1
@@ -211,8 +239,7 @@ class OptionModel(_Model):
         rank, which with several chunks per rank (interleaved) costs the solver long branching.
         tau_rho comes from a Pareto recursion over the rank's chunks on (blocks, time, memory)."""
         N = self.prep.L - 2
-        self.tau, self.patterns = rank_tables(self.prep, self.cost, self.by_chunk)
-        tau = self.tau
+        tau = self.tau  # rank_tables', from rank_options
         cand = np.unique(tau[np.isfinite(tau)])
 
         def enough(b: float) -> bool:

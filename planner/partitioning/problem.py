@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import cached_property
 from typing import Sequence
 
 import numpy as np
@@ -257,8 +258,9 @@ class Prepared:
     def L(self) -> int:
         return self.problem.num_layers
 
-    @property
+    @cached_property
     def R(self) -> int:
+        """The problem's modes (cached: read for every option the partitioner prices)."""
         return self.problem.num_modes
 
     @property

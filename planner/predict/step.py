@@ -101,22 +101,30 @@ def inflight_closed_form(schedule: str, p: int, m: int, v: int) -> list[int]:
     equals 1F1B's); interleaved: rank i holds its warm-up of (p - i - 1)·2 + (v - 1)·p forwards
     + 1, spread over its v chunks (Narayanan et al. 2021 §2.2, Megatron's interleaved schedule).
     tests/test_evaluate.py checks every rank against the simulator."""
+    return list(_inflight_closed_form(schedule, p, m, v))
+
+
+@lru_cache(maxsize=4096)
+def _inflight_closed_form(schedule: str, p: int, m: int, v: int) -> tuple[int, ...]:
+    """:func:`inflight_closed_form` as a tuple, cached: a pure function of four integers that
+    the screen asks for every configuration (the ZeRO and recompute variants of a shape share
+    it)."""
     if schedule == "gpipe":
-        return [m] * (p * v)
+        return (m,) * (p * v)
     if schedule == "dualpipe":  # per stage, on each of its two ranks (pipeline/dualpipe.py)
-        return list(dualpipe.held_at_peak(p, m))
+        return tuple(dualpipe.held_at_peak(p, m))
     if schedule == "zb-h1":
-        return [min(p, m)] * p
+        return (min(p, m),) * p
     if schedule == "zb-2p":  # every rank fills up to its limit (pipeline/schedule.py _zb_2p)
-        return [min(ZB_2P_LIMIT * p, m)] * p
+        return (min(ZB_2P_LIMIT * p, m),) * p
     if schedule == "interleaved" and v > 1:
         out = []
         for k in range(p * v):
             rank = k % p
             held = min((p - rank - 1) * 2 + (v - 1) * p + 1, m * v)
             out.append(-(-held // v))
-        return out
-    return [min(p - (k % p), m) for k in range(p * v)]
+        return tuple(out)
+    return tuple(min(p - (k % p), m) for k in range(p * v))
 
 
 @dataclass(frozen=True)
@@ -154,7 +162,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     if opts.p2p_blocking and par.num_chunks > 1 and par.schedule != "dualpipe":
         add_fwd, add_bwd = blocking_charges(p2p[:-1], par.num_chunks)
         fwd_s, bwd_s, dependency = fwd_s + add_fwd, bwd_s + add_bwd, np.zeros_like(p2p)
-    inflight = np.array(inflight_closed_form(par.schedule, p, par.num_microbatches,
+    inflight = np.array(_inflight_closed_form(par.schedule, p, par.num_microbatches,
                                              par.virtual_stages), dtype=float)
     # the pipeline engine's own costs; with one stage no pipeline engine runs (a plain loop)
     engine = ((opts.pipeline_action_overhead_s, opts.split_backward_overhead) if p > 1
@@ -347,24 +355,33 @@ def stage_transfer_s(model: ModelSpec, par: Parallel, cluster: Cluster,
     chunks = par.num_chunks
     if chunks == 1:
         return []
+    hops = _rank_hops_s(model.seq_length, model.hidden_size, cluster, opts.p2p_scatter_gather,
+                        par.tp, par.cp, par.dp, par.pp, par.micro_batch, par.sequence_parallel)
+    # a hop depends only on the rank it leaves (chunk k on rank k mod pp sends to the next rank)
+    return [hops[k % par.pp] for k in range(chunks - 1)]
+
+
+@lru_cache(maxsize=4096)
+def _rank_hops_s(seq_length: int, hidden_size: int, cluster: Cluster, scatter_gather: bool,
+                 tp: int, cp: int, dp: int, pp: int, micro_batch: int,
+                 sequence_parallel: bool) -> tuple[float, ...]:
+    """:func:`stage_transfer_s`'s hop from each pipeline rank to the next: a pure function of
+    these, cached (the ZeRO, recompute and schedule variants of a shape share it)."""
     hw = cluster.hardware
     intra, inter = comm.links(hw)
     domain = cluster.nvlink_domain
-    full = ACT_BYTES * par.micro_batch * model.seq_length // par.cp * model.hidden_size
-    sharded = par.sequence_parallel or opts.p2p_scatter_gather
-    nbytes = full / par.tp if sharded else full
-    regather = (tensor_parallel.all_gather_s(full, par.tp, hw)
-                if opts.p2p_scatter_gather and not par.sequence_parallel else 0.0)
-    # a hop depends only on the rank it leaves (chunk k on rank k mod pp sends to the next
-    # rank): price each rank's hop once, then read it for every chunk boundary
+    full = ACT_BYTES * micro_batch * seq_length // cp * hidden_size
+    sharded = sequence_parallel or scatter_gather
+    nbytes = full / tp if sharded else full
+    regather = (tensor_parallel.all_gather_s(full, tp, hw)
+                if scatter_gather and not sequence_parallel else 0.0)
     hops = []
-    for a in range(min(par.pp, chunks - 1)):
-        b = (a + 1) % par.pp
-        crosses = cluster.gpus > domain and stage_hop_crosses_nodes(a, b, par.tp * par.cp,
-                                                                     par.dp, domain)
+    for a in range(pp):
+        b = (a + 1) % pp
+        crosses = cluster.gpus > domain and stage_hop_crosses_nodes(a, b, tp * cp, dp, domain)
         hops.append(nccl.p2p_s(nbytes, (inter if crosses else intra).bytes_per_s, crosses)
                     + regather)
-    return [hops[k % par.pp] for k in range(chunks - 1)]
+    return tuple(hops)
 
 
 def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,

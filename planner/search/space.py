@@ -416,6 +416,7 @@ def _schedules(req: Request, shape: Parallel, rejected: Counter):
     """The schedule, virtual-stage, recompute, ZeRO and SP choices of one shape and expert split."""
     unpriced = selective_refusal(req.model, req.options)  # why selective is not priced, if so
     schedules, vs, recomputes, zeros, sps = _choices(req, shape.tp, shape.pp)
+    needs_sp = req.model.is_moe and shape.tp > 1  # MOE_NEEDS_SP (is_moe walks every layer)
     for schedule in schedules:
         for v in vs(schedule):
             timed = replace(shape, schedule=schedule, virtual_stages=v)
@@ -434,10 +435,10 @@ def _schedules(req: Request, shape: Parallel, rejected: Counter):
                 rejected[UNEVEN_UNPINNED] += len(recomputes) * len(zeros) * len(sps)
                 continue
             for recompute, zero, sp in product(recomputes, zeros, sps):
-                par = replace(timed, recompute=recompute, zero=zero, sequence_parallel=sp)
-                if req.model.is_moe and par.tp > 1 and not sp:
+                if needs_sp and not sp:
                     rejected[MOE_NEEDS_SP] += 1
                     continue
+                par = replace(timed, recompute=recompute, zero=zero, sequence_parallel=sp)
                 if req.runs_on and launcher_rule(req, par):
                     rejected[f"{req.runs_on} cannot run it"] += 1
                     continue
