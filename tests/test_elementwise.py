@@ -95,3 +95,39 @@ def test_eager_kernels_never_cost_less_than_fused_ones(tokens, tp, sp, floor):
         plain = elementwise.eager_extra_bytes(layer, tokens, tp, sp)
         assert plain >= 0
         assert elementwise.eager_extra_bytes(layer, tokens, tp, sp, floor) >= plain
+
+
+def test_a_compiled_complex_rope_pays_the_eager_rope_chain_and_nothing_else():
+    """torch.compile fuses every point-wise chain but a complex one: torchtitan's RoPE
+    (view_as_complex, a complex product) keeps its eager kernels (Stack.complex_rope). A fused
+    stack so marked pays the eager RoPE's extra bytes (16 per element of Q and K) in the forward,
+    twice in the backward and once more in a recompute; an eager stack pays them once already,
+    and a model without RoPE pays nothing."""
+    T = 2048
+    shape = Shape(tp=2, sp=True, micro_batch=1, seq_len=T)
+    fused = default_stack()
+    compiled = with_overrides(fused, complex_rope=True)
+    floor = constants.EAGER_KERNEL_MIN_S * RATE
+    assert elementwise.eager_rope_extra_bytes(LLAMA, T, 2) == \
+        pytest.approx(16 * T * (4096 + 1024) / 2)
+    rope = elementwise.eager_rope_extra_bytes(LLAMA, T, 2, floor) / RATE  # launch floors too
+    base, got = (layer_cost(LLAMA, shape, "full", HW, s) for s in (fused, compiled))
+    assert got.fwd_s - base.fwd_s == pytest.approx(rope)
+    assert got.bwd_input_s - base.bwd_input_s == pytest.approx(2 * rope)
+    assert got.recompute_s - base.recompute_s == pytest.approx(rope)
+    eager = with_overrides(fused, fused_elementwise=False)
+    both = with_overrides(eager, complex_rope=True)
+    assert layer_cost(LLAMA, shape, "none", HW, both).fwd_s == \
+        pytest.approx(layer_cost(LLAMA, shape, "none", HW, eager).fwd_s)
+    no_rope = replace(LLAMA, rope=False)
+    assert layer_cost(no_rope, shape, "none", HW, compiled).fwd_s == \
+        pytest.approx(layer_cost(no_rope, shape, "none", HW, fused).fwd_s)
+
+
+@given(tokens=st.integers(1, 1 << 16), tp=st.sampled_from([1, 2, 4, 8]))
+def test_the_eager_rope_is_part_of_the_eager_extras(tokens, tp):
+    floor = constants.EAGER_KERNEL_MIN_S * RATE
+    no_rope = replace(LLAMA, rope=False)
+    assert elementwise.eager_extra_bytes(LLAMA, tokens, tp, False, floor) - \
+        elementwise.eager_extra_bytes(no_rope, tokens, tp, False, floor) == \
+        pytest.approx(elementwise.eager_rope_extra_bytes(LLAMA, tokens, tp, floor))

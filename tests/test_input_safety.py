@@ -120,6 +120,8 @@ def test_printable_names_are_accepted(name):
     (b"[1e999]", r"'\[0\]' is Infinity"),
     (b"\xff", "UTF-8"),
     (b"", "empty"),
+    (b'{"zero": 1, "tp": 2, "zero": 3}', "'zero' is given twice"),
+    (b'{"a": [{"b": 1, "b": 1}]}', "'b' is given twice"),
 ])
 def test_json_parsing_refuses(text, message):
     with pytest.raises(PlanInputError, match=message):

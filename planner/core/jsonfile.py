@@ -1,5 +1,5 @@
 """Reading a JSON input file without trusting it: regular files only, a size cap, no NaN/Infinity,
-bounded nesting, and one PlanInputError line (the file and what is wrong) instead of a traceback.
+bounded nesting, no key given twice, and one PlanInputError line (the file and what is wrong) instead of a traceback.
 
 Why each guard: ``--model /dev/zero`` or a FIFO would block or read forever (so the file is opened
 non-blocking and must be a regular file); a multi-gigabyte file would be read whole (so at most
@@ -66,6 +66,21 @@ def read_bytes(path: str | Path, what: str, missing_hint: str = "",
     return data
 
 
+class DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _unique_keys(pairs: list) -> dict:
+    """An object's members, refusing a key given twice (json would keep the last one)."""
+    doc = dict(pairs)
+    if len(doc) < len(pairs):
+        seen: set = set()
+        raise DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
+    return doc
+
+
 def parse_json(data: bytes, origin: str):
     """Decode UTF-8 JSON text: finite numbers only, nesting at most MAX_DEPTH."""
     try:
@@ -76,7 +91,10 @@ def parse_json(data: bytes, origin: str):
     if not text.strip():
         raise PlanInputError(f"{origin}: the file is empty; it should hold JSON")
     try:
-        doc = json.loads(text, parse_int=_bounded_int)
+        doc = json.loads(text, parse_int=_bounded_int, object_pairs_hook=_unique_keys)
+    except DuplicateKey as e:
+        raise PlanInputError(f"{origin}: '{e.key}' is given twice in one object (JSON keeps only "
+                             "the last silently); keep one") from None
     except json.JSONDecodeError as e:
         raise PlanInputError(f"{origin}: not valid JSON ({e.msg} at line {e.lineno}); fix the file") \
             from None

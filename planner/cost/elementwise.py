@@ -26,6 +26,14 @@ llama/model.py and models/norms.py, late 2024, is what these counts follow):
 - SwiGLU: ``self.w2(F.silu(self.w1(x)) * self.w3(x))``: silu (read 2, write 2) then a product
   (read 4, write 2), 10 bytes per element of the FFN width f where Megatron's bias-SwiGLU kernel
   moves 6 (reads both halves, writes one): 4 more.
+- RoPE under torch.compile: torchtitan's RoPE is complex arithmetic (above), and inductor has no
+  code generation for complex operators (torch/_inductor/lowering.py: "Torchinductor does not
+  support code generation for complex operators. Performance may be worse than eager.";
+  torchtitan docs/torch_compile_asks/repros/ask08_complex_ops.py: "Complex ops have no Inductor
+  codegen: a compiled complex RoPE keeps eager fallbacks." and measures the compiled complex
+  rotation as slow as eager, 7 kernels each). A fused stack whose model does so
+  (Stack.complex_rope) pays the eager RoPE chain on top of its fused kernels: the same 16 more
+  bytes per element of Q and K, forward, backward and recompute alike.
 - Grouped KV heads: ``repeat_kv`` expands K and V to every query head (``expand`` then
   ``reshape`` copies: read the kv width, write the q width, for each of K and V). (Its
   attention output's ``.transpose(1, 2).contiguous()`` copy is left out: other eager stacks on
@@ -82,9 +90,7 @@ def eager_extra_bytes(layer: Layer, tokens: int, tp: int, sp: bool, floor: float
     if layer.norm == "rmsnorm":
         extra += layer.block_norms * (_chain(RMSNORM_EAGER, tokens * hidden, floor)
                                       - RMSNORM_FUSED * tokens * hidden)
-    if layer.rope:
-        for width in (q, kv):
-            extra += _chain(ROPE_EAGER, tokens * width, floor) - ROPE_FUSED * tokens * width
+    extra += eager_rope_extra_bytes(layer, tokens, tp, floor)
     if layer.mlp == "swiglu":
         extra += _chain(SWIGLU_EAGER, tokens * ffn, floor) - SWIGLU_FUSED * tokens * ffn
     elif layer.bias:
@@ -93,6 +99,16 @@ def eager_extra_bytes(layer: Layer, tokens: int, tp: int, sp: bool, floor: float
         extra += 2 * max(BF16 * tokens * (kv + q), floor)
     per_residual = (2 if layer.dropout else 0) + (2 if layer.bias else 0)
     return extra + 2 * per_residual * BF16 * tokens * hidden
+
+
+def eager_rope_extra_bytes(layer: Layer, tokens: int, tp: int, floor: float = 0.0) -> float:
+    """Forward bytes the eager (complex) RoPE chain moves beyond the fused rotary kernel, over
+    this GPU's Q and K heads: part of eager_extra_bytes, and all an otherwise fused stack adds
+    where its model's RoPE is complex (module docstring: inductor cannot fuse it)."""
+    if not layer.rope:
+        return 0.0
+    return sum(_chain(ROPE_EAGER, tokens * width, floor) - ROPE_FUSED * tokens * width
+               for width in (layer.q_size / tp, layer.num_kv_heads * layer.head_dim / tp))
 
 
 def eager_head_extra_bytes(layer: Layer, tokens: int, tp: int, sp: bool,

@@ -100,10 +100,11 @@ def _gemm_bytes(*mkn: tuple[float, float, float]) -> float:
 
 @lru_cache(maxsize=4096)
 def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
-          floor: float = 0.0) -> _Work:
+          floor: float = 0.0, complex_rope: bool = False) -> _Work:
     """Forward work of ``layer``; ``floor``: the least bytes an eager kernel counts (its launch
-    at the HBM rate, cost/elementwise.py). A pure function of frozen arguments, cached: every
-    recompute mode of a shape asks for the same work."""
+    at the HBM rate, cost/elementwise.py); ``complex_rope``: a fused stack's RoPE stays eager
+    (Stack.complex_rope). A pure function of frozen arguments, cached: every recompute mode of
+    a shape asks for the same work."""
     t, s, T, h = shape.tp, shape.seq_len, shape.tokens, layer.hidden_size
     rep = 1 / t if shape.sp else 1.0
     if layer.kind == "embedding":
@@ -150,6 +151,8 @@ def _work(layer: Layer, shape: Shape, flash: bool, fused: bool = True,
     pairs = moe.block_tp_pairs(layer)  # attention's and a dense MLP's TP collectives
     if not fused:  # eager kernels: fp32 RMSNorm, RoPE, SwiGLU in two (cost/elementwise.py)
         mem += elementwise.eager_extra_bytes(layer, T, t, shape.sp, floor)
+    elif complex_rope:  # torch.compile leaves complex RoPE eager (cost/elementwise.py)
+        mem += elementwise.eager_rope_extra_bytes(layer, T, t, floor)
     if flash:
         return _Work(gemm_flops=gemm / t, gemm_bytes=gemm_bytes, attn_flops=attn_full / 2 / t,
                      attn_model_flops=attn_full / t, mem_bytes=mem, collectives=pairs,
@@ -187,7 +190,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
                              lambda part: layer_cost(part, shape, recompute, hw, opts),
                              sharded_params(layer, shape.tp, shape.ep, shape.etp), mem_rate)
     w = _work(layer, shape, flash, opts.fused_elementwise,
-              floor=constants.EAGER_KERNEL_MIN_S * mem_rate)
+              floor=constants.EAGER_KERNEL_MIN_S * mem_rate, complex_rope=opts.complex_rope)
     attn_rate = peak * (hw.attention_efficiency or constants.ATTENTION_EFFICIENCY) if flash \
         else gemm_rate
     bwd_attn_ratio = FLASH_BACKWARD_RATIO if flash else 2.0

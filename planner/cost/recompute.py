@@ -225,5 +225,13 @@ def op_rebuild_s(mm_s: float, mem_fwd_s: float, attn_fwd_s: float, tp_s: float,
     (``mm_s``, priced by the caller), the block's memory-bound forward (``mem_fwd_s``), the
     attention without flash, and the TP collectives it re-runs (``tp_s``, priced by the caller:
     the all-gathers under sequence parallel, whose reduce-scatters are saved; the all-reduces
-    without it, which the save list does not name)."""
+    without it, which the save list does not name).
+
+    ``mem_fwd_s`` is the stack's own forward (cost/layer.py): eager, every op is re-run as its
+    own kernel (torch/utils/checkpoint.py _CachedTorchDispatchMode executes ``func(*args,
+    **kwargs)`` for any op whose policy is not MUST_SAVE or PREFER_SAVE); compiled, the policy
+    only tags the traced nodes ('fx_traceback.current_meta["recompute"] = policy') and the
+    backward graph recomputes them, fused, but still writes what the backward's matmuls and
+    flash kernel read (the norm outputs, rotated Q and K, the SwiGLU product): a fused forward
+    pass, the RoPE eager where the stack's RoPE is complex (cost/elementwise.py)."""
     return mm_s + mem_fwd_s + (0.0 if flash else attn_fwd_s) + tp_s

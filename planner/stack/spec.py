@@ -88,6 +88,10 @@ class Stack:
     fused_cross_entropy: bool
     # fused element-wise kernels (bias-GeLU, SwiGLU, bias-dropout-add) instead of eager ops
     fused_elementwise: bool
+    # the model applies RoPE with complex tensors (torchtitan's apply_rotary_emb: view_as_complex,
+    # a complex product): torch.compile generates no code for complex operators, so its RoPE
+    # kernels stay eager even with fused_elementwise (planner/cost/elementwise.py)
+    complex_rope: bool
     # pipeline schedules the stack runs
     schedules: tuple[str, ...]
     # fixed cost of each pipeline action (a chunk's forward, backward, or in zero-bubble
@@ -258,7 +262,7 @@ _CHOICES = {
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy",
           "p2p_buffers_per_microbatch",
-          "fused_elementwise", "optimizer_post_validation", "fp8_weight_cache",
+          "fused_elementwise", "complex_rope", "optimizer_post_validation", "fp8_weight_cache",
           "fp8_saved_activations", "fp8_all_gather", "zero3_pipeline_hold", "loss_parallel",
           "sp_keeps_gathered", "moe_probs_in_activation", "fp8_moe_act_input")
 # (low, high) inclusive; a value outside is refused with the range
