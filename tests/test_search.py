@@ -220,6 +220,23 @@ def test_refine_auto_says_when_its_time_budget_not_the_proof_stopped_it(monkeypa
     assert result.accounted
 
 
+def test_the_auto_budget_also_stops_the_first_pass_once_a_plan_fits(monkeypatch):
+    """Refinements that cost seconds each (DualPipe's MILP over dense and MoE layers: 20 of them
+    took 38 s) must not run past --refine auto's budget before the proof starts: with a budget of
+    0 s the search refines until one configuration fits, then stops and says so."""
+    from planner.model.load import load_model
+    from planner.search import engine
+
+    monkeypatch.setattr(engine, "AUTO_BUDGET_S", 0.0)
+    req = Request(model=load_model("llama3-8b"),
+                  cluster=make_cluster(load_hardware("a100-80gb"), 8, 1), global_batch=64,
+                  pins=Pins(schedule="interleaved", micro_batch=2), top=1)
+    result = search(req)
+    assert result.plans and result.refined <= 2  # the first configuration's ZeRO variants
+    assert "refinement stopped at its time budget (0 s of CPU)" in " ".join(result.notes)
+    assert result.accounted
+
+
 def test_an_interleaved_configuration_keeps_the_even_split_where_it_simulates_faster():
     """llama3-70b, tp 8 pp 8 v 5 on 64 A100s: the partitioner's split (least largest chunk, then
     busiest rank) holds 1 to 3 blocks a chunk and its steady state stalls on them; Megatron's

@@ -298,6 +298,7 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
     refined: list[Plan] = []
     best_of_group: list[float] = []  # best refined step of each configuration-up-to-ZeRO
     capped: list[list[Parallel]] = []  # not refined for the cap alone
+    start = time.process_time()  # --refine auto's budget counts from the first refinement
     for cheap, variants in groups:
         best = sorted(best_of_group)
         incumbent = best[req.top - 1] if len(best) >= req.top else float("inf")
@@ -307,7 +308,9 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
                  and not costs.bound(par, with_memory=True).exceeds(incumbent)]
         if not alive:
             continue
-        if costs.refined_groups >= (AUTO_FIRST if req.refine is None else req.refine):
+        if costs.refined_groups >= (AUTO_FIRST if req.refine is None else req.refine) or (
+                req.refine is None and best_of_group
+                and time.process_time() - start > AUTO_BUDGET_S):
             capped.append(alive)
             continue
         _refine_group(req, costs, alive, refined, best_of_group, rejected, capacity)
@@ -316,7 +319,7 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
     was_capped = bool(capped)
     if req.refine is None and capped:
         stopped = _refine_until_proven(req, costs, capped, refined, best_of_group, rejected,
-                                       capacity)
+                                       capacity, start)
         best = sorted(best_of_group)
     open_best = [par for alive in capped for par in alive
                  if best and not costs.bound(par, with_memory=True).exceeds(best[0])]
@@ -326,7 +329,7 @@ def _branch_and_bound(req: Request, costs: "_Costs", ranked: list[Parallel], rej
 
 def _refine_until_proven(req: Request, costs: "_Costs", capped: list[list[Parallel]],
                          refined: list[Plan], best_of_group: list[float], rejected: Counter,
-                         capacity: float) -> str | None:
+                         capacity: float, start: float) -> str | None:
     """``--refine auto``: refine what the first ``AUTO_FIRST`` left, lowest bound first, every
     configuration whose lower bound (the closed forms, then the chunks' relaxation) is below plan
     1, until none is left: plan 1 is then the best of every screened configuration, whatever rank
@@ -338,8 +341,9 @@ def _refine_until_proven(req: Request, costs: "_Costs", capped: list[list[Parall
     cases), is tried only until the first configuration it cannot rule out: from there each
     refinement also lowers the incumbent, and the linear relaxation alone prunes (measured on
     megatron-1.7b, 8 x A100-80GB, interleaved: 2.6 s of CPU to the proof against over 5 s with
-    the program throughout); while it holds, a proof costs what the fixed cap's did."""
-    start = time.process_time()
+    the program throughout); while it holds, a proof costs what the fixed cap's did.  The budget
+    counts from ``start``, the search's first refinement: refinements that cost seconds each
+    (DualPipe's MILP over dense and MoE layers) stop the first pass too, once a plan fits."""
     order = sorted(capped, key=lambda alive: min(costs.bound(par, with_memory=True).cheap_s
                                                  for par in alive))
     capped.clear()
