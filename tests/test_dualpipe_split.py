@@ -148,15 +148,13 @@ def test_a_rank_whose_two_stages_overflow_memory_is_refused():
     assert part.rank_memory_bytes == (60.0, 4.0)
 
 
-def test_the_search_splits_dualpipe_unevenly_where_that_is_faster():
-    """Qwen3-30B-A3B on 16 H100s, pp 4, DualPipe: the head (larger than the embedding) shares
-    rank 0 with the first stage, so the partitioner gives the middle stages more layers than
-    Megatron's even split; simulated, that step is faster, and the search keeps it."""
+def _qwen3_dualpipe_pp4():
+    """(model, stack, request, costs, configuration): Qwen3-30B-A3B at 4,096 tokens on 16 H100s,
+    the screen's first DualPipe configuration at pp 4, on megatron-core listing DualPipe."""
     from collections import Counter
 
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.load import load_model
-    from planner.predict.stages import best_split, megatron_split
     from planner.search.engine import Request, _Costs, enumerate_configs, screen
     from planner.stack import load_stack, with_overrides
 
@@ -167,6 +165,16 @@ def test_the_search_splits_dualpipe_unevenly_where_that_is_faster():
     costs = _Costs(req)
     par = next(par for par in screen(req, costs, list(enumerate_configs(req, Counter())),
                                      Counter()) if par.schedule == "dualpipe" and par.pp == 4)
+    return model, stack, req, costs, par
+
+
+def test_the_search_splits_dualpipe_unevenly_where_that_is_faster():
+    """Qwen3-30B-A3B on 16 H100s, pp 4, DualPipe: the head (larger than the embedding) shares
+    rank 0 with the first stage, so the partitioner gives the middle stages more layers than
+    Megatron's even split; simulated, that step is faster, and the search keeps it."""
+    from planner.predict.stages import best_split, megatron_split
+
+    model, stack, req, costs, par = _qwen3_dualpipe_pp4()
     split = best_split(model, req.cluster, par, stack, costs.known(par))
     even = megatron_split(model, req.cluster, par, stack, costs.known(par))
     assert split.bounds != even.bounds
@@ -185,25 +193,13 @@ def test_dualpipe_falls_back_to_the_even_split_when_the_partitioner_fails(monkey
     """A solver that finds no split in its time limit (the boundary MILP on layers that differ)
     leaves DualPipe on Megatron's even split where that fits, labelled, not a false memory
     rejection."""
-    from collections import Counter
-
-    from planner.hardware.profiles import load_hardware, make_cluster
-    from planner.model.load import load_model
     from planner.search import engine
-    from planner.search.engine import Request, _Costs, enumerate_configs, screen
-    from planner.stack import load_stack, with_overrides
 
     def fail(*args, **kwargs):
         raise PartitionError("the highs solver failed (no split within 2 s)")
 
     monkeypatch.setattr(engine, "best_split", fail)
-    model = load_model("profiles/validation/configs/qwen3-30b-a3b.json").with_seq_length(4096)
-    stack = with_overrides(load_stack("megatron-core"), schedules=["dualpipe"], launcher=None)
-    req = Request(model=model, cluster=make_cluster(load_hardware("h100-sxm-80gb"), 16, 2),
-                  global_batch=64, options=stack)
-    costs = _Costs(req)
-    par = next(par for par in screen(req, costs, list(enumerate_configs(req, Counter())),
-                                     Counter()) if par.schedule == "dualpipe" and par.pp == 4)
+    *_, costs, par = _qwen3_dualpipe_pp4()
     plan = costs.refined(par)
     assert plan.notes[-1] == ("stage split: even (the partitioner: the highs solver failed "
                               "(no split within 2 s))")
