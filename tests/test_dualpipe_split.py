@@ -203,3 +203,21 @@ def test_dualpipe_falls_back_to_the_even_split_when_the_partitioner_fails(monkey
     plan = costs.refined(par)
     assert plan.notes[-1] == ("stage split: even (the partitioner: the highs solver failed "
                               "(no split within 2 s))")
+
+
+def test_plan_partition_shows_both_ranks_of_each_dualpipe_stage():
+    """DualPipe holds stage c on ranks c and pp - 1 - c: `plan partition` names both, and the
+    memory it shows is that rank's (both of its stages)."""
+    import re
+
+    from typer.testing import CliRunner
+
+    from planner.cli import app
+
+    out = CliRunner().invoke(app, ["partition", "--pp", "4", "--dp", "8", "--schedule",
+                                   "dualpipe"], env={"COLUMNS": "160"})
+    assert out.exit_code == 0, out.output
+    rows = re.findall(r"│\s+(\d)\s+│\s+([\d, ]+?)\s+│.*│\s+([\d.]+)\s+│\n", out.output)[:4]
+    assert [(stage, ranks) for stage, ranks, _ in rows] == [
+        ("0", "0, 3"), ("1", "1, 2"), ("2", "1, 2"), ("3", "0, 3")]
+    assert rows[0][2] == rows[3][2] and rows[1][2] == rows[2][2]
