@@ -15,6 +15,12 @@ settings.register_profile("plan3d", deadline=None, derandomize=True,
 settings.load_profile("plan3d")
 
 ROOT = Path(__file__).resolve().parent.parent
+MOE_CONFIGS = Path(__file__).resolve().parent / "hf_configs" / "moe"
+
+
+def moe_config(name: str, **changes) -> dict:
+    """A bundled HuggingFace MoE config (tests/hf_configs/moe/NAME.json) with ``changes``."""
+    return {**json.loads((MOE_CONFIGS / f"{name}.json").read_text()), **changes}
 
 
 @pytest.fixture(scope="session")

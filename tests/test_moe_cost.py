@@ -5,9 +5,9 @@ searches of issue #18 (Mixtral-8x7B on 64 H100s, a DeepSeek-V3 config on 2,048 G
 
 import json
 from dataclasses import replace
-from pathlib import Path
 
 import pytest
+from conftest import moe_config
 from hypothesis import given, settings, strategies as st
 
 from planner.core.parallel import Parallel
@@ -23,18 +23,11 @@ from planner.search.engine import search
 from planner.search.space import Pins, Request
 from planner.stack import default_stack, with_overrides
 
-CONFIGS = Path(__file__).parent / "hf_configs" / "moe"
 H100 = load_hardware("h100")
 
 
-def config(name: str, **changes) -> dict:
-    data = json.loads((CONFIGS / f"{name}.json").read_text())
-    data.update(changes)
-    return data
-
-
-MIXTRAL = model_from_dict(config("mixtral-8x7b-v0.1", max_position_embeddings=4096), "mixtral")
-DSV3 = model_from_dict(config("deepseek-v3", num_nextn_predict_layers=0), "deepseek-v3")
+MIXTRAL = model_from_dict(moe_config("mixtral-8x7b-v0.1", max_position_embeddings=4096), "mixtral")
+DSV3 = model_from_dict(moe_config("deepseek-v3", num_nextn_predict_layers=0), "deepseek-v3")
 
 
 def test_block_flops_are_twice_the_active_matmul_weights():
@@ -169,7 +162,7 @@ def test_pins_refuse_what_cannot_run(tmp_path):
     from planner.cli import app
     from planner.search.engine import explain
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(config("mixtral-8x7b-v0.1")))
+    path.write_text(json.dumps(moe_config("mixtral-8x7b-v0.1")))
     runner = CliRunner()
     for args, needle in ((["--ep", "2"], "dense model"),
                          (["--model", str(path), "--expert-load", "0.5"],
@@ -190,7 +183,7 @@ def test_moe_plan_json_validates_and_carries_the_experts(tmp_path):
     from typer.testing import CliRunner
     from planner.cli import app
     path = tmp_path / "config.json"
-    path.write_text(json.dumps(config("mixtral-8x7b-v0.1")))
+    path.write_text(json.dumps(moe_config("mixtral-8x7b-v0.1")))
     result = CliRunner().invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--gpu", "h100",
                                       "--model", str(path), "--seq-len", "4096", "--tp", "1",
                                       "--pp", "2", "--ep", "8", "--top", "1", "--export",

@@ -10,26 +10,19 @@ Head)"), so its figures are checked that way.
 """
 
 import json
-from pathlib import Path
 
 import pytest
+from conftest import MOE_CONFIGS, moe_config
 
 from planner.core.errors import PlanInputError
 from planner.model.load import model_from_dict
 from planner.model.spec import ModelSpec
 
-CONFIGS = Path(__file__).parent / "hf_configs" / "moe"
-
-
-def config(name: str, **changes) -> dict:
-    data = json.loads((CONFIGS / f"{name}.json").read_text())
-    data.update(changes)
-    return data
 
 
 def spec_of(name: str) -> ModelSpec:
     changes = {"num_nextn_predict_layers": 0} if name == "deepseek-v3" else {}
-    return model_from_dict(config(name, **changes), name)
+    return model_from_dict(moe_config(name, **changes), name)
 
 
 def embedding(spec: ModelSpec) -> int:
@@ -82,7 +75,7 @@ def test_parameter_counts_match_published(name, what, published, tol, source):
 
 
 def test_every_moe_fixture_is_checked():
-    assert {p.stem for p in CONFIGS.glob("*.json")} == {p[0] for p in PUBLISHED}
+    assert {p.stem for p in MOE_CONFIGS.glob("*.json")} == {p[0] for p in PUBLISHED}
 
 
 def test_mixtral_block_by_hand():
@@ -118,12 +111,12 @@ def test_qwen2_moe_shared_expert_and_gate():
 
 
 def test_sparse_step_and_dense_layers():
-    spec = model_from_dict(config("qwen3-30b-a3b", decoder_sparse_step=2,
+    spec = model_from_dict(moe_config("qwen3-30b-a3b", decoder_sparse_step=2,
                                   mlp_only_layers=[1, 4]), "q")
     moe = [i for i, b in enumerate(spec.blocks) if b.is_moe]
     # Qwen3MoeDecoderLayer: sparse where (i + 1) % step == 0 and i not in mlp_only_layers
     assert moe[:3] == [3, 5, 7] and 1 not in moe
-    deepseek = model_from_dict(config("deepseek-v2", moe_layer_freq=2), "d")
+    deepseek = model_from_dict(moe_config("deepseek-v2", moe_layer_freq=2), "d")
     assert [b.is_moe for b in deepseek.blocks[:5]] == [False, False, True, False, True]
 
 
@@ -137,21 +130,21 @@ def test_sparse_step_and_dense_layers():
 ])
 def test_deepseek_refusals_name_the_field(changes, needle):
     with pytest.raises(PlanInputError, match=needle.replace("(", r"\(")):
-        model_from_dict(config("deepseek-v3", **{"num_nextn_predict_layers": 0, **changes}), "d")
+        model_from_dict(moe_config("deepseek-v3", **{"num_nextn_predict_layers": 0, **changes}), "d")
 
 
 def test_published_v3_config_imports_its_mtp_module():
     # planned since issue #18's DeepSeek-V3 pass (tests/test_deepseek_v3_memory.py prices it)
-    spec = model_from_dict(config("deepseek-v3"), "d")
+    spec = model_from_dict(moe_config("deepseek-v3"), "d")
     assert spec.mtp_layers == 1 and spec.layers[-1].mtp_depth == 1
     assert spec.layers[-1].mtp_block.is_moe
 
 
 def test_moe_keys_on_a_dense_family_are_refused():
-    data = dict(json.loads((CONFIGS.parent / "llama-3.1-8b.json").read_text()), num_experts=8)
+    data = dict(json.loads((MOE_CONFIGS.parent / "llama-3.1-8b.json").read_text()), num_experts=8)
     with pytest.raises(PlanInputError, match="will not plan it as dense"):
         model_from_dict(data, "l")
-    mixtral = config("mixtral-8x7b-v0.1", router_type="hash")
+    mixtral = moe_config("mixtral-8x7b-v0.1", router_type="hash")
     with pytest.raises(PlanInputError, match="'router_type'"):
         model_from_dict(mixtral, "m")
 
@@ -174,7 +167,7 @@ def test_model_json_moe_and_its_checks():
 
 
 def test_dense_models_are_unchanged():
-    dense = model_from_dict(json.loads((CONFIGS.parent / "llama-3.1-8b.json").read_text()), "l")
+    dense = model_from_dict(json.loads((MOE_CONFIGS.parent / "llama-3.1-8b.json").read_text()), "l")
     assert not dense.is_moe and dense.active_params == dense.params
 
 

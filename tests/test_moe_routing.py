@@ -3,13 +3,12 @@ enumeration of the routing it states; DeepSeek-V3's node-limited routing read fr
 HuggingFace config (n_group, topk_group), checked, exported to Megatron, and what it does to
 DeepEP's network traffic on the report's layout (EP 64 over 8 nodes, at most 4 nodes a token)."""
 
-import json
 from dataclasses import replace
 from itertools import combinations
 from math import comb
-from pathlib import Path
 
 import pytest
+from conftest import moe_config
 from hypothesis import given, settings, strategies as st
 
 from planner.core.errors import PlanInputError
@@ -21,17 +20,10 @@ from planner.launchers.megatron import moe_flags
 from planner.model.load import model_from_dict
 from planner.predict.step import evaluate
 
-CONFIGS = Path(__file__).parent / "hf_configs" / "moe"
 H800 = load_hardware("h800")
 
 
-def _config(name: str, **changes) -> dict:
-    data = json.loads((CONFIGS / f"{name}.json").read_text())
-    data.update(changes)
-    return data
-
-
-DSV3 = model_from_dict(_config("deepseek-v3", num_nextn_predict_layers=0), "deepseek-v3")
+DSV3 = model_from_dict(moe_config("deepseek-v3", num_nextn_predict_layers=0), "deepseek-v3")
 BLOCK = next(layer for layer in DSV3.layers if layer.is_moe)
 
 
@@ -94,9 +86,9 @@ def test_deepseek_v3_reads_its_routing_groups():
     assert all((b.moe_groups, b.moe_group_top_k) == (8, 4) for b in DSV3.layers if b.is_moe)
     # DeepSeek-V2's group_limited_greedy (its device-limited routing, M = 3); its "greedy"
     # takes the top-k of all experts: no limit
-    v2 = model_from_dict(_config("deepseek-v2"), "deepseek-v2")
+    v2 = model_from_dict(moe_config("deepseek-v2"), "deepseek-v2")
     assert (v2.moe_groups, v2.moe_group_top_k) == (8, 3)
-    greedy = model_from_dict(_config("deepseek-v2", topk_method="greedy"), "v2")
+    greedy = model_from_dict(moe_config("deepseek-v2", topk_method="greedy"), "v2")
     assert greedy.moe_groups == 0
 
 
@@ -107,7 +99,7 @@ def test_deepseek_v3_reads_its_routing_groups():
 ])
 def test_bad_routing_groups_are_refused(changes, match):
     with pytest.raises(PlanInputError, match=match):
-        model_from_dict(_config("deepseek-v3", num_nextn_predict_layers=0, **changes), "x")
+        model_from_dict(moe_config("deepseek-v3", num_nextn_predict_layers=0, **changes), "x")
 
 
 def test_a_model_file_with_too_small_groups_is_refused():
