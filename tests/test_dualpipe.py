@@ -89,15 +89,15 @@ def test_dependencies_hold_for_random_times(data, pm):
                    interference=0.15)
     when = {}
     for r, row in enumerate(run.timeline):
-        prev_end = 0.0
+        prev_end, prev_key = 0.0, None
         for t in row:
-            if t.op.paired:  # with the F before it
-                assert t.start_s == when[("F",) + key].start_s and t.end_s == when[("F",) + key].end_s
+            if t.op.paired:  # shares its interval with the F just before it
+                paired_f = when[("F",) + prev_key]
+                assert t.start_s == paired_f.start_s and t.end_s == paired_f.end_s
             else:
                 assert t.start_s >= prev_end - 1e-9
-            prev_end = t.end_s
-            key = (t.op.microbatch, t.op.chunk)
-            when[(t.op.kind,) + key] = t
+            prev_end, prev_key = t.end_s, (t.op.microbatch, t.op.chunk)
+            when[(t.op.kind,) + prev_key] = t
 
     def link(mb, k):  # transfer across boundary k (stage k to k + 1) for microbatch mb
         return comm[k] if mb % 2 == 0 else comm[p - 2 - k]

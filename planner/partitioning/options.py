@@ -25,7 +25,7 @@ def chunk_options(prep: Prepared, ub: float | None, chunk_cap: float | None = No
     overruns the bound ``ub`` on B, or its mode's capacity, even with the rank's other chunks at
     their smallest is left out, and so is one slower than ``chunk_cap`` (the largest chunk time
     allowed: step 0 of the tie-break rule). Returns (cost, options by chunk)."""
-    K, p, R, L = prep.K, prep.p, prep.R, prep.L
+    K, R, L = prep.K, prep.R, prep.L
     N = L - 2
     pr = prep.problem
     t, a, s = pr.time_s, pr.act_bytes, pr.state_bytes
@@ -119,7 +119,7 @@ def rank_tables(prep: Prepared, cost: dict, by_chunk: list) -> tuple[np.ndarray,
     """tau (p, N+1): each rank's least time holding c blocks in its chunks within its memory
     (inf where it cannot), and the chunk arrangement (n_k, option_k) that achieves it: the Pareto
     recursion of :meth:`OptionModel._rank_bound` over the options ``cost`` / ``by_chunk``."""
-    K, p, N = prep.K, prep.p, prep.L - 2
+    p, N = prep.p, prep.L - 2
     ms = prep.cap_max if prep.cap_max > 0 else 1.0
     tau, patterns = [], []
     # ranks whose chunks have the same options (blocks, mode, time, memory) and the same extra
@@ -184,7 +184,7 @@ class OptionModel(_Model):
         import pulp
 
         self.prep = prep
-        K, p, R, L = prep.K, prep.p, prep.R, prep.L
+        K, p, L = prep.K, prep.p, prep.L
         N = L - 2
         self.tscale = ts = ub if ub else max(_lower_bound(prep), 1e-12)
         ms = prep.cap_max if prep.cap_max > 0 else 1.0
@@ -332,7 +332,7 @@ class RankModel(_Model):
 
         self.prep = prep = om.prep
         self.om = om
-        K, p, N = prep.K, prep.p, prep.L - 2
+        p, N = prep.p, prep.L - 2
         ub = om.B.upBound * om.tscale if om.B.upBound is not None else math.inf
         self.tscale = ts = om.tscale
         prob = pulp.LpProblem("partition_ranks", pulp.LpMinimize)
@@ -361,7 +361,7 @@ class RankModel(_Model):
 
     def solution(self) -> tuple[list[int], list[int]]:
         prep = self.prep
-        K, p, L = prep.K, prep.p, prep.L
+        K, L = prep.K, prep.L
         n, modes = [0] * K, [0] * K  # chunk k holds n[k] blocks
         for (rho, c), v in self.u.items():
             if _val(v) > 0.5:
