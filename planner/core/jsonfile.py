@@ -74,11 +74,12 @@ class DuplicateKey(ValueError):
 
 def _unique_keys(pairs: list) -> dict:
     """An object's members, refusing a key given twice (json would keep the last one)."""
-    doc = dict(pairs)
-    if len(doc) < len(pairs):
-        seen: set = set()
-        raise DuplicateKey(next(k for k, _ in pairs if k in seen or seen.add(k)))
-    return doc
+    seen: set[str] = set()
+    for key, _ in pairs:
+        if key in seen:
+            raise DuplicateKey(key)
+        seen.add(key)
+    return dict(pairs)
 
 
 def parse_json(data: bytes, origin: str):
