@@ -301,10 +301,15 @@ def test_modern_memory(both):
     modern = dict(s.groups)["modern"]
     assert modern.memory_cases == 7
     by_case = {r.case: r for r in rows}
+    # Issue #15 Float8 pass: torchao's backward lays its FP8 operands out for _scaled_mm
+    # (cost/fp8_backward.py: the output gradient in e5m2 and transposed, the saved input and
+    # the weight column-major), beside the 16-bit gradients: the 405B rows' block-backward
+    # peak +1.5 / +0.8 GiB (1F1B -8.8% -> -7.0%, interleaved -5.4% -> -4.4%); the 70B row's
+    # peak is the loss's backward, unmoved.
     assert by_case["torchtitan-llama3.1-405b-512gpu-3d-1f1b-float8"].memory_error == \
-        pytest.approx(-0.088, abs=0.01)
+        pytest.approx(-0.070, abs=0.01)
     assert by_case["torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8"].memory_error == \
-        pytest.approx(-0.054, abs=0.01)
+        pytest.approx(-0.044, abs=0.01)
     assert by_case["torchtitan-llama3.1-70b-256gpu-fsdp32-tp8-float8"].memory_error == \
         pytest.approx(-0.037, abs=0.01)
     known = ("torchtitan-llama3.1-405b-512gpu-3d-1f1b-float8",

@@ -20,6 +20,7 @@ from functools import lru_cache
 from planner.cost import constants
 from planner.cost import comm, context, loss, mla, moe, mtp
 from planner.cost import elementwise
+from planner.cost import fp8_backward
 from planner.cost import gemm
 from planner.cost import host
 from planner.cost import precision
@@ -313,7 +314,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         act_bytes=activation_bytes(layer, shape, recompute, flash) - (
             fp8.saved_bytes if fp8 else 0.0),
         work_bytes=working_bytes(layer, shape, recompute, flash) + loss.loss_work_bytes(
-            layer, shape, opts) + (
+            layer, shape, opts) + fp8_backward.backward_copy_bytes(layer, shape, opts) + (
             context.transient_bytes(shape.cp, opts.cp_comm, shape.micro_batch, shape.seq_len,
                                     layer.q_size / shape.tp,
                                     layer.num_kv_heads * layer.head_dim / shape.tp)
