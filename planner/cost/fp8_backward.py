@@ -21,7 +21,7 @@ and the backward of its tensor-wise path (v0.8.0 torchao/float8/float8_linear.py
     ...
     grad_weight = torch.mm(grad_output_fp8_reshaped.t(), input_fp8_reshaped)
 
-on an output gradient cast to FP8 first (``NoopFwToFloat8E5M2BwDynamic``: "Forward: no-op,
+on an output gradient cast to FP8 first (``NoopFwToFloat8BwDynamic``: "Forward: no-op,
 Backward: convert to float8_e5m2 with dynamic scaling"). So, for a linear whose GEMM multiplies
 m tokens by a k x n weight, beside the 16-bit gradients the 16-bit model already counts
 (cost/memory.py working_bytes):
@@ -39,9 +39,13 @@ activations by cost/precision.py) and caches the weight in both layouts
 (``fp8_weight_cache``, counted in the model states); its output gradient is cast to both
 layouts at once by its cast-transpose kernel, the same 2·m·n bytes.
 
-Counted as eager PyTorch runs it: under torch.compile inductor frees a buffer at its last use,
-so the FP8 output gradient may be gone before the weight-gradient GEMM (m·n less there), an
-upper bound by at most that. SwiGLU's gate and up projections are one GEMM here
+Counted as a fused cast leaves them (torch.compile, which torchtitan calls required for
+competitive Float8 performance and its Float8 runs use): the FP8 tensors themselves. An eager
+torchao cast goes through an fp32 copy ('tensor_scaled = tensor.to(torch.float32) * scale',
+float8_tensor.py ``_ToFloat8ConstrFunc``, then a clamp), temporaries not counted here. Inductor
+frees a buffer at its last use, so the FP8 output gradient may be gone before the
+weight-gradient GEMM (m·n less there): this is an upper bound by at most that. SwiGLU's gate
+and up projections are one GEMM here
 (cost/precision.py block_gemms, Megatron's fused linear_fc1); a stack that runs them as two
 linears (torchtitan's w1, w3) makes the copies of one at a time, so this is an upper bound there
 by one of their output gradients' copies.
