@@ -213,11 +213,17 @@ def test_modern_step_time_error(both):
     # Issue #18's FSDP2 Float8 pass added torchtitan's three Float8 rows (70B 2D -8.0%; 405B 3D
     # 1F1B -17.7%, interleaved -29.5%: optimistic like the other Grand Teton rows, whose 500 W
     # H100s run below the SXM peak the model prices): mean 14.1% -> 14.5%, max unchanged.
+    # The llm-foundry MPT rows priced on the Triton FlashAttention they ran (stack
+    # attention_kernel flash_triton, cost/attention_kernel.py: FlashAttention-2 paper sec. 4.1,
+    # forward 1.3x, backward 2x FlashAttention-2's time): A100 -4.3..-16.4% -> -2.1..-13.6%,
+    # H100 -16.8..-29.8% -> -11.7..-26.5%, all still optimistic. Modern 14.5% / 29.8% ->
+    # 13.1% / 28.5% (the worst row now torchtitan's 405B interleaved Float8); all cases 9.5% ->
+    # 8.9%.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.145, abs=0.02)
-    assert modern.max_abs_time_error == pytest.approx(0.298, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.107, abs=0.015)  # with the MoE rows
+    assert modern.mean_abs_time_error == pytest.approx(0.131, abs=0.02)
+    assert modern.max_abs_time_error == pytest.approx(0.285, abs=0.03)
+    assert s.mean_abs_time_error == pytest.approx(0.089, abs=0.015)  # with the MoE rows
 
 
 def test_moe_step_time_error(both):
