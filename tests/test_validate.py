@@ -213,11 +213,15 @@ def test_modern_step_time_error(both):
     # Issue #18's FSDP2 Float8 pass added torchtitan's three Float8 rows (70B 2D -8.0%; 405B 3D
     # 1F1B -17.7%, interleaved -29.5%: optimistic like the other Grand Teton rows, whose 500 W
     # H100s run below the SXM peak the model prices): mean 14.1% -> 14.5%, max unchanged.
+    # Those 500 W H100s are now priced at their power limit (hardware/power.py: the tensor peak
+    # falls as P^0.30, read from the H100 SXM and NVL datasheet points, 989 -> 894 TFLOP/s): the
+    # seven Grand Teton rows move 4-6 points (bf16 -21..-25% -> -16..-19%), modern mean 14.5% ->
+    # 13.5%, all cases 9.5% -> 9.0%.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.145, abs=0.02)
+    assert modern.mean_abs_time_error == pytest.approx(0.135, abs=0.01)
     assert modern.max_abs_time_error == pytest.approx(0.298, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.107, abs=0.015)  # with the MoE rows
+    assert s.mean_abs_time_error == pytest.approx(0.090, abs=0.01)  # with the MoE rows
 
 
 def test_moe_step_time_error(both):
@@ -362,7 +366,9 @@ def test_fp8_runs_are_summarised_apart(both):
     # + torchtitan's three Float8 rows (issue #18, FSDP2 pass): -8.0%, -17.7%, -29.5%: the
     # group's mean 8.1% -> 12.0%; 11.7% with the DeepSeek-V3 row on DeepSeek's stage split
     # (+10.4% -> +7.8%, test_the_deepseek_v3_report_row_runs_dualpipe)
-    assert fp8.mean_abs_time_error == pytest.approx(0.117, abs=0.02)
+    # The three torchtitan rows at their 500 W power limit (hardware/power.py): -6.2% -> -1.7%,
+    # -16.5% -> -11.3%, -28.5% -> -24.2%; the group's mean 11.2% -> 9.4%.
+    assert fp8.mean_abs_time_error == pytest.approx(0.094, abs=0.01)
     gpt3 = {r.case: r for r in rows}["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
     assert " block 1 " in gpt3.configuration and "none would not fit" in gpt3.note
     assert all(r.precision == "fp8" and "precision=fp8" in r.stack
