@@ -20,11 +20,6 @@ class KernelTime:
     forward: float
     backward: float
 
-    def fwd_bwd(self, backward_flops_ratio: float) -> float:
-        """The kernel's forward + backward time over FlashAttention-2's, when FlashAttention-2's
-        backward has ``backward_flops_ratio`` times the forward's FLOPs at the same rate."""
-        return (self.forward + backward_flops_ratio * self.backward) / (1 + backward_flops_ratio)
-
 
 FLASH2 = KernelTime(forward=1.0, backward=1.0)
 
