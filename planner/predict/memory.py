@@ -216,8 +216,10 @@ def chunk_churn(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArray
 
     def share(layers, mode) -> float:
         out = 0.0
-        for layer in dict.fromkeys(layers):
-            key = (layer, mode)
+        if mode == "none":
+            return out
+        for layer in layers:  # a model repeats its block objects: priced once per call
+            key = (id(layer), mode)
             if key not in known:
                 known[key] = layer_churn(layer, shape, mode, flash)
             out = max(out, known[key])
