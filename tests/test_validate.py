@@ -213,11 +213,20 @@ def test_modern_step_time_error(both):
     # Issue #18's FSDP2 Float8 pass added torchtitan's three Float8 rows (70B 2D -8.0%; 405B 3D
     # 1F1B -17.7%, interleaved -29.5%: optimistic like the other Grand Teton rows, whose 500 W
     # H100s run below the SXM peak the model prices): mean 14.1% -> 14.5%, max unchanged.
+    # The llm-foundry MPT rows priced on the Triton FlashAttention they ran (stack
+    # attention_kernel flash_triton, cost/attention_kernel.py: FlashAttention-2 paper sec. 4.1,
+    # forward 1.3x, backward 2x FlashAttention-2's time): A100 -4.3..-16.4% -> -2.1..-13.6%,
+    # H100 -16.8..-29.8% -> -11.7..-26.5%, all still optimistic. Modern 14.5% / 29.8% ->
+    # 13.1% / 28.5%; all cases 9.5% -> 8.9%.
+    # Those 500 W H100s are now priced at their power limit (hardware/power.py: the tensor peak
+    # falls as P^0.30, read from the H100 SXM and NVL datasheet points, 989 -> 894 TFLOP/s): the
+    # seven Grand Teton rows move 4-6 points (bf16 -21..-25% -> -16..-19%). With both: modern
+    # 12.0% / 26.5% (MPT-13B on H100 the worst again), all cases 8.4%.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.145, abs=0.02)
-    assert modern.max_abs_time_error == pytest.approx(0.298, abs=0.03)
-    assert s.mean_abs_time_error == pytest.approx(0.107, abs=0.015)  # with the MoE rows
+    assert modern.mean_abs_time_error == pytest.approx(0.120, abs=0.01)
+    assert modern.max_abs_time_error == pytest.approx(0.265, abs=0.02)
+    assert s.mean_abs_time_error == pytest.approx(0.084, abs=0.01)  # with the MoE rows
 
 
 def test_moe_step_time_error(both):
@@ -362,7 +371,9 @@ def test_fp8_runs_are_summarised_apart(both):
     # + torchtitan's three Float8 rows (issue #18, FSDP2 pass): -8.0%, -17.7%, -29.5%: the
     # group's mean 8.1% -> 12.0%; 11.7% with the DeepSeek-V3 row on DeepSeek's stage split
     # (+10.4% -> +7.8%, test_the_deepseek_v3_report_row_runs_dualpipe)
-    assert fp8.mean_abs_time_error == pytest.approx(0.117, abs=0.02)
+    # The three torchtitan rows at their 500 W power limit (hardware/power.py): -6.2% -> -1.7%,
+    # -16.5% -> -11.3%, -28.5% -> -24.2%; the group's mean 11.2% -> 9.4%.
+    assert fp8.mean_abs_time_error == pytest.approx(0.094, abs=0.01)
     gpt3 = {r.case: r for r in rows}["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
     assert " block 1 " in gpt3.configuration and "none would not fit" in gpt3.note
     assert all(r.precision == "fp8" and "precision=fp8" in r.stack

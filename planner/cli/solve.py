@@ -12,6 +12,7 @@ from planner.core.errors import PlanInputError
 from planner.core.files import write_text
 from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
+from planner.hardware.power import power_limited
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.launchers import (export_plan, implied_launcher, parse_targets, plan_document,
                                precision_allows, refuse_unbuildable)
@@ -38,6 +39,11 @@ def solve(
                                       help="Bundled GPU (plan hardware).", rich_help_panel=PLAN),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help="Your hardware JSON.",
                                             rich_help_panel=PLAN),
+    power_limit: Optional[float] = typer.Option(None, "--power-limit", metavar="WATTS",
+                                                show_default="the GPU's rated power",
+                                                help="Board power cap (nvidia-smi -pl): lowers "
+                                                     "the tensor peak, and MFU is of the lowered "
+                                                     "peak.", rich_help_panel=PLAN),
     global_batch: Optional[int] = typer.Option(None, "--global-batch",
                                                show_default="~4M tokens",
                                                help="Sequences per step.", rich_help_panel=PLAN),
@@ -144,6 +150,7 @@ def solve(
       plan solve --gpus 16 --nodes 2\n
       plan solve --model gpt3-175b --gpus 1024 --nodes 128 --global-batch 1536\n
       plan solve --model llama3-70b --gpus 64 --nodes 8 --gpu h100 --tp 8 --json\n
+      plan solve --model llama3-8b --gpus 8 --nodes 1 --gpu h100 --power-limit 500\n
       plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/\n
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
@@ -152,7 +159,10 @@ def solve(
             raise PlanInputError("give --gpu NAME or --hardware FILE, not both")
         targets = parse_targets(export)
         spec = planned_model(model, seq_len)
-        cluster = make_cluster(load_hardware(gpu, hardware), gpus, nodes)
+        gpu_kind = load_hardware(gpu, hardware)
+        if power_limit is not None:
+            gpu_kind = power_limited(gpu_kind, power_limit)
+        cluster = make_cluster(gpu_kind, gpus, nodes)
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)

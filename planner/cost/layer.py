@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from functools import lru_cache
 
-from planner.cost import constants
+from planner.cost import attention_kernel, constants
 from planner.cost import comm, context, loss, mla, moe, mtp
 from planner.cost import elementwise
 from planner.cost import gemm
@@ -194,6 +194,10 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     attn_rate = peak * (hw.attention_efficiency or constants.ATTENTION_EFFICIENCY) if flash \
         else gemm_rate
     bwd_attn_ratio = FLASH_BACKWARD_RATIO if flash else 2.0
+    # the stack's flash kernel against FlashAttention-2, whose rate attn_rate is
+    # (cost/attention_kernel.py); unfused attention runs GEMMs at the matmul rate
+    kernel = attention_kernel.kernel_time(opts.attention_kernel) if flash \
+        else attention_kernel.FLASH2
     fp8 = precision.fp8_layer(layer, shape, recompute, hw, opts)  # None: 16-bit GEMMs
     if fp8 is not None and measured is not None:
         raise PlanInputError("--profile measured 16-bit layers; FP8 is priced analytically "
@@ -208,14 +212,14 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     gemm_fwd, gemm_bin, gemm_bw = gemm.weight_matmul_seconds(w.gemm_shapes, rate)
     traffic_s = traffic / mem_rate
     gemm_s = gemm_fwd + traffic_s
-    attn_fwd_s = w.attn_flops / attn_rate + w.attn_mem_bytes / mem_rate
+    attn_fwd_s = kernel.forward * w.attn_flops / attn_rate + w.attn_mem_bytes / mem_rate
+    attn_bwd_s = kernel.backward * bwd_attn_ratio * w.attn_flops / attn_rate
     mem_fwd_s = w.mem_bytes / mem_rate
     cast_fwd_s = fp8.cast_fwd_bytes / mem_rate if fp8 else 0.0
     cast_bwd_s = fp8.cast_bwd_bytes / mem_rate if fp8 else 0.0
     fwd_s = gemm_s + attn_fwd_s + mem_fwd_s + cast_fwd_s
     bwd_weight_s = gemm_bw + traffic_s
-    bwd_input_s = gemm_bin + traffic_s + (bwd_attn_ratio * w.attn_flops / attn_rate
-                                          + 2 * w.attn_mem_bytes / mem_rate) \
+    bwd_input_s = gemm_bin + traffic_s + (attn_bwd_s + 2 * w.attn_mem_bytes / mem_rate) \
         + 2 * mem_fwd_s + cast_bwd_s
 
     # Every microbatch's weight gradients are accumulated into the step's gradient buffer: read
@@ -269,8 +273,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         recompute_s, recompute_flops = 0.0, 0.0
 
     if shape.cp > 1 and layer.kind == "block":
-        cp_fwd, cp_bwd = _context_comm_s(layer, shape, hw, opts, attn_fwd_s,
-                                         bwd_attn_ratio * w.attn_flops / attn_rate)
+        cp_fwd, cp_bwd = _context_comm_s(layer, shape, hw, opts, attn_fwd_s, attn_bwd_s)
         fwd_s += cp_fwd
         bwd_input_s += cp_bwd
         if recompute == "full":

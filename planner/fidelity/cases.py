@@ -17,6 +17,7 @@ from planner.core.files import read_json
 from planner.core.parallel import Parallel
 from planner.core.units import DATA_DIR
 from planner.fidelity.runs_schema import check_runs_document
+from planner.hardware.power import power_limited
 from planner.hardware.profiles import Cluster, Hardware, load_hardware
 from planner.model.load import load_model
 from planner.model.spec import ModelSpec
@@ -87,7 +88,9 @@ def case_cluster(case: dict, hardware: Hardware | None = None) -> tuple[Cluster,
     inter-node bandwidth falls back to that profile's (one NIC per GPU: 200 Gb/s HDR on A100,
     400 Gb/s NDR on H100) and says so. A source that names its part's HBM bandwidth
     (``hbm_GBps``: torchtitan's Grand Teton H100s carry 96 GB of HBM2e at 2.4 TB/s, not the
-    SXM profile's HBM3 at 3.35) replaces the profile's."""
+    SXM profile's HBM3 at 3.35) replaces the profile's; a source that names a board power limit
+    below the part's rated power (``power_limit_w``: the same H100s ran at 500 W of 700) lowers
+    its tensor peaks (hardware/power.py) and says so."""
     cl = case["cluster"]
     profile = base_profile(str(cl.get("gpu", "")))
     base = hardware or load_hardware(profile)
@@ -107,6 +110,13 @@ def case_cluster(case: dict, hardware: Hardware | None = None) -> tuple[Cluster,
                  memory_bandwidth_gbps=float(cl.get("hbm_GBps") or base.memory_bandwidth_gbps),
                  intra_node_gbps=float(cl["intra_node_GBps"]), inter_node_gbps=float(inter),
                  gpus_per_node=per_node, **nics)
+    if cl.get("power_limit_w") and hw.tdp_w is None:
+        notes.append(f"power limit {cl['power_limit_w']:g} W not priced: {hw.name} states no tdp_w")
+    elif cl.get("power_limit_w"):
+        capped = power_limited(hw, float(cl["power_limit_w"]))
+        notes.append(f"power limit {cl['power_limit_w']:g} W: tensor peak "
+                     f"{capped.peak_tflops:.0f} of {hw.peak_tflops:g} TFLOP/s")
+        hw = replace(capped, name=hw.name)
     return Cluster(hardware=hw, nodes=max(1, gpus // per_node), gpus_per_node=min(per_node, gpus)), \
         tuple(notes)
 

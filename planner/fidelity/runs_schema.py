@@ -35,6 +35,8 @@ CLUSTER = {
     # the source's own HBM bandwidth where its part differs from the bundled profile's (GB/s)
     "hbm_GBps": Num(0, 1e6, low_open=True, nullable=True),
     "peak_tflops_bf16": Num(0, 1e6, low_open=True, required=True),
+    # the board power limit the source ran at, where below the part's rated power (watts)
+    "power_limit_w": Num(0, 1e5, low_open=True, nullable=True),
     "intra_node_GBps": Num(0, 1e6, low_open=True, required=True),
     "inter_node_GBps": Num(0, 1e6, low_open=True, nullable=True),
     "network": Text(nullable=True),

@@ -62,6 +62,9 @@ class Hardware:
     # GPUs that share one NVLink (or xGMI) fabric: 8 on HGX/DGX boards, 72 in a GB200 NVL72 rack.
     # TP, CP and EP groups stay inside it; None means one node.
     nvlink_domain: int | None = None
+    # Board power (W) the datasheet peaks are quoted at; a lower power limit lowers the tensor
+    # clock (hardware/power.py). None: unstated, and a power limit is refused.
+    tdp_w: float | None = None
 
     @property
     def peak_flops(self) -> float:

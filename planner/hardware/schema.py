@@ -11,6 +11,7 @@ MAX_TFLOPS = 1e6  # a GB200 NVL72 rack is ~2.5e3 dense BF16 TFLOP/s per GPU
 MAX_GBPS = 1e6  # GB/s; HBM3e is ~8e3
 MAX_MEMORY_GIB = 1e6
 MAX_GPUS_PER_NODE = 1024
+MAX_WATTS = 1e5  # one board; a GB200 superchip is ~2.7e3 W
 
 HARDWARE_JSON = {
     "name": Name(required=True),
@@ -31,6 +32,7 @@ HARDWARE_JSON = {
     "peak_fp8_tflops": Num(0, MAX_TFLOPS, low_open=True, nullable=True),
     "fp8_matmul_efficiency": Num(0, 1, low_open=True, nullable=True),
     "nvlink_domain": Int(1, MAX_GPUS_PER_NODE, nullable=True),
+    "tdp_w": Num(0, MAX_WATTS, low_open=True, nullable=True),
     "sources": Free(),
 }
 

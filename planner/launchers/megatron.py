@@ -69,6 +69,7 @@ def check(plan: Plan) -> list[str]:
     out += parallel_rules(Facts.of(par, m))
     out += architecture_problems(m)
     out += precision_rules(m, plan.stack)
+    out += attention_rules(plan.stack)
     if par.cp > 1:  # get_batch_on_this_cp_rank's 2*cp chunks (cost/context.py)
         out += [f"{NAME}: {p}" for p in (context.sequence_problem(m.seq_length, par.cp),
                                          context.heads_problem(m.num_attention_heads,
@@ -84,6 +85,16 @@ def precision_rules(model, stack) -> list[str]:
     if stack is not None and stack.precision == "fp8" and stack.fp8_recipe not in FP8_RECIPES:
         return [f"{NAME}: --fp8-recipe has no {stack.fp8_recipe} scaling (tensorwise, delayed, "
                 "mxfp8, blockwise); price the plan with fp8_recipe delayed, current or blockwise"]
+    return []
+
+
+def attention_rules(stack) -> list[str]:
+    """--attention-backend flash runs FlashAttention-2-class kernels; a plan priced on another
+    flash kernel (Stack.attention_kernel, cost/attention_kernel.py) would launch faster than
+    priced, so it is refused."""
+    if stack is not None and stack.flash_attention and stack.attention_kernel != "flash2":
+        return [f"{NAME}: --attention-backend has no {stack.attention_kernel} kernel; price the "
+                "plan with attention_kernel flash2"]
     return []
 
 

@@ -532,7 +532,8 @@ def _overlapped_cost_s(comm_s: np.ndarray, window_s: np.ndarray,
 
 def _notes(opts: Stack) -> tuple[str, ...]:
     """The footer: the stack the plan was priced on, and what that means for the big terms."""
-    attention = "flash attention (scores not stored)" if opts.flash_attention else \
+    kernel = "" if opts.attention_kernel == "flash2" else f", {opts.attention_kernel} kernel"
+    attention = f"flash attention (scores not stored{kernel})" if opts.flash_attention else \
         "unfused attention"
     grads = opts.grad_dtype
     if opts.param_dtype == "bf16" and opts.grad_dtype != "fp32" and \

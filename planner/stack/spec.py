@@ -17,6 +17,8 @@ from planner.core import schema
 from planner.core.errors import PlanInputError
 from planner.core.parallel import RECOMPUTE_MODULES, SCHEDULES
 
+# the flash attention kernels a stack may name (their times: planner/cost/attention_kernel.py)
+ATTENTION_KERNELS = ("flash2", "flash_triton")
 # bytes per element of each dtype a stack names
 DTYPE_BYTES = {"fp32": 4, "bf16": 2, "fp16": 2}
 ACTIVATION_BYTES = 2  # 16-bit weights and activations (both param dtypes are 2 bytes)
@@ -33,6 +35,12 @@ class Stack:
     launcher: str | None
     # "flash": scores never stored, causal half executed; "unfused": s x s scores kept
     attention: str
+    # the flash kernel that runs the attention (scores, softmax, values) when attention is
+    # "flash": "flash2" (FlashAttention-2, the rate the hardware profiles' attention_efficiency
+    # describes) or "flash_triton" (FlashAttention in Triton, FlashAttention-1's algorithm:
+    # llm-foundry's attn_impl triton); its time over FlashAttention-2's, forward and backward
+    # apart, is in planner/cost/attention_kernel.py. Not read for unfused attention.
+    attention_kernel: str
     # 16-bit training dtype of weights and activations (exports: --bf16 / --fp16)
     param_dtype: str
     # gradients held for the optimizer and reduced over DP: fp32 (Megatron main_grad) or 16-bit
@@ -246,6 +254,7 @@ REQUIRED_FIELDS = ("name", "version", "description") + OPTION_FIELDS
 _CHOICES = {
     "launcher": (None, "megatron", "deepspeed", "torchtitan"),
     "attention": ("flash", "unfused"),
+    "attention_kernel": ATTENTION_KERNELS,
     "param_dtype": ("bf16", "fp16"),
     "grad_dtype": tuple(DTYPE_BYTES),
     "zero2_reduce_scatter": ("microbatch", "step"),
