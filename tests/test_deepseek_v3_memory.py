@@ -195,32 +195,32 @@ def test_a_stage_split_that_does_not_fit_the_model_is_refused_in_one_line():
 def test_the_report_row_with_every_published_mechanism_is_still_over_the_h800():
     """Pinned: with the report's recompute, FP8/E5M6 activation storage, BF16 moments, its MTP
     module (depth 1, its embedding and head shared on ranks 0 and 15) and DeepSeek's stage of
-    4 MoE layers (deepseek-ai/profile-data; test above) the middle ranks are predicted at 88.1
+    4 MoE layers (deepseek-ai/profile-data; test above) the middle ranks are predicted at 82.8
     GiB, over the 80 GB H800; ranks 0 and 15 (embedding, 3 dense and 2 MoE blocks, the output
-    head and the MTP module, both DualPipe copies) at 85.7 (106.6 with Megatron's even split
-    of the blocks, which put 7 beside them). A middle rank holds 8 MoE blocks, sourced, and:
-    16-bit weights 6.1 and their cached FP8 copies 6.1, fp32 gradients 12.2 (report sec.
-    3.3.3, 'the master weights (stored by the optimizer) and gradients (used for batch size
-    accumulation) are still retained in FP32'), ZeRO-1 optimizer 5.4 (fp32 master + BF16
-    moments, experts over their expert-data-parallel group of 128 / 64 = 2), activations of PP
-    + 1 = 17 stage-microbatches 41.2 (Table 2), transient 2.2, reserve 2; 73.2 GiB of tensors.
-    The two terms no DeepSeek source gives: the FP8 weight cache (the megatron-core stack's
-    Transformer Engine keeps the FP8 weight and its transpose across microbatches; the report
-    does not say whether HAI-LLM does), 6.1 GiB, and the planner's 15% allocator fragmentation
-    under recompute, 12.9 GiB (cost/constants.py RECOMPUTE_FRAGMENTATION, chosen on BLOOM's
-    full-recompute nvidia-smi readings). At 5% fragmentation a middle rank reads 79.0 GiB;
-    without the FP8 cache, 80.9. Neither is changed here: no DeepSeek source states either."""
+    head and the MTP module, both DualPipe copies) at 81.1. A middle rank holds 8 MoE blocks,
+    sourced, and: 16-bit weights 6.1 and their cached FP8 copies 6.1, fp32 gradients 12.2
+    (report sec. 3.3.3, 'the master weights (stored by the optimizer) and gradients (used for
+    batch size accumulation) are still retained in FP32'), ZeRO-1 optimizer 5.4 (fp32 master +
+    BF16 moments, experts over their expert-data-parallel group of 128 / 64 = 2), activations
+    of PP + 1 = 17 stage-microbatches 41.2 (Table 2), transient 2.2, reserve 2; 73.2 GiB of
+    tensors. Allocator fragmentation 7.6 GiB: the report's recompute discards outputs only
+    (sec. 3.2.3), 44.5% of the bytes full recompute would free and rebuild on an MoE block, so
+    9.5% of reserved memory, not the 15% of full recompute (cost/fragmentation.py; 12.9 GiB
+    before issue #15's audit). The term no DeepSeek source gives is the FP8 weight cache (the
+    megatron-core stack's Transformer Engine keeps the FP8 weight and its transpose across
+    microbatches; the report does not say whether HAI-LLM does), 6.1 GiB: without it a middle
+    rank would read 76.1 GiB. It is not changed here: no DeepSeek source states it either way."""
     _, setup = _row_setup()
     assert setup.model.mtp_layers == 1
     _, pred = predict_plan(setup.model, setup.cluster, setup.parallel, setup.options,
                            list(setup.bounds), simulated=True)
     gib = 2 ** 30
     ranks = pred.rank_memory_bytes / gib
-    assert ranks[1:15] == pytest.approx([88.1] * 14, abs=0.5)
-    assert ranks[0] == ranks[15] == pytest.approx(85.7, abs=0.5)
+    assert ranks[1:15] == pytest.approx([82.8] * 14, abs=0.3)
+    assert ranks[0] == ranks[15] == pytest.approx(81.1, abs=0.3)
     parts = {k: v[8] / gib for k, v in pred.memory_parts.items()}
     assert parts["activations"] == pytest.approx(41.2, abs=0.3)
-    assert parts["fragmentation"] == pytest.approx(12.9, abs=0.2)
+    assert parts["fragmentation"] == pytest.approx(7.6, abs=0.2)
     tensors = sum(parts[k] for k in ("weights", "gradients", "optimizer", "activations",
                                      "logits", "transient"))
     assert tensors == pytest.approx(73.2, abs=0.3)

@@ -77,6 +77,8 @@ RESERVED_BYTES = 2 * 1024**3
 #   much there; 15% takes the reduction as a floor on the fragmentation itself.
 #   Chosen with a validation result in view: BLOOM's topology sweep (nvidia-smi, full recompute)
 #   is predicted 1.9-2.9% under the readings with 15%, 12-13% under with 5% (plan validate).
+#   It is full recompute's share; a selective recompute that discards only some outputs
+#   (Megatron's output-discarding modules) takes part of the surcharge: cost/fragmentation.py.
 FRAGMENTATION = 0.05
 RECOMPUTE_FRAGMENTATION = 0.15
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.cost import constants, mla, moe, recompute as modules
+from planner.cost import mla, moe, recompute as modules
 from planner.model.spec import Layer
 
 ACT_BYTES = 2  # 16-bit activations
@@ -271,9 +271,3 @@ def model_state_bytes(params: float, dp: int, zero: int, grad_bytes: float = 4,
     """The sum of :func:`model_state_parts`."""
     return sum(model_state_parts(params, dp, zero, grad_bytes, weight_bytes, optimizer_bytes,
                                  zero2_shards_grads))
-
-
-def fragmentation(recompute: bool) -> float:
-    """Share of the allocator's reserved memory that holds no tensor: higher when activations are
-    recomputed (planner/constants.py)."""
-    return constants.RECOMPUTE_FRAGMENTATION if recompute else constants.FRAGMENTATION

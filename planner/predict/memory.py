@@ -8,8 +8,9 @@ import numpy as np
 
 from planner.core.parallel import Parallel
 from planner.cost import constants, zero
-from planner.cost.memory import (ACT_BYTES, fragmentation, model_state_parts,
-                                 sharded_params)
+from planner.cost.fragmentation import churn_share, fragmentation, layer_churn
+from planner.cost.memory import (ACT_BYTES, Shape, model_state_parts, sharded_params,
+                                 sp_gathered_bytes)
 from planner.model.spec import ModelSpec
 from planner.predict.chunks import ChunkArrays
 from planner.stack import Stack
@@ -180,9 +181,50 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
     transient = stages.rank_max(stages.work_bytes, p) + gathered_bytes(
         model, par, opts, stages.by_rank(stages.params, p))
     held = weights + grads + optim + acts + transient
-    recomputes = stages.by_rank(np.array([m != "none" for m in stages.recompute]), p) > 0
-    frag = np.where(recomputes, fragmentation(True), fragmentation(False))
+    # a rank is held to the largest churn of its chunks' recompute modes (cost/fragmentation.py)
+    frag = fragmentation(stages.rank_max(chunk_churn(model, par, opts, stages), p))
     return {"weights": weights, "gradients": grads, "optimizer": optim,
             "activations": acts - logits, "logits": logits, "transient": transient,
             "fragmentation": held * frag / (1 - frag),
             "reserved": np.full(p, float(constants.RESERVED_BYTES))}
+
+
+def _churn_shape(model: ModelSpec, par: Parallel, opts: Stack) -> Shape:
+    """The layer shape predict/step.py prices layers with, less its timing fields: only the
+    tensors a block keeps decide its recompute churn, so no hardware is needed."""
+    return Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
+                 seq_len=model.seq_length // par.cp, cp=par.cp,
+                 recompute_modules=opts.recompute_modules, loss_bytes=opts.loss_bytes,
+                 sp_gathered_bytes=sp_gathered_bytes(opts), ep=par.ep, etp=par.expert_tp,
+                 moe_probs_in_activation=opts.moe_probs_in_activation)
+
+
+def recompute_churn(model: ModelSpec, par: Parallel, opts: Stack, modes) -> dict[str, float]:
+    """Per recompute mode in ``modes``: the largest share of full recompute's free-and-rebuild
+    churn it has on any layer of the model (cost/fragmentation.py churn_share), which sets the
+    allocator fragmentation a chunk under it may need, whatever layers it holds."""
+    shape = _churn_shape(model, par, opts)
+    return {m: churn_share(model.layers, shape, m, opts.flash_attention) for m in set(modes)}
+
+
+def chunk_churn(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArrays) -> np.ndarray:
+    """Per chunk: the largest churn share of its layers under its recompute mode
+    (cost/fragmentation.py); a chunk of no known layers (the search's ideal chunk) takes the
+    model's largest under its mode."""
+    shape, flash = _churn_shape(model, par, opts), opts.flash_attention
+    known: dict = {}
+
+    def share(layers, mode) -> float:
+        out = 0.0
+        if mode == "none":
+            return out
+        for layer in layers:  # a model repeats its block objects: priced once per call
+            key = (id(layer), mode)
+            if key not in known:
+                known[key] = layer_churn(layer, shape, mode, flash)
+            out = max(out, known[key])
+        return out
+
+    first, last = stages.first.astype(int), stages.last.astype(int)
+    return np.array([share(model.layers[a:b] if b > a else model.layers, mode)
+                     for a, b, mode in zip(first, last, stages.recompute)])

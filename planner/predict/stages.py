@@ -16,9 +16,11 @@ import numpy as np
 from planner.cost import constants, recompute, zero
 from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
 from planner.predict.chunks import CostTable, ChunkArrays
-from planner.predict.memory import gathered_bytes, kept_outputs, layer_gather_bytes, state_bytes
+from planner.predict.memory import (gathered_bytes, kept_outputs, layer_gather_bytes,
+                                    recompute_churn, state_bytes)
 from planner.hardware.profiles import Cluster
-from planner.cost.memory import ACT_BYTES, fragmentation
+from planner.cost.fragmentation import fragmentation
+from planner.cost.memory import ACT_BYTES
 from planner.model.spec import ModelSpec
 from planner.partitioning.baselines import equal_param_split, fixed_split
 from planner.partitioning.problem import Partition, PartitionProblem, mirrored_ranks
@@ -75,11 +77,12 @@ def allowed_modes(model: ModelSpec, par: Parallel, opts: Stack,
     return tuple(m for m in modes if not (m == "selective" and skip))
 
 
-def usable_bytes(cluster: Cluster, recompute: bool) -> float:
+def usable_bytes(cluster: Cluster, churn: float) -> float:
     """Bytes of tensors a GPU can hold: its memory less the framework's reserve and the
-    allocator's fragmentation."""
+    allocator's fragmentation under a recompute of this ``churn`` (cost/fragmentation.py; True /
+    False read as full recompute / none)."""
     return (cluster.hardware.memory_bytes - constants.RESERVED_BYTES) * (
-        1 - fragmentation(recompute))
+        1 - fragmentation(churn))
 
 
 def _layer_states(params, par: Parallel, opts: Stack, expert_params=0.0, gathered=None):
@@ -105,8 +108,8 @@ def _memory_terms(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack
                   tables: dict[str, CostTable]):
     """(in-flight microbatches per chunk, kept stage outputs per rank, capacity for states and
     activations per mode in ``tables``' order): evaluate.memory_parts' terms that do not depend
-    on the split. A mode's capacity sets aside its allocator fragmentation (more when it
-    recomputes) and the largest transient of any layer under it, with ZeRO-3's gathered layers;
+    on the split. A mode's capacity sets aside its allocator fragmentation (more the more
+    its recompute frees and rebuilds: cost/fragmentation.py) and the largest transient of any layer under it, with ZeRO-3's gathered layers;
     a rank is held to the least capacity of its chunks' modes, as evaluate counts a rank that
     recomputes anywhere with the larger fragmentation."""
     inflight = np.array(inflight_closed_form(par.schedule, par.pp, par.num_microbatches,
@@ -114,7 +117,8 @@ def _memory_terms(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack
     gathered = (float(gathered_bytes(model, par, opts, np.zeros(1))[0])
                 if par.zero >= 3 and opts.zero3_gather == "layer" else 0.0)
     kept = kept_outputs(model, par, inflight, opts).reshape(-1, par.pp).sum(axis=0)
-    capacity = np.array([max(usable_bytes(cluster, m != "none")
+    churn = recompute_churn(model, par, opts, tuple(tables))
+    capacity = np.array([max(usable_bytes(cluster, churn[m])
                              - float(tables[m].work_bytes.max()) - gathered, 0.0) for m in tables])
     return inflight, kept, capacity
 
