@@ -206,8 +206,8 @@ def test_modern_step_time_error(both):
     #   (case field hbm_GBps), not the SXM profile's 3.35 TB/s HBM3.
     # Partial recompute (Megatron's block method, predict/chunks.py partial_segments) moved
     # NeMo's GPT-3 175B FP8 row from +33% (every block recomputed) to +17%: its unpublished
-    # recompute is now guessed as the least block count that fits, the first of each chunk's 2
-    # blocks (NeMo's recipe for that configuration runs none with TP-communication overlap).
+    # recompute was guessed as the least block count that fits, the first of each chunk's 2
+    # blocks. (Its recipe was found since: no recompute, see test_fp8_runs_are_summarised_apart.)
     # Modern 14.6% / 32.8% -> 14.1% / 29.8% (the worst row now llm-foundry MPT-13B on H100).
     # Pinned at today's values so an improvement shows up as an easy tightening.
     # Issue #18's FSDP2 Float8 pass added torchtitan's three Float8 rows (70B 2D -8.0%; 405B 3D
@@ -222,11 +222,16 @@ def test_modern_step_time_error(both):
     # falls as P^0.30, read from the H100 SXM and NVL datasheet points, 989 -> 894 TFLOP/s): the
     # seven Grand Teton rows move 4-6 points (bf16 -21..-25% -> -16..-19%). With both: modern
     # 12.0% / 26.5% (MPT-13B on H100 the worst again), all cases 8.4%.
+    # The NeMo 24.07 FP8 rows pinned to their launcher recipes (issue #15: no recompute, TP
+    # overlap on GPT-3 175B and Llama 3 70B, FP8 primary weights on GPT-3 175B, bf16 gradient
+    # buffers where grad_sync_dtype=bf16; test_fp8_runs_are_summarised_apart) and the hidden TP
+    # share paying the SMs it holds (cost/layer.py): modern 12.02% -> 12.2%, max unchanged,
+    # all cases 8.4% -> 8.5%.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.120, abs=0.01)
+    assert modern.mean_abs_time_error == pytest.approx(0.122, abs=0.01)
     assert modern.max_abs_time_error == pytest.approx(0.265, abs=0.02)
-    assert s.mean_abs_time_error == pytest.approx(0.084, abs=0.01)  # with the MoE rows
+    assert s.mean_abs_time_error == pytest.approx(0.085, abs=0.01)  # with the MoE rows
 
 
 def test_moe_step_time_error(both):
@@ -379,9 +384,29 @@ def test_fp8_runs_are_summarised_apart(both):
     # (+10.4% -> +7.8%, test_the_deepseek_v3_report_row_runs_dualpipe)
     # The three torchtitan rows at their 500 W power limit (hardware/power.py): -6.2% -> -1.7%,
     # -16.5% -> -11.3%, -28.5% -> -24.2%; the group's mean 11.2% -> 9.4%.
-    assert fp8.mean_abs_time_error == pytest.approx(0.094, abs=0.01)
-    gpt3 = {r.case: r for r in rows}["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
-    assert " block 1 " in gpt3.configuration and "none would not fit" in gpt3.note
+    # Issue #15: the NeMo rows pinned to their recipes (NeMo-Framework-Launcher conf/training,
+    # quoted in each row's provenance) instead of guessed knobs, and FP8 primary weights priced
+    # (cost/precision.py fp8_primary_weights). GPT-3 175B (175b_mlperf.yaml: no recompute, TP
+    # overlap, fp8_params, bf16 grad buffer) +17.7% -> -16.2%: without recompute it fits (62 GiB)
+    # only with FP8 primary weights and bf16 gradients (84 GiB without); Llama 2 70B (no TP
+    # overlap, bf16 grads) +3.0% -> -1.8%; Llama 3 70B (TP overlap, bf16 grads) +4.5% -> -13.3%;
+    # Llama 2 7B -5.2% (unchanged). With TP overlap off the GPT-3 and Llama 3 rows would read
+    # -3.8% and +0.5%: the overlap as priced (the stack's tp_overlap_hidden 1.0, "no published
+    # fraction", less the SMs the hidden collectives hold) hides more than these runs gained.
+    # The torchtitan AsyncTP rows with the SM share (and their re-derived 0.23): -11.3% ->
+    # -11.6%, -24.2% -> -24.4%. The group's mean 9.4% -> 10.2%.
+    assert fp8.mean_abs_time_error == pytest.approx(0.102, abs=0.01)
+    by = {r.case: r for r in rows}
+    gpt3 = by["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
+    assert gpt3.configuration.endswith(" none ZeRO-1") and not gpt3.predicted_oom
+    assert "FP8 primary weights" in gpt3.note and "TP overlap" in gpt3.note
+    assert gpt3.predicted_step_s / gpt3.measured_step_s - 1 == pytest.approx(-0.162, abs=0.01)
+    for name, error in (("nemo2407-llama2-70b-h100-64gpu-tp4-pp4-cp1-vp20-fp8", -0.018),
+                        ("nemo2407-llama3-70b-h100-64gpu-tp4-pp4-cp2-vp5-fp8", -0.133),
+                        ("nemo2407-llama2-7b-h100-8gpu-tp1-pp1-cp1-vp1-fp8", -0.052)):
+        row = by[name]
+        assert row.predicted_step_s / row.measured_step_s - 1 == pytest.approx(error, abs=0.01)
+        assert " none ZeRO-1" in row.configuration and "recompute unpublished" not in row.note
     assert all(r.precision == "fp8" and "precision=fp8" in r.stack
                for r in rows if r.case.endswith(("-fp8", "-float8")))
 

@@ -76,5 +76,5 @@ def backward_copy_bytes(layer: Layer, shape: Shape, opts: Stack) -> float:
     if not uses_fp8(layer, opts):
         return 0.0
     return max((gemm_copy_bytes(g.m, g.k, g.n, opts.fp8_saved_activations,
-                                opts.fp8_weight_cache) for g in block_gemms(layer, shape)),
+                                opts.fp8_weights_held) for g in block_gemms(layer, shape)),
                default=0.0)

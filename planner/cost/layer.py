@@ -281,8 +281,11 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
             recompute_s += cp_fwd
 
     one = 0.0
-    # what TP overlap leaves exposed: all without it, 1 - the stack's hidden share with it
+    # what TP overlap leaves exposed: all without it, 1 - the stack's hidden share with it;
+    # the hidden share is not free: it holds SMs the GEMMs it hides behind cannot use
+    # (comm.overlap_interference, as the overlapped DP collectives pay in predict/step.py)
     exposed = 1.0 - opts.tp_overlap_hidden if opts.tp_comm_overlap else 1.0
+    exposed += (1.0 - exposed) * comm.overlap_interference(hw)
     if shape.tp > 1 and exposed > 0:  # NCCL's ring on the TP group (tensor_parallel)
         one = exposed * tensor_parallel.collective_s(
             ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, shape.sp, hw)

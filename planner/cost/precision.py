@@ -27,6 +27,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import numpy as np
+
 from planner.core.errors import PlanInputError
 from planner.cost import constants, mla, moe
 from planner.cost.memory import ACT_BYTES, Shape
@@ -167,15 +169,15 @@ def fp8_cast_bytes(gemms, opts: Stack, gathered: bool = False) -> tuple[float, f
         fwd, bwd = x * one, x * one
     # Output gradients: cast once, both layouts (input-gradient and weight-gradient GEMMs).
     bwd += dy * both
-    # Weights: cast once per step when cached (charged by step_cast_bytes), else in every
-    # forward and again in the backward.
+    # Weights: cast once per step when cached or held as FP8 primary weights (charged by
+    # step_cast_bytes), else in every forward and again in the backward.
     # Gathered in FP8, the forward GEMM reads the gathered weight as it is; the backward's
     # input-gradient GEMM reads it in the other layout, still charged as a cast (an upper
     # bound on re-laying out an FP8 weight: 2 bytes a value).
-    if not opts.fp8_weight_cache:
+    if not opts.fp8_weights_held:
         fwd += 0.0 if gathered else w * one
         bwd += w * one
-    return fwd, bwd, 2 * FP8_BYTES * w if opts.fp8_weight_cache else 0.0
+    return fwd, bwd, 2 * FP8_BYTES * w if opts.fp8_weights_held else 0.0
 
 
 def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Stack) -> float:
@@ -227,7 +229,44 @@ def saved_activation_bytes(layer: Layer, shape: Shape, recompute: str, opts: Sta
 
 def step_cast_bytes(cache_bytes: float, opts: Stack) -> float:
     """HBM traffic of refreshing cached FP8 weights once per step (after the optimizer, on the
-    first microbatch): each cached weight is read in 16-bit and written in both layouts."""
-    if opts.precision != "fp8" or not opts.fp8_weight_cache:
+    first microbatch): each cached weight is read in 16-bit and written in both layouts. FP8
+    primary weights are written by the optimizer from its fp32 shard instead, and their
+    transpose made after the gather: charged the same (an upper bound: the shard is 1/DP)."""
+    if opts.precision != "fp8" or not opts.fp8_weights_held:
         return 0.0
     return cache_bytes / (2 * FP8_BYTES) * cast_bytes_per_value(opts.fp8_recipe)
+
+
+def fp8_primary_weights(zero: int, opts: Stack) -> bool:
+    """Whether the block weights are FP8 primary weights at this ZeRO stage: the stack's
+    ``fp8_params`` under FP8, read at ZeRO 0-2 (ZeRO-3 gathers per layer: fp8_all_gather).
+
+    Megatron-LM: '--fp8-param-gather' ... 'Keep the compute param in fp8 (do not use any other
+    intermediate dtype) and perform the param all-gather in fp8.' (megatron/training/
+    arguments.py). NeMo 1.x: 'fp8_params: true # performance param all-gather in fp8'
+    (NeMo-Framework-Launcher launcher_scripts/conf/training/gpt3/175b_mlperf.yaml, commit
+    0937882d), whose optimizer then keeps the fp32 master itself: 'if
+    self.cfg.get('fp8_params', False): optim_kwargs['store_params'] = True' (NVIDIA/NeMo
+    nemo/collections/nlp/models/language_modeling/megatron_base_model.py, commit 000316c8)."""
+    return opts.precision == "fp8" and opts.fp8_params and zero < 3
+
+
+def held_fp8_bytes(cache_bytes, zero: int, opts: Stack):
+    """Bytes the FP8 weights add to the model states' 16-bit weights (scalar or array): the
+    cached FP8 weight and its transpose (``cache_bytes``, 2 bytes per block weight); with FP8
+    primary weights those are the weights themselves, and the 16-bit copy the model states
+    count for them (``held_weight_bytes`` each) is not held."""
+    if not fp8_primary_weights(zero, opts):
+        return cache_bytes
+    return cache_bytes * (1.0 - opts.held_weight_bytes(zero) / (2 * FP8_BYTES))
+
+
+def gathered_bytes_per_param(params, cache_bytes, zero: int, opts: Stack):
+    """Mean bytes per parameter the distributed optimizer's weight all-gather moves (scalar or
+    array): 16-bit, less one byte for each block weight gathered in FP8 (FP8 primary weights:
+    ``cache_bytes`` / 2 of them). The other parameters (embedding, head, norms) stay 16-bit."""
+    if not fp8_primary_weights(zero, opts):
+        return ACT_BYTES + 0.0 * params
+    fp8 = cache_bytes / (2 * FP8_BYTES)
+    return np.where(params > 0, (ACT_BYTES * params - (ACT_BYTES - FP8_BYTES) * fp8)
+                    / np.maximum(params, 1.0), float(ACT_BYTES))

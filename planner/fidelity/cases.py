@@ -350,6 +350,8 @@ def _stack_notes(cf: dict, opts: Stack) -> list[str]:
         notes.append(f"FP8 block GEMMs, {opts.fp8_recipe} scaling (the stack's recipe)")
         if opts.fp8_all_gather and zero3:
             notes.append("ZeRO-3 gathers FP8 weights")
+        if opts.fp8_params and not zero3:
+            notes.append("FP8 primary weights: no 16-bit copy, gathered in FP8")
     if opts.zero3_pipeline_hold and zero3 and int(cf["pp"]) > 1:
         notes.append("ZeRO-3 weights and gradients held unsharded through the step (PP)")
     if opts.tp_comm_overlap and int(cf["tp"]) > 1:

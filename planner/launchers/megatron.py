@@ -327,7 +327,10 @@ FP8_RECIPES = {"delayed": "delayed", "current": "tensorwise", "blockwise": "bloc
 
 def fp8_flags(stack) -> list[tuple[str, str | None]]:
     fmt = "e4m3" if stack.fp8_recipe == "blockwise" else "hybrid"
-    return [("--fp8-format", fmt), ("--fp8-recipe", FP8_RECIPES[stack.fp8_recipe])]
+    out = [("--fp8-format", fmt), ("--fp8-recipe", FP8_RECIPES[stack.fp8_recipe])]
+    # FP8 primary weights: "--fp8-param-gather ... Keep the compute param in fp8 (do not use
+    # any other intermediate dtype) and perform the param all-gather in fp8."
+    return out + [("--fp8-param-gather", None)] if stack.fp8_params else out
 
 
 def render(plan: Plan) -> dict[str, str]:
@@ -472,6 +475,7 @@ def parse_megatron_args(text: str) -> dict:
         "attention": flags.get("--attention-backend"),
         "param_dtype": "bf16" if "--bf16" in flags else "fp16" if "--fp16" in flags else None,
         "fp8_format": flags.get("--fp8-format"), "fp8_recipe": flags.get("--fp8-recipe"),
+        "fp8_param_gather": "--fp8-param-gather" in flags,
         "dropout": not (flags.get("--attention-dropout") == "0"
                         and flags.get("--hidden-dropout") == "0"),
     }

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.core.parallel import Parallel
-from planner.cost import constants, zero
+from planner.cost import constants, precision, zero
 from planner.cost.fragmentation import churn_share, fragmentation, layer_churn
 from planner.cost.memory import (ACT_BYTES, Shape, model_state_parts, sharded_params,
                                  sp_gathered_bytes)
@@ -152,7 +152,9 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
     p = par.pp
     weights, grads, optim = (stages.by_rank(x, p) for x in state_parts(stages.params, par, opts,
                                                                         stages.expert_params))
-    weights = weights + stages.by_rank(stages.cached_bytes, p)  # FP8 weight copies, if cached
+    # FP8 weight copies, if cached; FP8 primary weights replace their 16-bit copy
+    weights = weights + stages.by_rank(
+        precision.held_fp8_bytes(stages.cached_bytes, par.zero, opts), p)
     held_w, held_g = held_bytes(model, par, opts, stages)  # ZeRO-3 under PP, where held
     weights, grads = weights + stages.by_rank(held_w, p), grads + stages.by_rank(held_g, p)
     if model.tie_embeddings and par.num_chunks == 1:  # one copy of the tied weight, not two

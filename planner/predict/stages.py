@@ -13,7 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from planner.cost import constants, recompute, zero
+from planner.cost import constants, precision, recompute, zero
 from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
 from planner.predict.chunks import CostTable, ChunkArrays
 from planner.predict.memory import (gathered_bytes, kept_outputs, layer_gather_bytes,
@@ -136,7 +136,8 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
     act = np.array([[c.act_bytes for c in costs[m]] for m in modes]).T
     params = np.array([c.params for c in costs[modes[0]]], dtype=float)
     experts = np.array([c.expert_params for c in costs[modes[0]]], dtype=float)
-    cached = np.array([c.cache_bytes for c in costs[modes[0]]], dtype=float)  # FP8 copies
+    cached = precision.held_fp8_bytes(  # FP8 copies (or FP8 primary weights)
+        np.array([c.cache_bytes for c in costs[modes[0]]], dtype=float), par.zero, opts)
     inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
     return PartitionProblem(
         time_s=time_s, state_bytes=_layer_states(params, par, opts, experts,
@@ -188,7 +189,8 @@ def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     any_table = next(iter(tables.values()))
     total_s = float(_layer_states(any_table.prefix["params"][-1], par, opts,
                                   any_table.prefix["expert_params"][-1])
-                    + any_table.prefix["cache_bytes"][-1])
+                    + precision.held_fp8_bytes(any_table.prefix["cache_bytes"][-1],
+                                               par.zero, opts))
     total_a = float(np.minimum.reduce([np.diff(t.prefix["act_bytes"])
                                        for t in tables.values()]).sum())
     f = inflight

@@ -18,7 +18,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.cost import constants
-from planner.cost import comm, moe, nccl, tensor_parallel, tied_embedding, zero
+from planner.cost import comm, moe, nccl, precision, tensor_parallel, tied_embedding, zero
 from planner.cost.layer import LayerCost, layer_cost
 from planner.cost.precision import step_cast_bytes
 from planner.hardware.profiles import Cluster
@@ -196,7 +196,8 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
 
-    states = state_bytes(stages.params, par, opts, stages.expert_params) + stages.cached_bytes
+    states = state_bytes(stages.params, par, opts, stages.expert_params) + \
+        precision.held_fp8_bytes(stages.cached_bytes, par.zero, opts)
     chunk_mem = states + inflight * stages.act_bytes
     parts = memory_parts(model, par, stages, inflight, opts, held)
     rank_mem = sum(parts.values())
@@ -432,7 +433,10 @@ def _group_sync_s(par: Parallel, opts: Stack, stages: ChunkArrays, params: np.nd
     else:  # ZeRO-1 all-reduces where the stack's optimizer does (zero1_grad_reduce)
         whole = par.zero == 1 and opts.zero1_grad_reduce == "all_reduce"
         reduce_s = nccl.collective_s("all_reduce" if whole else "reduce_scatter", grads, group)
-        gather_s = nccl.collective_s("all_gather", params * ACT_BYTES, group)
+        # 16-bit weights, the block weights in FP8 where they are FP8 primary weights
+        gather_s = nccl.collective_s("all_gather", params * precision.gathered_bytes_per_param(
+            stages.by_rank(stages.params, p), stages.by_rank(stages.cached_bytes, p),
+            par.zero, opts), group)
     per_microbatch = par.zero == 2 and opts.zero2_shards_grads()
     if per_microbatch:  # only a gradient shard is kept: reduce-scatter after every microbatch
         reduce_s = reduce_s * m

@@ -154,6 +154,12 @@ class Stack:
     # ZeRO-3 all-gathers the blocks' linear weights already cast to FP8 (1 byte, torchao's
     # enable_fsdp_float8_all_gather): half the gathered bytes, and no forward weight cast
     fp8_all_gather: bool
+    # FP8 primary weights (Transformer Engine's fp8_model_init: NeMo fp8_params, Megatron-LM
+    # --fp8-param-gather): the blocks' linear weights live only as FP8 tensors (data and its
+    # transpose), no 16-bit copy; the distributed optimizer writes them from its fp32 master
+    # shard and all-gathers them in FP8 (cost/precision.py fp8_primary_weights). Read at ZeRO
+    # 0-2 (ZeRO-3's FP8 gather is fp8_all_gather)
+    fp8_params: bool
     # bytes per value of the saved input of the attention-output projection when GEMM inputs are
     # saved in FP8: 1 (FP8, as every other GEMM input), or DeepSeek-V3's 12-bit E5M6 (1.5)
     fp8_attn_out_bytes: float
@@ -201,6 +207,12 @@ class Stack:
         if self.grad_reduce_dtype is not None:
             return DTYPE_BYTES[self.grad_reduce_dtype]
         return 4 if self.fp32_accumulation(zero) else DTYPE_BYTES[self.grad_dtype]
+
+    @property
+    def fp8_weights_held(self) -> bool:
+        """FP8 copies of the block weights (and their transposes) held across the step: a
+        cache beside the 16-bit weights, or the primary weights themselves (fp8_params)."""
+        return self.fp8_weight_cache or self.fp8_params
 
     @property
     def loss_bytes(self) -> int:
@@ -272,7 +284,7 @@ _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm
           "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy",
           "p2p_buffers_per_microbatch",
           "fused_elementwise", "complex_rope", "optimizer_post_validation", "fp8_weight_cache",
-          "fp8_saved_activations", "fp8_all_gather", "zero3_pipeline_hold", "loss_parallel",
+          "fp8_saved_activations", "fp8_all_gather", "fp8_params", "zero3_pipeline_hold", "loss_parallel",
           "sp_keeps_gathered", "moe_probs_in_activation", "fp8_moe_act_input")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
