@@ -46,13 +46,13 @@ from planner.model.spec import Layer
 NORMAL_CHECKPOINT = frozenset({"core_attn", "mlp", "moe", "shared_experts", OP_POLICY})
 
 
-def layer_churn(layer: Layer, shape: Shape, mode: str, flash: bool) -> float:
+def layer_churn(layer: Layer, shape: Shape | None, mode: str, flash: bool) -> float:
     """Share of full recompute's free-and-rebuild churn that ``mode`` has on this layer: 0
-    without recompute and on layers no recompute covers (embedding, a head without MTP modules,
-    which takes its MTP block's), 1 under full
-    recompute or a selective one that re-runs a checkpointed region, else (bytes the
-    output-discarding modules discard) / (bytes full recompute frees and rebuilds), within
-    [0, 1]."""
+    without recompute and on layers no recompute covers (embedding; a head with MTP modules
+    takes its MTP block's), 1 under full recompute or a selective one that re-runs a
+    checkpointed region, else (bytes the output-discarding modules discard) / (bytes full
+    recompute frees and rebuilds), within [0, 1]. Only a selective mode reads ``shape`` (None
+    will do for none and full)."""
     if layer.kind == "head" and layer.mtp_depth and layer.mtp_block is not None:
         # its multi-token-prediction modules' blocks run under the stage's mode (cost/mtp.py)
         return layer_churn(layer.mtp_block, shape, mode, flash)
@@ -65,11 +65,13 @@ def layer_churn(layer: Layer, shape: Shape, mode: str, flash: bool) -> float:
     return min(discarded_bytes(layer, shape) / full, 1.0) if full > 0 else 0.0
 
 
-def churn_share(layers: Iterable[Layer], shape: Shape, mode: str, flash: bool) -> float:
+def churn_share(layers: Iterable[Layer], shape: Shape | None, mode: str, flash: bool) -> float:
     """The largest :func:`layer_churn` of these layers: what a GPU holding any of them under
     ``mode`` is held to."""
-    return max((layer_churn(layer, shape, mode, flash) for layer in dict.fromkeys(layers)),
-               default=0.0)
+    if mode == "none":
+        return 0.0
+    distinct = {id(layer): layer for layer in layers}.values()  # a model repeats its blocks
+    return max((layer_churn(layer, shape, mode, flash) for layer in distinct), default=0.0)
 
 
 def fragmentation(share):

@@ -205,7 +205,7 @@ def recompute_churn(model: ModelSpec, par: Parallel, opts: Stack, modes) -> dict
     """Per recompute mode in ``modes``: the largest share of full recompute's free-and-rebuild
     churn it has on any layer of the model (cost/fragmentation.py churn_share), which sets the
     allocator fragmentation a chunk under it may need, whatever layers it holds."""
-    shape = _churn_shape(model, par, opts)
+    shape = _churn_shape(model, par, opts) if set(modes) - {"none", "full"} else None
     return {m: churn_share(model.layers, shape, m, opts.flash_attention) for m in set(modes)}
 
 
@@ -213,20 +213,21 @@ def chunk_churn(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArray
     """Per chunk: the largest churn share of its layers under its recompute mode
     (cost/fragmentation.py); a chunk of no known layers (the search's ideal chunk) takes the
     model's largest under its mode."""
-    shape, flash = _churn_shape(model, par, opts), opts.flash_attention
-    known: dict = {}
-
-    def share(layers, mode) -> float:
-        out = 0.0
-        if mode == "none":
-            return out
-        for layer in layers:  # a model repeats its block objects: priced once per call
-            key = (id(layer), mode)
-            if key not in known:
-                known[key] = layer_churn(layer, shape, mode, flash)
-            out = max(out, known[key])
+    out = np.zeros(len(stages.first))
+    modes = set(stages.recompute) - {"none"}
+    if not modes:
         return out
-
-    first, last = stages.first.astype(int), stages.last.astype(int)
-    return np.array([share(model.layers[a:b] if b > a else model.layers, mode)
-                     for a, b, mode in zip(first, last, stages.recompute)])
+    # only a selective mode reads the layer shape (full and none are 1 and 0 per block)
+    shape = _churn_shape(model, par, opts) if modes - {"full"} else None
+    per_layer = {}
+    for mode in modes:
+        known: dict = {}  # a model repeats its block objects: each priced once
+        for layer in model.layers:
+            if id(layer) not in known:
+                known[id(layer)] = layer_churn(layer, shape, mode, opts.flash_attention)
+        per_layer[mode] = [known[id(layer)] for layer in model.layers]
+    for i, (a, b, mode) in enumerate(zip(stages.first.astype(int), stages.last.astype(int),
+                                         stages.recompute)):
+        if mode != "none":
+            out[i] = max(per_layer[mode][a:b] if b > a else per_layer[mode])
+    return out
