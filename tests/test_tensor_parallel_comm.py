@@ -64,14 +64,18 @@ def test_a_tp_group_wider_than_the_nvlink_domain_crosses_the_network():
 
 def test_layer_cost_charges_its_tp_collectives_through_nccl():
     """A block all-reduces twice in the forward and twice in the backward (Megatron's f and g):
-    the difference to the same block with TP communication overlapped is exactly that, less the
-    SM share the hidden collectives still hold (comm.overlap_interference)."""
+    the difference to the same block with TP communication overlapped by a measured share (1.0
+    here; a stack without userbuffer settings, as torchtitan's AsyncTP) is exactly that, less
+    the SM share the hidden collectives still hold (comm.overlap_interference). Userbuffer
+    overlap per collective: tests/test_tp_overlap.py."""
     block = Layer(kind="block", hidden_size=8192, num_attention_heads=64, ffn_hidden_size=28672,
                   mlp="swiglu", num_kv_heads=8)
     shape = Shape(tp=8, sp=True, micro_batch=1, seq_len=4096)
     stack = default_stack()
     plain = layer_cost(block, shape, "none", A100, stack)
-    hidden = layer_cost(block, shape, "none", A100, replace(stack, tp_comm_overlap=True))
+    hidden = layer_cost(block, shape, "none", A100, replace(stack, tp_comm_overlap=True,
+                                                             tp_overlap_ub=None,
+                                                             tp_overlap_hidden=1.0))
     one = tensor_parallel.collective_s(ACT_BYTES * shape.tokens * 8192, 8, True, A100)
     kept = 1 - comm.overlap_interference(A100)
     assert plain.fwd_s - hidden.fwd_s == pytest.approx(2 * one * kept)

@@ -227,11 +227,14 @@ def test_modern_step_time_error(both):
     # buffers where grad_sync_dtype=bf16; test_fp8_runs_are_summarised_apart) and the hidden TP
     # share paying the SMs it holds (cost/layer.py): modern 12.02% -> 12.2%, max unchanged,
     # all cases 8.4% -> 8.5%.
+    # TE userbuffer overlap priced per collective from each run's ub_cfgs (cost/tp_overlap.py,
+    # replacing megatron-core's unsourced hidden share 1.0): the GPT-3 175B and Llama 3 70B
+    # NeMo rows -16.2% -> -15.5% and -13.3% -> -10.0%: modern 12.2% -> 12.1%, all cases 8.4%.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.122, abs=0.01)
+    assert modern.mean_abs_time_error == pytest.approx(0.121, abs=0.01)
     assert modern.max_abs_time_error == pytest.approx(0.265, abs=0.02)
-    assert s.mean_abs_time_error == pytest.approx(0.085, abs=0.01)  # with the MoE rows
+    assert s.mean_abs_time_error == pytest.approx(0.084, abs=0.01)  # with the MoE rows
 
 
 def test_moe_step_time_error(both):
@@ -395,14 +398,20 @@ def test_fp8_runs_are_summarised_apart(both):
     # fraction", less the SMs the hidden collectives hold) hides more than these runs gained.
     # The torchtitan AsyncTP rows with the SM share (and their re-derived 0.23): -11.3% ->
     # -11.6%, -24.2% -> -24.4%. The group's mean 9.4% -> 10.2%.
-    assert fp8.mean_abs_time_error == pytest.approx(0.102, abs=0.01)
+    # Transformer Engine's userbuffer overlap priced per collective from each row's ub_cfgs
+    # (cost/tp_overlap.py; planner/stack/userbuffers.py; the recipes' tp_overlap YAMLs in the
+    # rows' stack_overrides) instead of the hidden share 1.0: the pipelined reduce-scatters
+    # expose their last chunk, their GEMMs give up the SMs set_sm_margin reserves (24 and 16 of
+    # 132), the ring exchanges run on the copy engines. GPT-3 175B -16.2% -> -15.5%, Llama 3
+    # 70B -13.3% -> -10.0%: still optimistic, not fitted; the group's mean 10.2% -> 9.7%.
+    assert fp8.mean_abs_time_error == pytest.approx(0.097, abs=0.01)
     by = {r.case: r for r in rows}
     gpt3 = by["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
     assert gpt3.configuration.endswith(" none ZeRO-1") and not gpt3.predicted_oom
     assert "FP8 primary weights" in gpt3.note and "TP overlap" in gpt3.note
-    assert gpt3.predicted_step_s / gpt3.measured_step_s - 1 == pytest.approx(-0.162, abs=0.01)
+    assert gpt3.predicted_step_s / gpt3.measured_step_s - 1 == pytest.approx(-0.155, abs=0.01)
     for name, error in (("nemo2407-llama2-70b-h100-64gpu-tp4-pp4-cp1-vp20-fp8", -0.018),
-                        ("nemo2407-llama3-70b-h100-64gpu-tp4-pp4-cp2-vp5-fp8", -0.133),
+                        ("nemo2407-llama3-70b-h100-64gpu-tp4-pp4-cp2-vp5-fp8", -0.100),
                         ("nemo2407-llama2-7b-h100-8gpu-tp1-pp1-cp1-vp1-fp8", -0.052)):
         row = by[name]
         assert row.predicted_step_s / row.measured_step_s - 1 == pytest.approx(error, abs=0.01)

@@ -26,6 +26,7 @@ from planner.cost import host
 from planner.cost import precision
 from planner.cost import recompute as recompute_modules
 from planner.cost import tensor_parallel
+from planner.cost import tp_overlap
 from planner.hardware.profiles import Hardware
 from planner.cost.memory import (ACT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
@@ -281,11 +282,32 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
             recompute_s += cp_fwd
 
     one = 0.0
-    # what TP overlap leaves exposed: all without it, 1 - the stack's hidden share with it;
-    # the hidden share is not free: it holds SMs the GEMMs it hides behind cannot use
-    # (comm.overlap_interference, as the overlapped DP collectives pay in predict/step.py)
-    exposed = 1.0 - opts.tp_overlap_hidden if opts.tp_comm_overlap else 1.0
-    exposed += (1.0 - exposed) * comm.overlap_interference(hw)
+    # Transformer Engine's userbuffers (Stack.tp_overlap_ub) overlap a block's sequence-parallel
+    # collectives GEMM by GEMM (cost/tp_overlap.py); Megatron refuses --tp-comm-overlap without
+    # sequence parallelism, and its embedding and output layer are not userbuffer modules, so
+    # their collectives stay exposed
+    ub = opts.tp_overlap_ub if opts.tp_comm_overlap else None
+    if ub is not None and shape.sp and shape.tp > 1 and layer.kind == "block":
+        nbytes = ACT_BYTES * shape.tokens * layer.hidden_size
+        fwd_ag, fwd_rs, bwd_tp = tp_overlap.block_s(
+            tp_overlap.block_pairs(layer, shape), ub,
+            tensor_parallel.all_gather_s(nbytes, shape.tp, hw),
+            tensor_parallel.reduce_scatter_s(nbytes, shape.tp, hw), shape.tp, rate,
+            hw.sm_count, (shape.tp + 1) * nbytes / shape.tp / mem_rate)
+        fwd_s += fwd_ag + fwd_rs
+        bwd_input_s += bwd_tp
+        if recompute == "full":
+            recompute_s += fwd_ag + fwd_rs
+        elif recompute == "selective" and recompute_modules.op_policy(shape):
+            recompute_s += fwd_ag  # the op policy saves the reduce-scatters
+        exposed = 0.0
+    else:
+        # what TP overlap leaves exposed: all without it (or under userbuffers outside the
+        # blocks), 1 - the stack's hidden share with it; the hidden share is not free: it holds
+        # SMs the GEMMs it hides behind cannot use (comm.overlap_interference, as the
+        # overlapped DP collectives pay in predict/step.py)
+        exposed = 1.0 - opts.tp_overlap_hidden if opts.tp_comm_overlap and ub is None else 1.0
+        exposed += (1.0 - exposed) * comm.overlap_interference(hw)
     if shape.tp > 1 and exposed > 0:  # NCCL's ring on the TP group (tensor_parallel)
         one = exposed * tensor_parallel.collective_s(
             ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, shape.sp, hw)
@@ -294,7 +316,7 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     if recompute == "full" and layer.kind == "block":
         recompute_s += w.collectives * one
     elif recompute == "selective" and layer.kind == "block" and \
-            recompute_modules.op_policy(shape) and shape.tp > 1:
+            recompute_modules.op_policy(shape) and shape.tp > 1 and exposed > 0:
         # the op policy saves the reduce-scatters, not the all-gathers (or all-reduces)
         recompute_s += w.collectives * (exposed * tensor_parallel.all_gather_s(
             ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, hw) if shape.sp else one)

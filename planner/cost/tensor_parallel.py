@@ -49,3 +49,11 @@ def all_gather_s(nbytes: float, tp: int, hw: Hardware) -> float:
     if tp <= 1 or nbytes <= 0:
         return 0.0
     return float(nccl.collective_s("all_gather", nbytes, tp_group(hw, tp)))
+
+
+def reduce_scatter_s(nbytes: float, tp: int, hw: Hardware) -> float:
+    """Seconds of one reduce-scatter of a ``nbytes`` buffer (the full hidden states) over the TP
+    group: a row-parallel GEMM's output summed and left as 1/tp shards."""
+    if tp <= 1 or nbytes <= 0:
+        return 0.0
+    return float(nccl.collective_s("reduce_scatter", nbytes, tp_group(hw, tp)))

@@ -22,6 +22,7 @@ from planner.hardware.profiles import Cluster, Hardware, load_hardware
 from planner.model.load import load_model
 from planner.model.spec import ModelSpec
 from planner.model.presets import _gpt
+from planner.stack import userbuffers
 from planner.stack import Stack, load_stack, with_overrides
 
 VALIDATION_DIR = DATA_DIR / "validation"
@@ -355,7 +356,9 @@ def _stack_notes(cf: dict, opts: Stack) -> list[str]:
     if opts.zero3_pipeline_hold and zero3 and int(cf["pp"]) > 1:
         notes.append("ZeRO-3 weights and gradients held unsharded through the step (PP)")
     if opts.tp_comm_overlap and int(cf["tp"]) > 1:
-        notes.append(f"TP overlap hides {opts.tp_overlap_hidden:.0%} of the TP collectives")
+        notes.append("TP overlap: Transformer Engine userbuffers per GEMM (" + userbuffers.summary(
+            opts.tp_overlap_ub) + ")" if opts.tp_overlap_ub is not None else
+            f"TP overlap hides {opts.tp_overlap_hidden:.0%} of the TP collectives")
     return notes
 
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.units import DATA_DIR
+from planner.stack import userbuffers
 from planner.stack.spec import OPTION_FIELDS, REQUIRED_FIELDS, Stack, check_value
 
 STACKS_DIR = DATA_DIR / "stacks"
@@ -131,7 +132,7 @@ def with_overrides(stack: Stack, origin: str = "override", **changes) -> Stack:
         value = check_value(key, value, origin)
         if value != getattr(stack, key):
             values[key] = value
-            done[key] = _text(value)
+            done[key] = userbuffers.summary(value) if key == "tp_overlap_ub" else _text(value)
     if not values:
         return stack
     return replace(stack, **values, overrides=tuple(done.items()))

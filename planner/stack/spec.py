@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 from planner.core import schema
 from planner.core.errors import PlanInputError
 from planner.core.parallel import RECOMPUTE_MODULES, SCHEDULES
+from planner.stack import userbuffers
 
 # the flash attention kernels a stack may name (their times: planner/cost/attention_kernel.py)
 ATTENTION_KERNELS = ("flash2", "flash_triton")
@@ -57,8 +58,13 @@ class Stack:
     overlap_param_gather: bool
     # TP collectives hidden inside the GEMMs (Megatron --tp-comm-overlap, torchtitan AsyncTP)
     tp_comm_overlap: bool
-    # the share of the TP collectives' time that overlap hides, when on (1: all of it)
+    # the share of the TP collectives' time that overlap hides, when on (1: all of it); read
+    # only when tp_overlap_ub is None (an engine measured as a whole: torchtitan's AsyncTP)
     tp_overlap_hidden: float
+    # Transformer Engine's userbuffer settings per GEMM (planner/stack/userbuffers.py: method,
+    # num_splits, num_sm, set_sm_margin, TE's defaults filled in); when set, what overlap hides
+    # and costs is priced per collective from them (planner/cost/tp_overlap.py)
+    tp_overlap_ub: tuple[tuple[str, str, int, int, bool], ...] | None
     # ZeRO-2 reduce-scatter: after every "microbatch" (only a gradient shard kept), or once per
     # "step" (full gradients kept until the step, so no gradient memory is saved)
     zero2_reduce_scatter: str
@@ -243,6 +249,9 @@ class Stack:
             if f.name in _META:
                 continue
             value = getattr(self, f.name)
+            if f.name == "tp_overlap_ub":
+                out[f.name] = userbuffers.as_dict(value)
+                continue
             out[f.name] = list(value) if isinstance(value, tuple) else value
         return out
 
@@ -329,6 +338,8 @@ def check_value(key: str, value, origin: str):
             raise PlanInputError(f"{where} must be a non-empty list of distinct schedules from "
                                  f"{', '.join(SCHEDULES)}, got {value!r}")
         return tuple(value)
+    if key == "tp_overlap_ub":
+        return userbuffers.parse(value, where)
     if key == "recompute_modules":
         if not isinstance(value, (list, tuple)) or not value or any(
                 m not in RECOMPUTE_MODULES for m in value) or len(set(value)) != len(value):
