@@ -14,7 +14,7 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.units import DATA_DIR
-from planner.stack import userbuffers
+import planner.stack.userbuffers as userbuffers
 from planner.stack.spec import OPTION_FIELDS, REQUIRED_FIELDS, Stack, check_value
 
 STACKS_DIR = DATA_DIR / "stacks"

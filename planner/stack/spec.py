@@ -16,7 +16,7 @@ from dataclasses import dataclass, fields
 from planner.core import schema
 from planner.core.errors import PlanInputError
 from planner.core.parallel import RECOMPUTE_MODULES, SCHEDULES
-from planner.stack import userbuffers
+import planner.stack.userbuffers as userbuffers
 
 # the flash attention kernels a stack may name (their times: planner/cost/attention_kernel.py)
 ATTENTION_KERNELS = ("flash2", "flash_triton")
