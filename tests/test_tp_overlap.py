@@ -188,3 +188,17 @@ def test_the_mechanism_is_an_optimistic_bound_on_the_measured_asynctp_pair():
 
     saved = 1 - step(tp_comm_overlap=True, tp_overlap_ub=ring) / step(tp_comm_overlap=False)
     assert saved >= 1 - 829 / 876
+
+
+def test_megatron_refuses_to_export_userbuffer_settings_it_does_not_write():
+    """--tp-comm-overlap alone launches TE's defaults; a plan priced on its own ub_cfgs would
+    run differently, and no --tp-comm-overlap-cfg file is written: refused, in one line."""
+    from planner.launchers import megatron
+    from tests.test_export import make_plan
+
+    plan = make_plan()
+    core = with_overrides(load_stack("megatron-core"), "t", tp_comm_overlap=True)
+    assert not any("tp_overlap_ub" in p for p in megatron.check(replace(plan, stack=core)))
+    custom = with_overrides(core, "t", tp_overlap_ub={"proj_fprop": {"num_sm": 24}})
+    problems = megatron.check(replace(plan, stack=custom))
+    assert any("--tp-comm-overlap-cfg" in p and "\n" not in p for p in problems)

@@ -26,6 +26,7 @@ from planner.cost import context
 from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt, schedule_basics,
                                    strongest_recompute, structure_problems, tp_divisibility)
 from planner.launchers.quoting import sh_word
+from planner.stack import userbuffers
 from planner.predict.plan import Plan
 
 TARGET = "Megatron-LM core_r0.13+ (pretrain_gpt.py arguments)"
@@ -70,6 +71,7 @@ def check(plan: Plan) -> list[str]:
     out += architecture_problems(m)
     out += precision_rules(m, plan.stack)
     out += attention_rules(plan.stack)
+    out += overlap_rules(plan.stack)
     if par.cp > 1:  # get_batch_on_this_cp_rank's 2*cp chunks (cost/context.py)
         out += [f"{NAME}: {p}" for p in (context.sequence_problem(m.seq_length, par.cp),
                                          context.heads_problem(m.num_attention_heads,
@@ -95,6 +97,18 @@ def attention_rules(stack) -> list[str]:
     if stack is not None and stack.flash_attention and stack.attention_kernel != "flash2":
         return [f"{NAME}: --attention-backend has no {stack.attention_kernel} kernel; price the "
                 "plan with attention_kernel flash2"]
+    return []
+
+
+def overlap_rules(stack) -> list[str]:
+    """--tp-comm-overlap alone runs Transformer Engine's default userbuffer settings
+    (Megatron-LM passes ub_cfgs = {} without --tp-comm-overlap-cfg); a plan priced on other
+    per-GEMM settings (Stack.tp_overlap_ub, cost/tp_overlap.py) would launch differently from
+    how it was priced, and the export writes no --tp-comm-overlap-cfg file, so it is refused."""
+    if stack is not None and stack.tp_comm_overlap and stack.tp_overlap_ub is not None \
+            and stack.tp_overlap_ub != userbuffers.parse({}, "TE's defaults"):
+        return [f"{NAME}: the stack's tp_overlap_ub settings need --tp-comm-overlap-cfg, which "
+                "the export does not write; price the plan with tp_overlap_ub {} (TE's defaults)"]
     return []
 
 
