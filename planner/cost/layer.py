@@ -281,45 +281,8 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
         if recompute == "full":
             recompute_s += cp_fwd
 
-    one = 0.0
-    # Transformer Engine's userbuffers (Stack.tp_overlap_ub) overlap a block's sequence-parallel
-    # collectives GEMM by GEMM (cost/tp_overlap.py); Megatron refuses --tp-comm-overlap without
-    # sequence parallelism, and its embedding and output layer are not userbuffer modules, so
-    # their collectives stay exposed
-    ub = opts.tp_overlap_ub if opts.tp_comm_overlap else None
-    if ub is not None and shape.sp and shape.tp > 1 and layer.kind == "block":
-        nbytes = ACT_BYTES * shape.tokens * layer.hidden_size
-        fwd_ag, fwd_rs, bwd_tp = tp_overlap.block_s(
-            tp_overlap.block_pairs(layer, shape), ub,
-            tensor_parallel.all_gather_s(nbytes, shape.tp, hw),
-            tensor_parallel.reduce_scatter_s(nbytes, shape.tp, hw), shape.tp, rate,
-            hw.sm_count, (shape.tp + 1) * nbytes / shape.tp / mem_rate)
-        fwd_s += fwd_ag + fwd_rs
-        bwd_input_s += bwd_tp
-        if recompute == "full":
-            recompute_s += fwd_ag + fwd_rs
-        elif recompute == "selective" and recompute_modules.op_policy(shape):
-            recompute_s += fwd_ag  # the op policy saves the reduce-scatters
-        exposed = 0.0
-    else:
-        # what TP overlap leaves exposed: all without it (or under userbuffers outside the
-        # blocks), 1 - the stack's hidden share with it; the hidden share is not free: it holds
-        # SMs the GEMMs it hides behind cannot use (comm.overlap_interference, as the
-        # overlapped DP collectives pay in predict/step.py)
-        exposed = 1.0 - opts.tp_overlap_hidden if opts.tp_comm_overlap and ub is None else 1.0
-        exposed += (1.0 - exposed) * comm.overlap_interference(hw)
-    if shape.tp > 1 and exposed > 0:  # NCCL's ring on the TP group (tensor_parallel)
-        one = exposed * tensor_parallel.collective_s(
-            ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, shape.sp, hw)
-    fwd_s += w.collectives * one
-    bwd_input_s += w.collectives_bwd * one
-    if recompute == "full" and layer.kind == "block":
-        recompute_s += w.collectives * one
-    elif recompute == "selective" and layer.kind == "block" and \
-            recompute_modules.op_policy(shape) and shape.tp > 1 and exposed > 0:
-        # the op policy saves the reduce-scatters, not the all-gathers (or all-reduces)
-        recompute_s += w.collectives * (exposed * tensor_parallel.all_gather_s(
-            ACT_BYTES * shape.tokens * layer.hidden_size, shape.tp, hw) if shape.sp else one)
+    tp_f, tp_b, tp_r = _tp_comm_s(layer, shape, recompute, hw, opts, w, rate, mem_rate)
+    fwd_s, bwd_input_s, recompute_s = fwd_s + tp_f, bwd_input_s + tp_b, recompute_s + tp_r
 
     # MoE token dispatch and combine (cost/moe.py): forward both, backward their transposes,
     # full recompute the forward pair again.
@@ -385,3 +348,40 @@ def model_flops_per_iteration(model, global_batch: int, seq_len: int) -> float:
         if layer.kind != "embedding":
             per_sample += 3 * (w.gemm_flops + w.attn_model_flops)
     return per_sample * global_batch
+
+
+def _tp_comm_s(layer: Layer, shape: Shape, recompute: str, hw: Hardware, opts: Stack,
+               w, rate: float, mem_rate: float) -> tuple[float, float, float]:
+    """(forward, backward, recompute) seconds a layer's TP collectives add: NCCL's ring on the
+    TP group (cost/tensor_parallel.py), less what the stack's overlap hides. Transformer
+    Engine's userbuffers (Stack.tp_overlap_ub) overlap a block's sequence-parallel collectives
+    GEMM by GEMM (cost/tp_overlap.py); Megatron refuses --tp-comm-overlap without sequence
+    parallelism, and its embedding and output layer are not userbuffer modules, so their
+    collectives stay exposed. Otherwise the stack hides a share (tp_overlap_hidden), which
+    still holds SMs the GEMMs it hides behind cannot use (comm.overlap_interference, as the
+    overlapped DP collectives pay in predict/step.py)."""
+    if shape.tp == 1:
+        return 0.0, 0.0, 0.0
+    nbytes = ACT_BYTES * shape.tokens * layer.hidden_size
+    block = layer.kind == "block"
+    op_policy = recompute == "selective" and block and recompute_modules.op_policy(shape)
+    ub = opts.tp_overlap_ub if opts.tp_comm_overlap else None
+    if ub is not None and shape.sp and block:
+        fwd_ag, fwd_rs, bwd = tp_overlap.block_s(
+            tp_overlap.block_pairs(layer, shape), ub,
+            tensor_parallel.all_gather_s(nbytes, shape.tp, hw),
+            tensor_parallel.reduce_scatter_s(nbytes, shape.tp, hw), shape.tp, rate,
+            hw.sm_count, (shape.tp + 1) * nbytes / shape.tp / mem_rate)
+        again = fwd_ag + fwd_rs if recompute == "full" else fwd_ag if op_policy else 0.0
+        return fwd_ag + fwd_rs, bwd, again  # the op policy saves the reduce-scatters
+    exposed = 1.0 - opts.tp_overlap_hidden if opts.tp_comm_overlap and ub is None else 1.0
+    exposed += (1.0 - exposed) * comm.overlap_interference(hw)
+    one = exposed * tensor_parallel.collective_s(nbytes, shape.tp, shape.sp, hw)
+    if recompute == "full" and block:
+        again = w.collectives * one
+    elif op_policy:  # the op policy saves the reduce-scatters, not the all-gathers (all-reduces)
+        again = w.collectives * (exposed * tensor_parallel.all_gather_s(nbytes, shape.tp, hw)
+                                 if shape.sp else one)
+    else:
+        again = 0.0
+    return w.collectives * one, w.collectives_bwd * one, again
