@@ -90,38 +90,40 @@ def parse(value, where: str) -> tuple[tuple[str, str, int, int, bool], ...] | No
     out = []
     for name in sorted(DEFAULT_METHOD):
         cfg = value.get(name)
-        if cfg is None:
-            d = default(name)
-        else:
-            if not isinstance(cfg, dict):
-                raise PlanInputError(f"{where}: '{name}' must be an object, got {cfg!r}")
-            bad = [k for k in cfg if k not in _KEYS + _IGNORED]
-            if bad:
-                raise PlanInputError(f"{where}: '{name}' has unknown key '{bad[0]}'; "
-                                     f"known: {', '.join(_KEYS + _IGNORED)}")
-            method = cfg.get("method", DEFAULT_METHOD[name])
-            if method not in METHODS:
-                raise PlanInputError(f"{where}: '{name}' method must be one of "
-                                     f"{', '.join(METHODS)}, got {method!r}")
-            if method == "pipeline" and name not in REDUCE_SCATTER:
-                raise PlanInputError(f"{where}: '{name}' carries an all-gather; Transformer "
-                                     "Engine refuses 'pipeline' for an all-gather")
-            d = Overlap(method,
-                        _whole(cfg.get("num_splits", 4 if method == "pipeline" else 0),
-                               f"{where}: '{name}' num_splits", 0),
-                        _whole(cfg.get("num_sm", 1 if method == "ring_exchange" else 16),
-                               f"{where}: '{name}' num_sm", 1),
-                        bool(_whole(int(cfg.get("set_sm_margin", 0)) if isinstance(
-                            cfg.get("set_sm_margin"), bool) else cfg.get("set_sm_margin", 0),
-                                    f"{where}: '{name}' set_sm_margin", 0)))
-            if d.method == "pipeline" and d.num_splits < 1:
-                raise PlanInputError(f"{where}: '{name}' pipeline needs num_splits >= 1")
+        d = default(name) if cfg is None else _entry(name, cfg, where)
         out.append((name, d.method, d.num_splits, d.num_sm, d.set_sm_margin))
     unknown = [k for k in value if k not in DEFAULT_METHOD]
     if unknown:
         raise PlanInputError(f"{where}: unknown GEMM '{unknown[0]}'; Transformer Engine's are "
                              f"{', '.join(sorted(DEFAULT_METHOD))}")
     return tuple(out)
+
+
+def _entry(name: str, cfg, where: str) -> Overlap:
+    """One ub_cfgs entry, Transformer Engine's defaults filled in (module docstring)."""
+    if not isinstance(cfg, dict):
+        raise PlanInputError(f"{where}: '{name}' must be an object, got {cfg!r}")
+    bad = [k for k in cfg if k not in _KEYS + _IGNORED]
+    if bad:
+        raise PlanInputError(f"{where}: '{name}' has unknown key '{bad[0]}'; "
+                             f"known: {', '.join(_KEYS + _IGNORED)}")
+    method = cfg.get("method", DEFAULT_METHOD[name])
+    if method not in METHODS:
+        raise PlanInputError(f"{where}: '{name}' method must be one of "
+                             f"{', '.join(METHODS)}, got {method!r}")
+    if method == "pipeline" and name not in REDUCE_SCATTER:
+        raise PlanInputError(f"{where}: '{name}' carries an all-gather; Transformer "
+                             "Engine refuses 'pipeline' for an all-gather")
+    splits = _whole(cfg.get("num_splits", 4 if method == "pipeline" else 0),
+                    f"{where}: '{name}' num_splits", 0)
+    if method == "pipeline" and splits < 1:
+        raise PlanInputError(f"{where}: '{name}' pipeline needs num_splits >= 1")
+    sms = _whole(cfg.get("num_sm", 1 if method == "ring_exchange" else 16),
+                 f"{where}: '{name}' num_sm", 1)
+    margin = cfg.get("set_sm_margin", 0)  # YAML writes it as 0/1 or false/true
+    margin = margin if isinstance(margin, bool) else bool(
+        _whole(margin, f"{where}: '{name}' set_sm_margin", 0))
+    return Overlap(method, splits, sms, margin)
 
 
 def _whole(v, where: str, low: int) -> int:
