@@ -398,8 +398,9 @@ def test_fp8_runs_are_summarised_apart(both):
     # only with FP8 primary weights and bf16 gradients (84 GiB without); Llama 2 70B (no TP
     # overlap, bf16 grads) +3.0% -> -1.8%; Llama 3 70B (TP overlap, bf16 grads) +4.5% -> -13.3%;
     # Llama 2 7B -5.2% (unchanged). With TP overlap off the GPT-3 and Llama 3 rows would read
-    # -3.8% and +0.5%: the overlap as priced (the stack's tp_overlap_hidden 1.0, "no published
-    # fraction", less the SMs the hidden collectives hold) hides more than these runs gained.
+    # -3.8% and +0.5%: the overlap as then priced (the stack's tp_overlap_hidden 1.0, "no published
+    # fraction", less the SMs the hidden collectives hold; replaced below) hides more than these
+    # runs gained.
     # The torchtitan AsyncTP rows with the SM share (and their re-derived 0.23): -11.3% ->
     # -11.6%, -24.2% -> -24.4%. The group's mean 9.4% -> 10.2%.
     # Transformer Engine's userbuffer overlap priced per collective from each row's ub_cfgs
