@@ -265,8 +265,9 @@ def gathered_bytes_per_param(params, cache_bytes, zero: int, opts: Stack):
     """Mean bytes per parameter the distributed optimizer's weight all-gather moves (scalar or
     array): 16-bit, less one byte for each block weight gathered in FP8 (FP8 primary weights:
     ``cache_bytes`` / 2 of them). The other parameters (embedding, head, norms) stay 16-bit."""
+    params = np.asarray(params, dtype=float)
     if not fp8_primary_weights(zero, opts):
-        return ACT_BYTES + 0.0 * params
+        return np.full_like(params, float(ACT_BYTES))
     fp8 = cache_bytes / (2 * FP8_BYTES)
     return np.where(params > 0, (ACT_BYTES * params - (ACT_BYTES - FP8_BYTES) * fp8)
                     / np.maximum(params, 1.0), float(ACT_BYTES))
