@@ -65,13 +65,27 @@ def layer_churn(layer: Layer, shape: Shape | None, mode: str, flash: bool) -> fl
     return min(discarded_bytes(layer, shape) / full, 1.0) if full > 0 else 0.0
 
 
+def _distinct_shares(layers, shape: Shape | None, mode: str, flash: bool) -> dict[int, float]:
+    """:func:`layer_churn` per distinct layer object (a model repeats its block objects)."""
+    known: dict[int, float] = {}
+    if mode == "none":
+        return known
+    for layer in layers:
+        if id(layer) not in known:
+            known[id(layer)] = layer_churn(layer, shape, mode, flash)
+    return known
+
+
+def layer_shares(layers, shape: Shape | None, mode: str, flash: bool) -> list[float]:
+    """:func:`layer_churn` of each of ``layers`` in order, each distinct layer priced once."""
+    known = _distinct_shares(layers, shape, mode, flash)
+    return [known.get(id(layer), 0.0) for layer in layers]
+
+
 def churn_share(layers: Iterable[Layer], shape: Shape | None, mode: str, flash: bool) -> float:
     """The largest :func:`layer_churn` of these layers: what a GPU holding any of them under
     ``mode`` is held to."""
-    if mode == "none":
-        return 0.0
-    distinct = {id(layer): layer for layer in layers}.values()  # a model repeats its blocks
-    return max((layer_churn(layer, shape, mode, flash) for layer in distinct), default=0.0)
+    return max(_distinct_shares(layers, shape, mode, flash).values(), default=0.0)
 
 
 def fragmentation(share):

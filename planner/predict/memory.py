@@ -8,7 +8,7 @@ import numpy as np
 
 from planner.core.parallel import Parallel
 from planner.cost import constants, precision, zero
-from planner.cost.fragmentation import churn_share, fragmentation, layer_churn
+from planner.cost.fragmentation import churn_share, fragmentation, layer_shares
 from planner.cost.memory import (ACT_BYTES, Shape, model_state_parts, sharded_params,
                                  sp_gathered_bytes)
 from planner.model.spec import ModelSpec
@@ -219,13 +219,7 @@ def chunk_churn(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArray
         return out
     # only a selective mode reads the layer shape (full and none are 1 and 0 per block)
     shape = _churn_shape(model, par, opts) if modes - {"full"} else None
-    per_layer = {}
-    for mode in modes:
-        known: dict = {}  # a model repeats its block objects: each priced once
-        for layer in model.layers:
-            if id(layer) not in known:
-                known[id(layer)] = layer_churn(layer, shape, mode, opts.flash_attention)
-        per_layer[mode] = [known[id(layer)] for layer in model.layers]
+    per_layer = {m: layer_shares(model.layers, shape, m, opts.flash_attention) for m in modes}
     for i, (a, b, mode) in enumerate(zip(stages.first.astype(int), stages.last.astype(int),
                                          stages.recompute)):
         if mode != "none":
