@@ -11,8 +11,9 @@ has its own clock and stays.
 How far the clock falls is read from two datasheet points of one die: NVIDIA's H100 product page
 quotes the same GH100 with 132 SMs as "BFLOAT16 Tensor Core | 1,979 teraFLOPS | 1,671 teraFLOPS"
 (H100 SXM | H100 NVL, with sparsity: dense 989 and 835.5) at "Max Thermal Design Power (TDP) |
-Up to 700W (configurable) | 350-400W (configurable)". A power law through (700 W, 989) and
-(400 W, 835.5) has exponent ln(989/835.5) / ln(700/400) = 0.30: peak ~ P^0.30. That is the 1/3
+Up to 700W (configurable) | 350-400W (configurable)"; a peak holds at the top of its power
+range, so the NVL point is taken at 400 W (at 350 W the exponent would read 0.24). A power
+law through (700 W, 989) and (400 W, 835.5) has exponent ln(989/835.5) / ln(700/400) = 0.30: peak ~ P^0.30. That is the 1/3
 that dynamic power gives when voltage follows frequency (P ~ f V^2, V ~ f, so f ~ P^(1/3)), a
 check that the two points measure the clock law and not something else. At torchtitan's 500 W
 it gives 894 TFLOP/s, inside the source's "between SXM and NVL".
