@@ -466,3 +466,11 @@ def test_the_deepseek_v3_report_row_runs_dualpipe(both):
     row = next(r for r in rows if r.case == "moe-deepseek-v3-report-h800-2048gpu")
     assert "dualpipe" in row.configuration
     assert row.time_error == pytest.approx(0.078, abs=0.02)
+
+
+def test_the_stored_validation_record_is_current(both):
+    """`plan solve` prints the record of the runs priced on its stack and GPU from
+    profiles/validation/record.json (planner/fidelity/record.py); stale when the model moved:
+    `python tools/validation_record.py --write` rewrites it."""
+    from planner.fidelity.record import RECORD_FILE, families, record_text
+    assert RECORD_FILE.read_text() == record_text(families(both[0]))

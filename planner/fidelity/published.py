@@ -19,7 +19,8 @@ from planner.core.errors import PlanInputError
 from planner.core.parallel import Parallel
 from planner.core.units import GIB
 from planner.cost import constants
-from planner.fidelity.cases import DEFAULT_FILES, CaseSetup, case_setup, case_stack, load_cases
+from planner.fidelity.cases import (DEFAULT_FILES, CaseSetup, base_profile, case_setup, case_stack,
+                                    load_cases)
 from planner.hardware.profiles import Hardware
 from planner.predict.step import predict_plan
 from planner.stack import Stack
@@ -56,6 +57,8 @@ class ValidationRow:
     dataset: str = ""  # which file: "old" (published_runs.json) or "modern" (modern_runs.json)
     stack: str = ""  # the stack it was priced on, with its overrides (Stack.label)
     precision: str = "bf16"  # the block GEMMs' precision on that stack ("fp8" for FP8 runs)
+    stack_name: str = ""  # that stack's name, without its overrides (Stack.name)
+    hardware: str = ""  # the GPU profile it was priced on (the bundled one of its kind, or yours)
 
     @property
     def supported(self) -> bool:
@@ -143,6 +146,9 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
     priced_on = case_stack(case, stack)
     common = dict(case=setup.name, group=setup.group, sweep=setup.sweep, dataset=dataset,
                   stack=priced_on.label(), precision=priced_on.precision,
+                  stack_name=priced_on.name,
+                  hardware=hardware.name if hardware else base_profile(
+                      str(case["cluster"].get("gpu", ""))),
                   measured_step_s=measured_s, measured_tokens_per_s=tokens / measured_s,
                   tflops_definition="hardware" if hardware_def else "model",
                   measured_tflops=me.get("tflops_per_gpu"),

@@ -12,13 +12,14 @@ from rich.table import Table
 
 from planner.core.text import for_rich
 from planner.core.units import GIB
+from planner.fidelity.record import load_record, record_line
 from planner.hardware.profiles import Hardware
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 from planner.report.frames import blocks_per_stage, stage_recompute
+from planner.stack import Stack, default_stack
 
 _MEASURE = Console(width=10_000, color_system=None)
-from planner.stack import Stack
 
 
 
@@ -273,7 +274,10 @@ def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool
         console.print(f"[yellow]hint:[/yellow] {for_rich(hint)}", highlight=False)
     for note in result.plans[0].notes:
         console.print(f"[dim]{for_rich(note)}[/dim]", highlight=False)
-    console.print("[dim]how close such predictions come to real runs: `plan validate`[/dim]")
+    best = result.plans[0]
+    stack = best.stack.name if best.stack is not None else default_stack().name
+    console.print(f"[dim]{for_rich(record_line(load_record(), stack, cluster.hardware.name))}"
+                  "[/dim]", highlight=False)
 
 
 

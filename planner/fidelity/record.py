@@ -1,0 +1,90 @@
+"""The validation set's record on a stack and GPU: how far the published runs priced on them came
+out, by source family, so that a plan can say how much its numbers have been worth.
+
+A prediction is only as good as the runs it has been checked against, and that differs by stack
+and GPU: the 2021 Megatron runs on A100 read within 9%, the FSDP runs on H100 up to 27%
+optimistic. `plan solve` prints the families whose runs were priced on the plan's stack and GPU
+profile, each with its number of runs and the range of their step-time errors (predicted /
+measured - 1), and says so plainly where the set has none. The record is stored
+(profiles/validation/record.json, written by ``python tools/validation_record.py --write``) so a
+solve does not re-run the validation; tests/test_validate.py re-derives it from the current model
+and fails when it is stale.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from planner.core.jsonfile import read_json_file
+from planner.fidelity.cases import VALIDATION_DIR
+
+RECORD_FILE = VALIDATION_DIR / "record.json"
+
+
+@dataclass(frozen=True)
+class Family:
+    """One source family's runs (a case's ``group``) priced on one stack and GPU profile."""
+
+    group: str
+    stack: str  # Stack.name
+    hardware: str  # the GPU profile name
+    runs: int
+    min_error: float  # signed step-time errors, fractions
+    max_error: float
+    mean_abs_error: float
+
+
+def families(rows) -> tuple[Family, ...]:
+    """The evaluated validation rows grouped by (family, stack, GPU profile), errors rounded to
+    0.1% (the precision `plan validate` prints), in first-seen order."""
+    found: dict[tuple[str, str, str], list[float]] = {}
+    for r in rows:
+        if r.supported:
+            found.setdefault((r.group, r.stack_name, r.hardware), []).append(r.time_error)
+    return tuple(
+        Family(group=g, stack=s, hardware=h, runs=len(e), min_error=round(min(e), 3),
+               max_error=round(max(e), 3), mean_abs_error=round(sum(map(abs, e)) / len(e), 3))
+        for (g, s, h), e in found.items())
+
+
+def record_text(fams: tuple[Family, ...]) -> str:
+    """The stored record's JSON text."""
+    return json.dumps({"families": [asdict(f) for f in fams]}, indent=1) + "\n"
+
+
+def load_record(path: str | Path = RECORD_FILE) -> tuple[Family, ...]:
+    """The stored record."""
+    doc = read_json_file(path, "validation record")
+    return tuple(Family(**f) for f in doc["families"])
+
+
+def _summary(fams: list[Family]) -> tuple[int, float, float, float]:
+    """(runs, lowest error, highest error, mean |error|) of some families together."""
+    runs = sum(f.runs for f in fams)
+    mean = sum(f.mean_abs_error * f.runs for f in fams) / runs
+    return runs, min(f.min_error for f in fams), max(f.max_error for f in fams), mean
+
+
+def record_line(fams: tuple[Family, ...], stack: str, hardware: str) -> str:
+    """One line: how the runs priced on ``stack`` with ``hardware`` came out; where there are
+    none, the stack with the most runs on that GPU profile as the nearest evidence."""
+    mine = [f for f in fams if f.stack == stack and f.hardware == hardware]
+    if mine:
+        runs, low, high, mean = _summary(mine)
+        sources = f"{len(mine)} sources" if len(mine) > 1 else "1 source"
+        return (f"{runs} published run{'s' if runs > 1 else ''} ({sources}) priced on {stack} "
+                f"with {hardware} came out {low:+.1%}..{high:+.1%}, mean |error| {mean:.1%} "
+                "(`plan validate`)")
+    others: dict[str, list[Family]] = {}
+    for f in fams:
+        if f.hardware == hardware:
+            others.setdefault(f.stack, []).append(f)
+    nearest = ""
+    if others:
+        name = max(others, key=lambda k: _summary(others[k])[0])
+        runs, low, high, mean = _summary(others[name])
+        nearest = f" (nearest: {runs} runs on {name} with {hardware}, {low:+.1%}..{high:+.1%})"
+    return (f"no published run in the validation set was priced on {stack} with {hardware}"
+            f"{nearest}; `plan validate --runs FILE` checks your own")
