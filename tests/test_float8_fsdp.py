@@ -99,7 +99,9 @@ def _small(pp=2, dp=4, m=4, **stack):
 def test_held_memory_is_the_stage_gathered_and_its_gradients_unsharded():
     model, cluster, par, held = _small()
     _, p_held = predict_plan(model, cluster, par, held)
-    _, p_free = predict_plan(model, cluster, par, replace(held, zero3_pipeline_hold=False))
+    # against a stack that gathers every layer in turn (no root unit held either)
+    _, p_free = predict_plan(model, cluster, par, replace(held, zero3_pipeline_hold=False,
+                                                          zero3_root_unit=False))
     per_layer = layer_gather_bytes(model, par, held)
     first_rank = per_layer[:17].sum()  # rank 0: embedding + 16 blocks (even split of 32)
     params = sum(sharded_params(layer, 1) for layer in model.layers[:17])
@@ -142,8 +144,8 @@ def test_partitioner_counts_what_evaluate_holds():
     model, cluster, par, held = _small(precision="fp8", fp8_all_gather=True)
     tables = cost_tables(model, par, cluster.hardware, held)
     with_hold = partition_problem(model, cluster, par, held, tables).state_bytes
-    without = partition_problem(model, cluster, par, replace(held, zero3_pipeline_hold=False),
-                                tables).state_bytes
+    without = partition_problem(model, cluster, par, replace(
+        held, zero3_pipeline_hold=False, zero3_root_unit=False), tables).state_bytes
     params = np.array([c.params for c in tables["full"].costs])
     extra = layer_gather_bytes(model, par, held) + params * 4 * (1 - 1 / par.dp)
     assert np.allclose(with_hold - without, extra)

@@ -100,4 +100,5 @@ def test_table5_rows_move_by_the_largest_gemms_copies():
         assert fp8_backward.backward_copy_bytes(block, shape, setup.options) == \
             2 * m * n + m * k
     row = validate_case(cases["torchtitan-llama3.1-70b-256gpu-fsdp32-tp8-float8"])
-    assert row.memory_error == pytest.approx(-0.037, abs=0.005)
+    # -3.7% before the root unit and the side streams' reserve (test_validate's reserve pass)
+    assert row.memory_error == pytest.approx(-0.027, abs=0.005)

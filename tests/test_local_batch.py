@@ -39,13 +39,13 @@ def test_each_run_repeats_the_pipeline_not_the_step():
     assert (setup.parallel.num_microbatches, setup.pipeline_passes) == (8, 4)
     plan, pred = predict_plan(setup.model, setup.cluster, setup.parallel, setup.options,
                               simulated=True)
-    step, mfu, _, _ = _predicted(setup, True)
+    step, mfu, _, _, _ = _predicted(setup, True)
     assert 0 < pred.pipeline_s < pred.step_s
     assert step == pytest.approx(pred.step_s + 3 * pred.pipeline_s, rel=1e-12)
     # four runs of 8 do the FLOPs of one run of 32 (the same global batch), in more time
     one_run = replace(setup, pipeline_passes=1,
                       parallel=replace(setup.parallel, num_microbatches=32))
-    step32, mfu32, _, _ = _predicted(one_run, True)
+    step32, mfu32, _, _, _ = _predicted(one_run, True)
     assert mfu * step == pytest.approx(mfu32 * step32, rel=1e-9)
     assert step > step32
 

@@ -111,6 +111,20 @@ def holds_for_step(par, opts) -> bool:
     return par.zero >= 3 and par.pp > 1 and opts.zero3_pipeline_hold
 
 
+def root_unit_held(par, opts) -> bool:
+    """Whether ZeRO-3 keeps the layers outside the per-block units (embedding, final norm, head:
+    the root unit of a stack with ``zero3_root_unit``) gathered through each step while the
+    blocks are gathered one at a time. FSDP2 (fully_shard docstring, reshard_after_forward):
+    "The root FSDP state has its value specially set to ``False`` as a heuristic since its
+    parameters would typically be immediately all-gathered for backward", so they stay gathered
+    from the root's pre-forward to its post-backward; torchtitan wraps each TransformerBlock and
+    then the model ('fully_shard(transformer_block, ...)', 'fully_shard(model, ...)',
+    parallelize_llama.py apply_fsdp). Where every unit is held for the step
+    (:func:`holds_for_step`) the root is among them; with one DP x CP rank nothing is sharded."""
+    return (par.zero >= 3 and par.dp * par.cp > 1 and opts.zero3_root_unit
+            and opts.zero3_gather == "layer" and not holds_for_step(par, opts))
+
+
 def fp8_gathered(par, opts) -> bool:
     """Whether ZeRO-3 all-gathers the blocks' FP8 linear weights in FP8."""
     return par.zero >= 3 and opts.precision == "fp8" and opts.fp8_all_gather

@@ -117,8 +117,9 @@ def _configuration(par: Parallel) -> str:
     return text + f" {par.recompute} ZeRO-{par.zero}"
 
 
-def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, float]:
-    """(step s, MFU, HFU, peak bytes) of a case's configuration."""
+def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, float, float]:
+    """(step s, MFU, HFU, peak bytes, peak reserved bytes) of a case's configuration: the peak
+    that must fit, and that peak as the allocator reserves it (planner/cost/side_streams.py)."""
     layers = None if setup.recompute_layers is None else \
         [setup.recompute_layers] * setup.parallel.num_chunks
     plan, pred = predict_plan(setup.model, setup.cluster, setup.parallel, setup.options,
@@ -129,7 +130,7 @@ def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, 
     # and the optimizer step do not; FLOPs scale with the runs
     step = mt.step_time_s + (runs - 1) * pred.pipeline_s
     scale = runs * mt.step_time_s / step
-    return step, mt.mfu * scale, mt.hfu * scale, mt.peak_memory_bytes
+    return step, mt.mfu * scale, mt.hfu * scale, mt.peak_memory_bytes, pred.peak_reserved_bytes
 
 
 def validate_case(case: dict, simulated: bool = True, dataset: str = "",
@@ -160,12 +161,13 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
                              predicted_oom=False,
                              note="; ".join(("skipped: " + setup.unsupported,) + setup.notes),
                              **common)
-    step, mfu, hfu, peak_bytes = _predicted(setup, simulated)
+    step, mfu, hfu, peak_bytes, reserved_bytes = _predicted(setup, simulated)
     if setup.recompute_guessed and peak_bytes > setup.cluster.hardware.memory_bytes:
         # the run fitted, so it recomputed: the guess moves to the least recompute that fits
-        setup, (step, mfu, hfu, peak_bytes) = _least_recompute(setup, simulated)
+        setup, (step, mfu, hfu, peak_bytes, reserved_bytes) = _least_recompute(setup, simulated)
     peak = setup.cluster.hardware.peak_tflops
-    predicted_mem = _comparable_memory_bytes(peak_bytes, me) / MEMORY_UNIT_BYTES
+    # measured memory is the allocator's reserve or the device's use: side streams included
+    predicted_mem = _comparable_memory_bytes(reserved_bytes, me) / MEMORY_UNIT_BYTES
     config = _configuration(setup.parallel)
     if setup.recompute_layers is not None:
         config = config.replace(" full ZeRO", f" block {setup.recompute_layers} ZeRO")

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from planner.core.parallel import Parallel
-from planner.cost import constants, precision, zero
+from planner.cost import constants, precision, side_streams, zero
 from planner.cost.fragmentation import churn_share, fragmentation, layer_shares
 from planner.cost.memory import (ACT_BYTES, Shape, model_state_parts, sharded_params,
                                  sp_gathered_bytes)
@@ -72,8 +72,27 @@ def gathered_bytes(model: ModelSpec, par: Parallel, opts: Stack, rank_params) ->
         return np.zeros_like(rank_params)
     if opts.zero3_gather == "stage":
         return rank_params * ACT_BYTES
-    largest = float(layer_gather_bytes(model, par, opts).max())
-    return np.full_like(rank_params, (1 + opts.zero3_prefetch) * largest)
+    per_layer = layer_gather_bytes(model, par, opts)
+    if zero.root_unit_held(par, opts):  # the root's layers are held, not gathered in turn
+        per_layer = per_layer[_blocks(model)]
+    return np.full_like(rank_params, (1 + opts.zero3_prefetch) * float(per_layer.max()))
+
+
+def _blocks(model: ModelSpec) -> np.ndarray:
+    """Mask of the model's transformer blocks among its layers."""
+    return np.array([layer.kind == "block" for layer in model.layers])
+
+
+def root_gather_bytes(model: ModelSpec, par: Parallel, opts: Stack) -> np.ndarray:
+    """Per layer: the gathered weights ZeRO-3's root unit holds through the step (the layers
+    outside the blocks, where the stack wraps them so: cost/zero.py root_unit_held); zeros
+    otherwise."""
+    if not zero.root_unit_held(par, opts):
+        return np.zeros(len(model.layers))
+    out = layer_gather_bytes(model, par, opts) * ~_blocks(model)
+    if model.tie_embeddings and par.num_chunks == 1:  # one tied weight, gathered once
+        out[-1] -= zero.GATHER_BYTES * model.padded_vocab_size(par.tp) * model.hidden_size / par.tp
+    return out
 
 
 _GATHER: dict = {}  # (id(model), tp, ep, etp, fp8) -> (model, per-layer bytes)
@@ -112,14 +131,15 @@ def held_bytes(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArrays
                ) -> tuple[np.ndarray, np.ndarray]:
     """Per chunk: (gathered weights, gradients beyond the sharded ones state_parts counts) that
     ZeRO-3 holds for the whole step where the stack keeps a pipeline stage gathered (cost/zero.py
-    holds_for_step); zeros otherwise. Only parameters sharded over more than one rank are
+    holds_for_step); otherwise the root unit's gathered layers where it is held
+    (:func:`root_gather_bytes`) and no gradients. Only parameters sharded over more than one rank are
     gathered: dense ones over the DP x CP ranks, experts over the expert-DP group. Their
     gradients stay unsharded in the reduce dtype until the last backward; the sharded gradient
     exists only after it (torchtitan zeroes gradients, set to None, before each step), so the
     unsharded one replaces it: params x bytes x (1 - 1/n) more than state_parts' shard."""
     n = len(stages.first)
     if not zero.holds_for_step(par, opts):
-        return np.zeros(n), np.zeros(n)
+        return _chunk_sums(root_gather_bytes(model, par, opts), stages), np.zeros(n)
     experts = stages.expert_params
     dense = stages.params - experts
     groups = ((dense, par.dp * par.cp), (experts, par.expert_dp))
@@ -127,6 +147,13 @@ def held_bytes(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArrays
     share = np.where(stages.params > 0, sharded / np.maximum(stages.params, 1.0), 0.0)
     grads = opts.reduced_grad_bytes(par.zero) * sum(p * (1 - 1 / ranks) for p, ranks in groups)
     return chunk_gather_bytes(model, par, opts, stages) * share, grads
+
+
+def _chunk_sums(per_layer: np.ndarray, stages: ChunkArrays) -> np.ndarray:
+    """Per chunk: the sum of ``per_layer`` over its layers (0 for a chunk of no known layers)."""
+    cum = np.concatenate([[0.0], np.cumsum(per_layer)])
+    first, last = stages.first.astype(int), stages.last.astype(int)
+    return np.where(last > first, cum[np.maximum(last, first)] - cum[first], 0.0)
 
 
 def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays,
@@ -189,6 +216,20 @@ def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight:
             "activations": acts - logits, "logits": logits, "transient": transient,
             "fragmentation": held * frag / (1 - frag),
             "reserved": np.full(p, float(constants.RESERVED_BYTES))}
+
+
+def side_stream_bytes(model: ModelSpec, par: Parallel, opts: Stack,
+                      stages: ChunkArrays) -> np.ndarray:
+    """Per rank: what ZeRO-3's side streams keep reserved beside the peak and release when an
+    allocation fails (cost/side_streams.py): not in memory_parts, which is what must fit."""
+    p = par.pp
+    if par.zero < 3 or not opts.zero3_side_streams:
+        return np.zeros(p)
+    idle = np.zeros(p)
+    if zero.holds_for_step(par, opts):  # the sharded gradients, freed until the last backward
+        idle = stages.by_rank(state_parts(stages.params, par, opts, stages.expert_params)[1], p)
+    largest = float(layer_gather_bytes(model, par, opts).max())
+    return side_streams.side_stream_bytes(largest, opts.zero3_prefetch, idle)
 
 
 def _churn_shape(model: ModelSpec, par: Parallel, opts: Stack) -> Shape:

@@ -17,6 +17,7 @@ from planner.cost import constants, precision, recompute, zero
 from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
 from planner.predict.chunks import CostTable, ChunkArrays
 from planner.predict.memory import (gathered_bytes, kept_outputs, layer_gather_bytes,
+                                    root_gather_bytes,
                                     recompute_churn, state_bytes)
 from planner.hardware.profiles import Cluster
 from planner.cost.fragmentation import fragmentation
@@ -141,7 +142,8 @@ def partition_problem(model: ModelSpec, cluster: Cluster, par: Parallel, opts: S
     inflight, kept, capacity = _memory_terms(model, cluster, par, opts, tables)
     return PartitionProblem(
         time_s=time_s, state_bytes=_layer_states(params, par, opts, experts,
-                                                  layer_gather_bytes(model, par, opts)) + cached,
+                                                  layer_gather_bytes(model, par, opts)) + cached
+        + root_gather_bytes(model, par, opts),
         act_bytes=act,
         inflight=inflight, capacity_bytes=capacity, modes=modes,
         boundary_s=2 * np.array(stage_transfer_s(model, par, cluster, opts)),
@@ -190,7 +192,8 @@ def may_fit(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     total_s = float(_layer_states(any_table.prefix["params"][-1], par, opts,
                                   any_table.prefix["expert_params"][-1])
                     + precision.held_fp8_bytes(any_table.prefix["cache_bytes"][-1],
-                                               par.zero, opts))
+                                               par.zero, opts)
+                    + root_gather_bytes(model, par, opts).sum())
     total_a = float(np.minimum.reduce([np.diff(t.prefix["act_bytes"])
                                        for t in tables.values()]).sum())
     f = inflight

@@ -32,7 +32,8 @@ from planner.pipeline.schedule import ZB_2P_LIMIT
 from planner.pipeline.blocking import blocking_charges
 from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
 from planner.stack import Stack, default_stack
-from planner.predict.memory import chunk_gather_bytes, state_bytes, memory_parts
+from planner.predict.memory import (chunk_gather_bytes, memory_parts, side_stream_bytes,
+                                    state_bytes)
 from planner.predict.chunks import ChunkArrays, CostTable, mirrored, split_stages
 
 # Adam step per parameter shard: read fp32 master, m, v and the fp32 gradient (16 B), write master,
@@ -142,10 +143,21 @@ class Prediction:
     pipeline_s: float = 0.0
     # per pipeline rank, by part (MEMORY_PARTS); the parts sum to rank_memory_bytes
     memory_parts: dict | None = None
+    # per pipeline rank: reserved on ZeRO-3's side streams beyond rank_memory_bytes, released
+    # when an allocation fails (predict/memory.py side_stream_bytes)
+    side_stream_bytes: np.ndarray | None = None
 
     @property
     def peak_memory_bytes(self) -> float:
+        """The largest rank's peak: what must fit."""
         return float(self.rank_memory_bytes.max())
+
+    @property
+    def peak_reserved_bytes(self) -> float:
+        """The largest rank's peak as the allocator reserves it (and nvidia-smi shows it): with
+        what the side streams keep."""
+        side = 0.0 if self.side_stream_bytes is None else self.side_stream_bytes
+        return float((self.rank_memory_bytes + side).max())
 
 
 def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
@@ -222,7 +234,8 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                       rank_memory_bytes=rank_mem, chunk_memory_bytes=chunk_mem,
                       model_flops=float(stages.model_flops.sum()) * replicas,
                       hardware_flops=float(stages.hardware_flops.sum()) * replicas,
-                      transfer_s=p2p, memory_parts=parts, pipeline_s=float(pipeline_s))
+                      transfer_s=p2p, memory_parts=parts, pipeline_s=float(pipeline_s),
+                      side_stream_bytes=side_stream_bytes(model, par, opts, stages))
 
 
 def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction,

@@ -328,8 +328,10 @@ def _memory_rows(exp) -> list[dict]:
     if not parts:
         return []
     ranks = len(next(iter(parts.values())))
+    side = exp.side_stream_bytes if any(exp.side_stream_bytes) else None
     return [{"rank": r, **{k: int(round(v[r])) for k, v in parts.items()},
-             "total": int(round(sum(v[r] for v in parts.values())))} for r in range(ranks)]
+             "total": int(round(sum(v[r] for v in parts.values()))),
+             **({"side_streams": int(round(side[r]))} if side else {})} for r in range(ranks)]
 
 
 def print_explanation(console: Console, exp, wide: bool = False) -> None:
@@ -376,14 +378,19 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
     console.print(table)
     rows = _memory_rows(exp)
     if rows:
-        parts = [k for k in rows[0] if k not in ("rank", "total")]
-        mem = Table(title="memory per rank, GiB (frag: allocator fragmentation)",
-                    title_justify="left")
-        for col in ["rank", *parts, "total"]:
+        side = "side_streams" in rows[0]
+        parts = [k for k in rows[0] if k not in ("rank", "total", "side_streams")]
+        title = "memory per rank, GiB (frag: allocator fragmentation)"
+        if side:
+            title += ("; +side: also reserved on ZeRO-3's side streams, freed when an allocation "
+                      "fails, so not in what must fit")
+        mem = Table(title=title, title_justify="left")
+        for col in ["rank", *parts, "total", *(["+side"] if side else [])]:
             mem.add_column({"fragmentation": "frag"}.get(col, col), justify="right")
         for row in rows:
             mem.add_row(str(row["rank"]), *(f"{row[k] / GIB:.2f}" for k in parts),
-                        f"{row['total'] / GIB:.1f}")
+                        f"{row['total'] / GIB:.1f}",
+                        *([f"{row['side_streams'] / GIB:.2f}"] if side else []))
         console.print(mem)
     for note in exp.plan.notes:
         console.print(f"[dim]{note}[/dim]", highlight=False)

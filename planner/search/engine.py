@@ -501,6 +501,9 @@ class Explanation:
     no_split: str | None = None
     # per pipeline rank, bytes by part (planner/evaluate.py MEMORY_PARTS)
     memory_parts: dict | None = None
+    # per pipeline rank, reserved on ZeRO-3's side streams beside the parts (not in what must
+    # fit: planner/cost/side_streams.py)
+    side_stream_bytes: tuple[float, ...] = ()
 
     @property
     def fits(self) -> bool:
@@ -558,7 +561,8 @@ def explain(req: Request) -> Explanation:
                            recompute_layers=[s.recompute_layers for s in plan.stages],
                            profile=req.profile, simulated=True)
     parts = {k: [float(x) for x in v] for k, v in pred.memory_parts.items()}
-    return Explanation(par, plan, capacity, None, no_split, parts)
+    return Explanation(par, plan, capacity, None, no_split, parts,
+                       tuple(float(x) for x in pred.side_stream_bytes))
 
 
 STRUCTURAL = ("TP across", "more stages than layers", "schedule rule", "uneven interleaving", "heads not divisible",

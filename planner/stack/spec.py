@@ -82,6 +82,15 @@ class Stack:
     # unsharded (accumulated in the reduce dtype) from the first forward to the last backward:
     # one gather and one reduce-scatter per step, both held in memory (planner/cost/zero.py)
     zero3_pipeline_hold: bool
+    # ZeRO-3 allocates its all-gather outputs and its reduce-scatter outputs (the sharded
+    # gradients) on side streams, whose freed memory the caching allocator keeps for them:
+    # reserved beside the compute stream's peak, released only when an allocation fails
+    # (FSDP2; planner/cost/side_streams.py); false: in buffers of its own or on the compute stream
+    zero3_side_streams: bool
+    # ZeRO-3 wraps the layers outside the blocks (embedding, final norm, head) as one root unit,
+    # gathered through the whole step while blocks are gathered one at a time (FSDP's root;
+    # planner/cost/zero.py root_unit_held); false: they are gathered as any layer is
+    zero3_root_unit: bool
     # Megatron's scatter/gather of stage outputs over TP ranks (Narayanan et al. 2021 §4.1)
     p2p_scatter_gather: bool
     # with sequence parallelism the column-parallel linears keep their all-gathered input for
@@ -293,7 +302,8 @@ _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm
           "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy",
           "p2p_buffers_per_microbatch",
           "fused_elementwise", "complex_rope", "optimizer_post_validation", "fp8_weight_cache",
-          "fp8_saved_activations", "fp8_all_gather", "fp8_params", "zero3_pipeline_hold", "loss_parallel",
+          "fp8_saved_activations", "fp8_all_gather", "fp8_params", "zero3_pipeline_hold",
+          "zero3_side_streams", "zero3_root_unit", "loss_parallel",
           "sp_keeps_gathered", "moe_probs_in_activation", "fp8_moe_act_input")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
