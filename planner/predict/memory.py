@@ -122,9 +122,9 @@ def chunk_gather_bytes(model: ModelSpec | None, par: Parallel, opts: Stack,
     least = zero.FP8_GATHER_BYTES if zero.fp8_gathered(par, opts) else zero.GATHER_BYTES
     if model is None:
         return least * stages.params
-    per_layer = np.concatenate([[0.0], np.cumsum(layer_gather_bytes(model, par, opts))])
-    first, last = stages.first.astype(int), stages.last.astype(int)
-    return np.where(last > first, per_layer[last] - per_layer[first], least * stages.params)
+    known = stages.last > stages.first
+    return np.where(known, _chunk_sums(layer_gather_bytes(model, par, opts), stages),
+                    least * stages.params)
 
 
 def held_bytes(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArrays
@@ -132,8 +132,8 @@ def held_bytes(model: ModelSpec, par: Parallel, opts: Stack, stages: ChunkArrays
     """Per chunk: (gathered weights, gradients beyond the sharded ones state_parts counts) that
     ZeRO-3 holds for the whole step where the stack keeps a pipeline stage gathered (cost/zero.py
     holds_for_step); otherwise the root unit's gathered layers where it is held
-    (:func:`root_gather_bytes`) and no gradients. Only parameters sharded over more than one rank are
-    gathered: dense ones over the DP x CP ranks, experts over the expert-DP group. Their
+    (:func:`root_gather_bytes`) and no gradients. Only parameters sharded over more than one
+    rank are gathered: dense ones over the DP x CP ranks, experts over the expert-DP group. Their
     gradients stay unsharded in the reduce dtype until the last backward; the sharded gradient
     exists only after it (torchtitan zeroes gradients, set to None, before each step), so the
     unsharded one replaces it: params x bytes x (1 - 1/n) more than state_parts' shard."""
@@ -153,7 +153,7 @@ def _chunk_sums(per_layer: np.ndarray, stages: ChunkArrays) -> np.ndarray:
     """Per chunk: the sum of ``per_layer`` over its layers (0 for a chunk of no known layers)."""
     cum = np.concatenate([[0.0], np.cumsum(per_layer)])
     first, last = stages.first.astype(int), stages.last.astype(int)
-    return np.where(last > first, cum[np.maximum(last, first)] - cum[first], 0.0)
+    return np.where(last > first, cum[last] - cum[first], 0.0)
 
 
 def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays,

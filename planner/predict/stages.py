@@ -17,8 +17,7 @@ from planner.cost import constants, precision, recompute, zero
 from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
 from planner.predict.chunks import CostTable, ChunkArrays
 from planner.predict.memory import (gathered_bytes, kept_outputs, layer_gather_bytes,
-                                    root_gather_bytes,
-                                    recompute_churn, state_bytes)
+                                    recompute_churn, root_gather_bytes, state_bytes)
 from planner.hardware.profiles import Cluster
 from planner.cost.fragmentation import fragmentation
 from planner.cost.memory import ACT_BYTES
