@@ -230,9 +230,12 @@ def test_modern_step_time_error(both):
     # TE userbuffer overlap priced per collective from each run's ub_cfgs (cost/tp_overlap.py,
     # replacing megatron-core's unsourced hidden share 1.0): the GPT-3 175B and Llama 3 70B
     # NeMo rows -16.2% -> -15.5% and -13.3% -> -10.0%: modern 12.2% -> 12.1%, all cases 8.4%.
+    # The torchtitan 405B interleaved row run on torch's lockstep time steps, as its Dec 2024
+    # torch ran Interleaved1F1B (Stack.pipeline_timesteps, pipeline/timestep.py): -24.4% ->
+    # -22.7%, modern 12.1% -> 12.0% (12.04%).
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.121, abs=0.01)
+    assert modern.mean_abs_time_error == pytest.approx(0.120, abs=0.01)
     assert modern.max_abs_time_error == pytest.approx(0.265, abs=0.02)
     assert s.mean_abs_time_error == pytest.approx(0.084, abs=0.01)  # with the MoE rows
 
@@ -404,7 +407,13 @@ def test_fp8_runs_are_summarised_apart(both):
     # expose their last chunk, their GEMMs give up the SMs set_sm_margin reserves (24 and 16 of
     # 132), the ring exchanges run on the copy engines. GPT-3 175B -16.2% -> -15.5%, Llama 3
     # 70B -13.3% -> -10.0%: still optimistic, not fitted; the group's mean 10.2% -> 9.7%.
-    assert fp8.mean_abs_time_error == pytest.approx(0.097, abs=0.01)
+    # The 405B interleaved row on the lockstep time steps its Dec 2024 torch ran
+    # (Stack.pipeline_timesteps, pipeline/timestep.py): -24.4% -> -22.7%, the 1F1B row
+    # (Schedule1F1B, no time steps) unchanged at -11.6%; the group's mean 9.7% -> 9.5%.
+    assert fp8.mean_abs_time_error == pytest.approx(0.095, abs=0.01)
+    inter = {r.case: r for r in rows}["torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8"]
+    assert "pipeline_timesteps=on" in inter.stack
+    assert inter.predicted_step_s / inter.measured_step_s - 1 == pytest.approx(-0.227, abs=0.01)
     by = {r.case: r for r in rows}
     gpt3 = by["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
     assert gpt3.configuration.endswith(" none ZeRO-1") and not gpt3.predicted_oom

@@ -27,7 +27,7 @@ from planner.cost.memory import ACT_BYTES, Shape, sp_gathered_bytes
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Metrics, Plan, Stage
-from planner.pipeline import dualpipe
+from planner.pipeline import dualpipe, timestep
 from planner.pipeline.schedule import ZB_2P_LIMIT
 from planner.pipeline.blocking import blocking_charges
 from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
@@ -207,6 +207,8 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
         pipeline_s = _pipeline_closed_form(par, rank_time, stages)
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
+    if opts.pipeline_timesteps and par.schedule == "interleaved" and p > 1:
+        pipeline_s, bubble = _timestep_pipeline(par, stages, p2p, engine[0])
 
     states = state_bytes(stages.params, par, opts, stages.expert_params) + \
         precision.held_fp8_bytes(stages.cached_bytes, par.zero, opts)
@@ -236,6 +238,22 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                       hardware_flops=float(stages.hardware_flops.sum()) * replicas,
                       transfer_s=p2p, memory_parts=parts, pipeline_s=float(pipeline_s),
                       side_stream_bytes=side_stream_bytes(model, par, opts, stages))
+
+
+def _timestep_pipeline(par: Parallel, stages: ChunkArrays, p2p: np.ndarray,
+                       action_s: float) -> tuple[float, float]:
+    """(seconds, idle share) of the pipeline on an engine that runs the interleaved schedule in
+    lockstep time steps (Stack.pipeline_timesteps: torch.distributed.pipelining up to torch 2.6;
+    planner/pipeline/timestep.py). Its transfers are inside the steps, each waited on before the
+    next, so they are priced there (``p2p``: per chunk, its output's transfer) and not as a
+    blocking charge; the compute order, and so the activations each rank holds, is the one the
+    op-by-op simulation runs."""
+    m = par.num_microbatches
+    fwd, bwd = stages.fwd_s.tolist(), stages.bwd_s.tolist()
+    makespan = timestep.interleaved_makespan_s(par.pp, m, par.virtual_stages, fwd, bwd,
+                                               p2p[:-1].tolist(), action_s)
+    busy = m * (sum(fwd) + sum(bwd) + 2 * action_s * par.num_chunks)
+    return makespan, max(0.0, 1 - busy / (par.pp * makespan))
 
 
 def metrics_of(model: ModelSpec, cluster: Cluster, par: Parallel, pred: Prediction,

@@ -101,6 +101,11 @@ class Stack:
     # ops, so a transfer occupies both ranks instead of overlapping their compute
     # (planner/pipeline/blocking.py); False: a transfer is latency on the dependency only
     p2p_blocking: bool
+    # the pipeline engine runs an interleaved schedule as a table of time steps with idle slots,
+    # each step's sends and its neighbours' receives batched and waited on before the next step
+    # (torch.distributed.pipelining up to torch 2.6, PipelineScheduleMulti;
+    # planner/pipeline/timestep.py); False: each rank runs its ops as their inputs arrive
+    pipeline_timesteps: bool
     # the pipeline engine keeps every in-flight microbatch's stage output until its backward
     keep_stage_outputs: bool
     # the pipeline engine allocates a receive buffer for every microbatch of the step, its
@@ -300,7 +305,7 @@ _CHOICES = {
 }
 _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm_overlap",
           "p2p_scatter_gather", "p2p_blocking", "keep_stage_outputs", "fused_cross_entropy",
-          "p2p_buffers_per_microbatch",
+          "p2p_buffers_per_microbatch", "pipeline_timesteps",
           "fused_elementwise", "complex_rope", "optimizer_post_validation", "fp8_weight_cache",
           "fp8_saved_activations", "fp8_all_gather", "fp8_params", "zero3_pipeline_hold",
           "zero3_side_streams", "zero3_root_unit", "loss_parallel",
