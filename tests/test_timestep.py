@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import pytest
+from conftest import engine_module
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -68,7 +69,8 @@ def test_table_is_torchs(p, m, v):
     installed torch (2.13) still builds the table with the code torch 2.6 ran in lockstep
     (_get_1f1b_rank_ops is unchanged but for type hints; 2.13 lowers the table into send and
     receive actions instead of walking it step by step)."""
-    schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
+    schedules = engine_module("torch.distributed.pipelining.schedules",
+                              "torch (the engine extra) builds the table to compare")
     sched = object.__new__(schedules.ScheduleInterleaved1F1B)
     sched.pp_group_size, sched.n_local_stages, sched._n_microbatches = p, v, m
     sched.number_of_rounds = max(1, m // p)

@@ -233,9 +233,14 @@ def test_modern_step_time_error(both):
     # The torchtitan 405B interleaved row run on torch's lockstep time steps, as its Dec 2024
     # torch ran Interleaved1F1B (Stack.pipeline_timesteps, pipeline/timestep.py): -24.4% ->
     # -22.7%, modern 12.1% -> 12.0% (12.04%).
+    # Both 405B rows with their Dec 2024 torch's FSDP2 reduce-scatters inside each stage's last
+    # backward, unit after unit, before the input gradient is sent (Stack.zero3_reduce_chain,
+    # cost/zero.py reduce_chain_s): 1F1B -11.6% -> -4.1%, interleaved -22.7% -> -13.8%; modern
+    # 12.0% -> 11.6%: the issue target (<= 12%) is met.
     _, s = both
     modern = dict(s.groups)["modern"]
-    assert modern.mean_abs_time_error == pytest.approx(0.120, abs=0.01)
+    assert modern.mean_abs_time_error == pytest.approx(0.116, abs=0.005)
+    assert modern.mean_abs_time_error <= 0.12
     assert modern.max_abs_time_error == pytest.approx(0.265, abs=0.02)
     assert s.mean_abs_time_error == pytest.approx(0.084, abs=0.01)  # with the MoE rows
 
@@ -410,10 +415,18 @@ def test_fp8_runs_are_summarised_apart(both):
     # The 405B interleaved row on the lockstep time steps its Dec 2024 torch ran
     # (Stack.pipeline_timesteps, pipeline/timestep.py): -24.4% -> -22.7%, the 1F1B row
     # (Schedule1F1B, no time steps) unchanged at -11.6%; the group's mean 9.7% -> 9.5%.
-    assert fp8.mean_abs_time_error == pytest.approx(0.095, abs=0.01)
-    inter = {r.case: r for r in rows}["torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8"]
-    assert "pipeline_timesteps=on" in inter.stack
-    assert inter.predicted_step_s / inter.measured_step_s - 1 == pytest.approx(-0.227, abs=0.01)
+    # Both 405B rows with the reduce-scatter chain of each stage's last backward (their torch's
+    # FSDP2 post-backward under pipelining: Stack.zero3_reduce_chain, cost/zero.py
+    # reduce_chain_s): 1F1B -11.6% -> -4.1%, interleaved -22.7% -> -13.8%; the group's mean
+    # 9.5% -> 7.5%.
+    assert fp8.mean_abs_time_error == pytest.approx(0.075, abs=0.01)
+    by_case = {r.case: r for r in rows}
+    inter = by_case["torchtitan-llama3.1-405b-512gpu-3d-interleaved-float8"]
+    one = by_case["torchtitan-llama3.1-405b-512gpu-3d-1f1b-float8"]
+    assert "pipeline_timesteps=on" in inter.stack and "zero3_reduce_chain=on" in inter.stack
+    assert "zero3_reduce_chain=on" in one.stack
+    assert inter.predicted_step_s / inter.measured_step_s - 1 == pytest.approx(-0.138, abs=0.01)
+    assert one.predicted_step_s / one.measured_step_s - 1 == pytest.approx(-0.041, abs=0.01)
     by = {r.case: r for r in rows}
     gpt3 = by["nemo2407-gpt3-175b-h100-512gpu-tp4-pp8-cp1-vp6-fp8"]
     assert gpt3.configuration.endswith(" none ZeRO-1") and not gpt3.predicted_oom

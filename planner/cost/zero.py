@@ -139,17 +139,43 @@ def layer_gather_bytes(layer, params: float, norms_on_gpu: float, fp8: bool) -> 
     return FP8_GATHER_BYTES * (params - norms_on_gpu) + GATHER_BYTES * norms_on_gpu
 
 
-def step_exposed_s(t: UnitTimes, prefetch: int, overlap_gather: bool
+def reduce_chain_s(units_per_chunk, reduce_s_per_chunk) -> float:
+    """Seconds the reduce-scatters add to the drain of a step whose stages are held gathered
+    (:func:`holds_for_step`) on an engine that reduces each stage's gradients inside its last
+    backward, unit after unit, before sending the input gradient on (``zero3_reduce_chain``).
+    torch.distributed.pipelining up to torch 2.6 runs, after a stage's last backward, every
+    unit's post-backward in a loop ('if last_backward: # Manually call post backward for FSDP
+    ... state._fsdp_param_group.post_backward()', stage.py backward_maybe_with_nosync), and
+    each post-backward first makes the compute stream wait for the previous unit's
+    reduce-scatter ('self.device_handle.current_stream().wait_event(self.comm_ctx.
+    reduce_scatter_state.event)', _fsdp_param_group.py post_backward; torch 2.6.0); the input
+    gradient's send is issued after the backward returns, on a stream that waits for the
+    compute stream. So on each chunk the reduce-scatters of all its units but the last lie
+    between its last backward and the next chunk's, and the last microbatch's backward passes
+    every chunk in turn: the chunks after the first each add (units - 1) reduce-scatters to the
+    step, and their last unit's runs beside the rest of the drain. Only the first chunk's own
+    reduce-scatters end the step (:func:`step_exposed_s` with ``reduce_units``). Exact where
+    each chunk's last backward waits for the one after it, as 1F1B's drain does; an upper bound
+    where a rank still has other work then."""
+    u = np.asarray(units_per_chunk, dtype=float)[1:]
+    rs = np.asarray(reduce_s_per_chunk, dtype=float)[1:]
+    return float((np.maximum(u - 1, 0.0) * rs).sum())
+
+
+def step_exposed_s(t: UnitTimes, prefetch: int, overlap_gather: bool, reduce_units=None
                    ) -> tuple[np.ndarray, np.ndarray]:
     """(exposed, total) seconds of a step's ZeRO-3 collectives per rank when the weights are
     held for the step: one pass of gathers beside the first microbatch's forward (pipelined as
     :func:`exposed_per_microbatch_s` prices a forward) and every unit's reduce-scatter after
-    the last backward, exposed whole. ``bwd_gather_s`` is not read: nothing is gathered again."""
+    the last backward, exposed whole, or only ``reduce_units`` of them per rank where the rest
+    run inside the drain (:func:`reduce_chain_s`). ``bwd_gather_s`` is not read: nothing is
+    gathered again."""
     u = np.asarray(t.units, dtype=float)
     total = u * (t.gather_s + t.reduce_s)
     if overlap_gather and prefetch >= 1:
         fwd = _pipelined(u, t.gather_s, t.fwd_s, t.gather_s, 0.0)
     else:
         fwd = u * t.gather_s
-    exposed = np.where(u > 0, fwd + u * t.reduce_s, 0.0)
+    reduced = u if reduce_units is None else np.asarray(reduce_units, dtype=float)
+    exposed = np.where(u > 0, fwd + reduced * t.reduce_s, 0.0)
     return np.minimum(exposed, total), total

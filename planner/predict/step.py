@@ -533,10 +533,15 @@ def _zero3_exposed_s(par: Parallel, opts: Stack, stages: ChunkArrays, group: ncc
         gather_s=np.atleast_1d(gather), bwd_gather_s=np.atleast_1d(gather),
         reduce_s=np.atleast_1d(reduce))
     if zero.holds_for_step(par, opts):  # gathered once, reduce-scattered once (cost/zero.py)
+        chain, after = 0.0, None
+        if opts.zero3_reduce_chain:  # inside the drain: only the first chunk's end the step
+            chain = zero.reduce_chain_s(per_chunk, times.reduce_s[np.arange(par.num_chunks) % p])
+            after = np.zeros(p)
+            after[0] = per_chunk[0]
         exposed, total = zero.step_exposed_s(times, opts.zero3_prefetch,
-                                             opts.overlap_param_gather)
+                                             opts.overlap_param_gather, after)
         total = np.where(units > 0, total, priced * (times.gather_s + times.reduce_s))
-        return exposed + interference * (total - exposed)
+        return chain + exposed + interference * (total - exposed)
     exposed, total = zero.exposed_per_microbatch_s(
         times, opts.zero3_prefetch, opts.overlap_param_gather, opts.overlap_grad_reduce)
     total = np.where(units > 0, total, priced * (times.gather_s * 2 + times.reduce_s))

@@ -91,6 +91,10 @@ class Stack:
     # gathered through the whole step while blocks are gathered one at a time (FSDP's root;
     # planner/cost/zero.py root_unit_held); false: they are gathered as any layer is
     zero3_root_unit: bool
+    # held for the step under PP, a stage's gradients are reduce-scattered inside its last
+    # backward, unit after unit, before its input gradient is sent on (torch.distributed.
+    # pipelining up to torch 2.6; planner/cost/zero.py reduce_chain_s); false: after it
+    zero3_reduce_chain: bool
     # Megatron's scatter/gather of stage outputs over TP ranks (Narayanan et al. 2021 §4.1)
     p2p_scatter_gather: bool
     # with sequence parallelism the column-parallel linears keep their all-gathered input for
@@ -308,7 +312,7 @@ _BOOLS = ("fp32_shards", "overlap_grad_reduce", "overlap_param_gather", "tp_comm
           "p2p_buffers_per_microbatch", "pipeline_timesteps",
           "fused_elementwise", "complex_rope", "optimizer_post_validation", "fp8_weight_cache",
           "fp8_saved_activations", "fp8_all_gather", "fp8_params", "zero3_pipeline_hold",
-          "zero3_side_streams", "zero3_root_unit", "loss_parallel",
+          "zero3_side_streams", "zero3_root_unit", "zero3_reduce_chain", "loss_parallel",
           "sp_keeps_gathered", "moe_probs_in_activation", "fp8_moe_act_input")
 # (low, high) inclusive; a value outside is refused with the range
 _RANGES = {"optimizer_state_bytes": (0.0, 32.0), "zero3_prefetch": (0, 8),
