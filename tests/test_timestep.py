@@ -127,3 +127,22 @@ def test_stack_field_prices_only_the_interleaved_schedule():
         assert b.step_time_s > a.step_time_s and b.bubble_fraction > a.bubble_fraction
         assert evaluate(model, cluster, one, lockstep, simulated=sim).metrics.step_time_s == \
             evaluate(model, cluster, one, titan, simulated=sim).metrics.step_time_s
+
+
+def test_plan_simulate_says_it_draws_the_data_driven_run(tmp_path):
+    """`plan simulate --stack` on a stack with lockstep time steps: the chart is the op-by-op
+    run, and a note says the time steps are priced by plan solve, not drawn."""
+    import json as _json
+    from typer.testing import CliRunner
+    from planner.cli import app
+    path = tmp_path / "torch26.json"
+    path.write_text(_json.dumps({"base": "torchtitan", "name": "torch26", "version": "1",
+                                 "description": "torchtitan on torch 2.6",
+                                 "pipeline_timesteps": True}))
+    args = ["simulate", "--pp", "2", "--microbatches", "4", "--schedule", "interleaved",
+            "--virtual-stages", "2", "--stack", str(path)]
+    result = CliRunner().invoke(app, args)
+    assert result.exit_code == 0, result.output
+    assert "lockstep time steps" in result.output
+    plain = CliRunner().invoke(app, args[:-2] + ["--stack", "torchtitan"])
+    assert plain.exit_code == 0 and "lockstep" not in plain.output

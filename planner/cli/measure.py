@@ -16,7 +16,8 @@ from planner.core.files import refuse_overwrite, write_text
 from planner.core.text import for_rich
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
 from planner.model.load import load_model
-from planner.pipeline.job import on_stack, run_simulation, simulation_job, simulation_summary
+from planner.pipeline.job import (on_stack, run_simulation, simulation_job, simulation_summary,
+                                  stack_note)
 from planner.profiling.machine import calibrate
 from planner.profiling.profiler import profile_model
 from planner.profiling.record import save_profile
@@ -119,7 +120,11 @@ def simulate(
         job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                              plan_file)
         if stack is not None:
-            job = on_stack(job, resolve_stack(stack))
+            runs_on = resolve_stack(stack)
+            job = on_stack(job, runs_on)
+            note = stack_note(job, runs_on)
+            if note:
+                err.print(f"note: {for_rich(note)}", highlight=False, soft_wrap=True)
         result = run_simulation(job)
         if svg is not None:
             write_text(svg, to_svg(result), force=force)

@@ -82,6 +82,17 @@ def on_stack(job: SimulationJob, stack: Stack) -> SimulationJob:
                    p2p_blocking=stack.p2p_blocking)
 
 
+def stack_note(job: SimulationJob, stack: Stack) -> str | None:
+    """What of ``stack`` this op-by-op chart does not draw, in one line (None: nothing): an
+    engine that runs interleaved 1F1B in lockstep time steps (Stack.pipeline_timesteps) is
+    priced so by `plan solve` and `plan validate` (planner/pipeline/timestep.py), not drawn."""
+    if stack.pipeline_timesteps and job.schedule == "interleaved" and job.p > 1:
+        return (f"the {stack.name} stack runs interleaved 1F1B in lockstep time steps (torch "
+                "<= 2.6); this chart draws it run as data arrives, while `plan solve` prices "
+                "the time steps (planner/pipeline/timestep.py)")
+    return None
+
+
 def _times(text: str, chunks: int) -> tuple[float, ...]:
     try:
         values = tuple(float(x) for x in text.split(","))
