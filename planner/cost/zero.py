@@ -116,7 +116,9 @@ def root_unit_held(par, opts) -> bool:
     the root unit of a stack with ``zero3_root_unit``) gathered through each step while the
     blocks are gathered one at a time. FSDP2 (fully_shard docstring, reshard_after_forward):
     "The root FSDP state has its value specially set to ``False`` as a heuristic since its
-    parameters would typically be immediately all-gathered for backward", so they stay gathered
+    parameters would typically be immediately all-gathered for backward", whatever the caller
+    passes ('# For the root, do not reshard after forward ... self._fsdp_param_group.
+    post_forward_mesh_info = None', FSDPState._lazy_init, torch 2.6), so they stay gathered
     from the root's pre-forward to its post-backward; torchtitan wraps each TransformerBlock and
     then the model ('fully_shard(transformer_block, ...)', 'fully_shard(model, ...)',
     parallelize_llama.py apply_fsdp). Where every unit is held for the step
