@@ -17,7 +17,6 @@ from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.predict.plan import Plan
 
-RECOMPUTE_STRENGTH = {"none": 0, "selective": 1, "full": 2}
 
 
 class ExportError(PlanInputError):
@@ -60,10 +59,57 @@ def block_counts(plan: Plan) -> list[int]:
             for s in plan.stages]
 
 
-def strongest_recompute(plan: Plan) -> str:
-    """The plan-wide recompute mode, raised to the strongest any stage asks for (launchers set one)."""
-    modes = [plan.parallel.recompute, *(s.recompute for s in plan.stages)]
-    return max(modes, key=lambda m: RECOMPUTE_STRENGTH.get(m, 0))
+@dataclass(frozen=True)
+class Recompute:
+    """The one recompute setting a launcher applies to every stage: ``mode`` (none, selective,
+    full) and, under full, ``blocks``: the first N transformer blocks of every chunk recompute
+    and the rest keep their activations (Megatron's block method; a chunk of at most N blocks
+    recomputes them all); None recomputes every block."""
+
+    mode: str
+    blocks: int | None = None
+
+    @property
+    def label(self) -> str:
+        return self.mode if self.blocks is None else f"block {self.blocks}"
+
+
+def recomputed_blocks(plan: Plan) -> list[int]:
+    """Per stage, the transformer blocks it recomputes under full granularity."""
+    return [(s.recompute_layers if s.recompute_layers is not None else n)
+            if s.recompute == "full" else 0 for s, n in zip(plan.stages, block_counts(plan))]
+
+
+def launched_recompute(plan: Plan) -> Recompute | None:
+    """The one setting under which every stage recomputes exactly as the plan priced it, or None
+    when the stages differ in a way no single setting runs (one stage full, another none)."""
+    modes = {s.recompute for s in plan.stages}
+    if "selective" in modes:
+        return Recompute("selective") if modes == {"selective"} else None
+    counts, asked = block_counts(plan), recomputed_blocks(plan)
+    n = max(asked)
+    if any(a != min(n, c) for a, c in zip(asked, counts)):
+        return None
+    if n == 0:
+        return Recompute("none")
+    return Recompute("full", None if asked == counts else n)
+
+
+def recompute_problems(plan: Plan, launcher: str, block_method: bool) -> list[str]:
+    """A plan whose stages recompute in a way ``launcher`` cannot set is refused, never exported
+    under another recompute (which would run slower, or out of memory, than priced).
+    ``block_method``: the launcher runs Megatron's first-N-blocks-of-every-stage setting."""
+    setting = launched_recompute(plan)
+    if setting is None:
+        labels = ", ".join(s.recompute_label for s in plan.stages)
+        return [f"{launcher}: the stages recompute differently ({labels}), and {launcher} runs "
+                "one recompute setting on every stage; solve with --launcher "
+                f"{launcher.lower()} (it prices one setting) or pin --recompute"]
+    if setting.blocks is not None and not block_method:
+        return [f"{launcher}: the plan recomputes only the first {setting.blocks} blocks of "
+                f"each stage (Megatron's block method), which {launcher} cannot set; pin "
+                "--recompute full or none"]
+    return []
 
 
 def is_standard_gpt(plan: Plan) -> bool:

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import json
 
-from planner.launchers.common import (Facts, header, moe_problems, schedule_basics,
-                                      strongest_recompute, structure_problems, tp_divisibility)
+from planner.launchers.common import (Facts, header, launched_recompute, moe_problems,
+                                      recompute_problems, schedule_basics, structure_problems,
+                                      tp_divisibility)
 from planner.predict.plan import Plan
 
 TARGET = "DeepSpeed 0.19.8 (deepspeed.initialize config, deepspeed.pipe.PipelineModule)"
@@ -62,7 +63,8 @@ def parallel_rules(f: Facts) -> list[str]:
 
 def check(plan: Plan) -> list[str]:
     par, m = plan.parallel, plan.model
-    return structure_problems(plan) + parallel_rules(Facts.of(par, m)) + precision_rules(
+    return structure_problems(plan) + recompute_problems(plan, NAME, block_method=False) + \
+        parallel_rules(Facts.of(par, m)) + precision_rules(
         m, plan.stack) + moe_problems(plan, NAME, "export it with --export megatron")
 
 
@@ -162,20 +164,13 @@ def _pipeline_py(plan: Plan) -> str:
     names = {"embedding": "embedding", "block": "block", "head": "head (norm + output + loss)",
              "linear": "linear"}
     kinds = [layer.kind for layer in plan.model.layers]
-    interval = 1 if strongest_recompute(plan) == "full" else 0
     # DeepSpeed's PipelineModule checkpoints every run of activation_checkpoint_interval layers
     # (deepspeed/runtime/pipe/module.py forward: ``for start_idx in range(0, num_layers,
-    # self.activation_checkpoint_interval)``): no count of layers left unrecomputed, so a stage
-    # that recomputes only some blocks (Megatron's block method) recomputes all of them here
-    partial = [s.stage for s in plan.stages if s.recompute_layers is not None]
+    # self.activation_checkpoint_interval)``): all blocks or none (check() refuses the rest)
+    interval = 1 if launched_recompute(plan).mode == "full" else 0
     stage_lines = "".join(
         f"#   stage {s.stage}: layers [{s.first}, {s.last}) = {s.last - s.first} layers, "
         f"first {names[kinds[s.first]]}, last {names[kinds[s.last - 1]]}\n" for s in plan.stages)
-    if partial:
-        stage_lines += (f"# stage(s) {', '.join(map(str, partial))} recompute only some blocks in "
-                        "the plan; DeepSpeed's activation_checkpoint_interval\n# checkpoints every "
-                        "layer group, so every block recomputes (slower than planned, never more "
-                        "memory).\n")
     method = partition_method(plan)
     head = (header(plan, TARGET)
             + "# The plan's pipeline stage boundaries for deepspeed.pipe.PipelineModule.\n"

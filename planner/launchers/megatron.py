@@ -23,8 +23,9 @@ import re
 import shlex
 
 from planner.cost import context
-from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt, schedule_basics,
-                                   strongest_recompute, structure_problems, tp_divisibility)
+from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt,
+                                      launched_recompute, recompute_problems, schedule_basics,
+                                      structure_problems, tp_divisibility)
 from planner.launchers.quoting import sh_word
 from planner.stack import userbuffers
 from planner.predict.plan import Plan
@@ -63,7 +64,7 @@ def parallel_rules(f: Facts) -> list[str]:
 def check(plan: Plan) -> list[str]:
     """Every Megatron rule the plan breaks (empty when it can be launched as is)."""
     par, m = plan.parallel, plan.model
-    out = structure_problems(plan)
+    out = structure_problems(plan) + recompute_problems(plan, NAME, block_method=True)
     if not is_standard_gpt(plan):
         out.append(f"{NAME} builds embedding + transformer blocks + head only; this model has "
                    "other layer kinds")
@@ -269,16 +270,7 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
     out.append(("--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)))
     if not m.tie_embeddings:
         out.append(("--untie-embeddings-and-output-weights", None))
-    recompute = strongest_recompute(plan)
-    block = block_recompute_layers(plan)
-    if recompute == "full" and block is not None:
-        out += [("--recompute-granularity", "full"), ("--recompute-method", "block"),
-                ("--recompute-num-layers", str(block))]
-    elif recompute == "full":
-        out += [("--recompute-granularity", "full"), ("--recompute-method", "uniform"),
-                ("--recompute-num-layers", "1")]
-    elif recompute == "selective":
-        out.append(("--recompute-granularity", "selective"))
+    out += recompute_flags(launched_recompute(plan))
     if par.zero >= 1:
         out.append(("--use-distributed-optimizer", None))
     if not m.dropout:  # Megatron's defaults are 0.1; the plan's model trains without dropout
@@ -287,28 +279,24 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
     return out
 
 
-def block_recompute_layers(plan: Plan) -> int | None:
-    """Megatron's --recompute-num-layers for --recompute-method block, or None when no stage
-    recomputes only part of its blocks (then uniform with one layer per unit is exact).
-
-    Megatron-LM arguments.py: '--recompute-method' "2) recompute the input activations of only
-    a set number of individual Transformer layers per pipeline stage and do the rest without any
-    recomputing"; '--recompute-num-layers' "2) block: the number of individual Transformer
-    layers to recompute within each pipeline stage." One N serves every stage (with virtual
-    pipelining, every model chunk: each builds its own TransformerBlock, transformer_block.py
-    ``if l < self.config.recompute_num_layers``). A stage that recomputes all of its blocks asks
-    for its block count, one that recomputes none for 0; the largest is exported, so a stage
-    asking for fewer recomputes more than its plan (render's comment says which)."""
-    if not any(s.recompute_layers is not None for s in plan.stages):
-        return None
-    return max(_asked_layers(plan))
-
-
-def _asked_layers(plan: Plan) -> list[int]:
-    """Per stage, the transformer blocks it recomputes under full granularity."""
-    counts = block_counts(plan)
-    return [(s.recompute_layers if s.recompute_layers is not None else n)
-            if s.recompute == "full" else 0 for s, n in zip(plan.stages, counts)]
+def recompute_flags(setting) -> list[tuple[str, str | None]]:
+    """Megatron's recompute arguments for the plan's one setting (check() refuses a plan without
+    one). Megatron-LM arguments.py: '--recompute-method' "1) uniform: uniformly divide the total
+    number of Transformer layers and recompute the input activation of each divided chunk at
+    specified granularity. 2) recompute the input activations of only a set number of individual
+    Transformer layers per pipeline stage and do the rest without any recomputing";
+    '--recompute-num-layers' "1) uniform: the number of Transformer layers in each uniformly
+    divided recompute unit, 2) block: the number of individual Transformer layers to recompute
+    within each pipeline stage." Uniform with one layer per unit recomputes every block; block N
+    the first N of every model chunk (each chunk builds its own TransformerBlock,
+    transformer_block.py ``if l < self.config.recompute_num_layers``)."""
+    if setting is None or setting.mode == "none":
+        return []
+    if setting.mode == "selective":
+        return [("--recompute-granularity", "selective")]
+    method, layers = ("uniform", 1) if setting.blocks is None else ("block", setting.blocks)
+    return [("--recompute-granularity", "full"), ("--recompute-method", method),
+            ("--recompute-num-layers", str(layers))]
 
 
 def stack_flags(plan: Plan) -> list[tuple[str, str | None]]:
@@ -354,19 +342,6 @@ def render(plan: Plan) -> dict[str, str]:
              "with your data,\n# tokenizer, optimizer and checkpoint arguments. With tp > 1 "
              "Megatron expects CUDA_DEVICE_MAX_CONNECTIONS=1.\n"]
     par = plan.parallel
-    if strongest_recompute(plan) != par.recompute:
-        lines.append(f"# Stages ask for different recompute modes; Megatron sets one, so the "
-                     f"strongest ({strongest_recompute(plan)}) is used.\n")
-    block = block_recompute_layers(plan)
-    if block is not None:
-        asked = _asked_layers(plan)
-        more = [str(s.stage) for s, n in zip(plan.stages, asked) if n < block
-                and n < block_counts(plan)[s.stage]]
-        lines.append(f"# Stages recompute their first {', '.join(map(str, asked))} transformer "
-                     f"blocks (Megatron's block method); Megatron takes one "
-                     f"--recompute-num-layers for every stage, so the largest ({block}) is used"
-                     + (f" and stage(s) {', '.join(more)} recompute more than planned (slower, "
-                        "never more memory).\n" if more else ".\n"))
     lines.append(f"PLAN3D_WORLD_SIZE={par.gpus}  # tp*pp*dp; Megatron derives dp = "
                  f"world size / (tp*pp) = {par.dp}\n")
     lines.append("MEGATRON_ARGS=(\n")

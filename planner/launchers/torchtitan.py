@@ -33,9 +33,8 @@ from dataclasses import dataclass
 
 from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
 from planner.launchers.common import (ExportError, Facts, block_counts, header,
-                                      is_standard_gpt_model,
-                                      moe_problems,
-                                      schedule_basics, strongest_recompute, structure_problems,
+                                      is_standard_gpt_model, launched_recompute, moe_problems,
+                                      recompute_problems, schedule_basics, structure_problems,
                                       tp_divisibility)
 from planner.launchers.quoting import comment, sh_word, toml_str
 from planner.model.spec import ModelSpec
@@ -137,6 +136,9 @@ def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     par, m = plan.parallel, plan.model
     out = structure_problems(plan) + parallel_rules(Facts.of(par, m), version) + moe_problems(
         plan, NAME, "export it with --export megatron")
+    # the 0.2.x TOML runs a block plan as layer SAC where that recomputes exactly as planned
+    sac = layer_sac(plan) if version_key(version) == "0.2.x" else None
+    out += recompute_problems(plan, NAME, block_method=sac is not None and sac[1])
     stack = plan.stack
     if stack is not None and stack.param_dtype != "bf16":
         out.append(f"{NAME}: training.mixed_precision_param is bfloat16 or float32; the plan's "
@@ -290,12 +292,8 @@ def _args_sh(plan: Plan) -> str:
         else:
             lines.append(f"  {flag}" + (f" {sh_word(value)}" if value is not None else "")
                          + "\n")
-    if layer_sac(plan) is not None:
-        lines.append("# The plan recomputes only some blocks of each stage (Megatron's block method);"
-                     " torchtitan 0.2.x's\n# TOML takes it as layer SAC (selective_ac_option), "
-                     "not checked against 0.3.0's tyro flags here,\n# so every block "
-                     "recomputes: slower than planned, never more memory.\n")
-    lines += [")\n", f"TORCHTITAN_TAIL=(activation-checkpoint:{strongest_recompute(plan)})\n"]
+    lines += [")\n",
+              f"TORCHTITAN_TAIL=(activation-checkpoint:{launched_recompute(plan).mode})\n"]
     return "".join(lines)
 
 
@@ -323,7 +321,7 @@ def _toml(plan: Plan) -> str:
         if section == "parallelism" and plan.parallel.pp > 1:
             lines.append("module_fqns_per_model_part = "
                          f"{_toml_value(module_fqns_per_model_part(plan, '0.2.x'))}\n")
-    recompute = strongest_recompute(plan)
+    recompute = launched_recompute(plan).mode
     sac = layer_sac(plan)
     if sac is not None:
         k, exact, asked = sac

@@ -252,6 +252,28 @@ def param_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                    model, cluster, par, opts, tables)
 
 
+def one_block_count(model: ModelSpec, split: Split) -> Split:
+    """``split`` with one N of Megatron's block method for every chunk, as Megatron runs it
+    (--recompute-num-layers is one number: the first N blocks of each chunk recompute, all of a
+    chunk with at most N): N the most blocks any chunk of the split recomputes, so no chunk holds
+    more activations than the partitioner fitted (a block recomputed costs time and saves
+    memory: PartitionProblem.partial), and some may run slower than it chose."""
+    blocks = [sum(1 for layer in model.layers[a:b] if layer.kind == "block")
+              for a, b in split.bounds]
+    layers = split.recompute_layers or (None,) * len(blocks)
+    asked = [(n if n is not None else b) if mode == "full" else 0
+             for mode, n, b in zip(split.recompute, layers, blocks)]
+    n = max(asked)
+    if all(a == min(n, b) for a, b in zip(asked, blocks)):
+        return split
+    modes = tuple("none" if n == 0 else "full" for _ in blocks)
+    counts = tuple(n if 0 < n < b else None for b in blocks)
+    note = f"block {n} on every stage, as Megatron's one --recompute-num-layers runs it"
+    partition = replace(split.partition, note="; ".join(filter(None, (split.partition.note,
+                                                                      note))))
+    return replace(split, recompute=modes, recompute_layers=counts, partition=partition)
+
+
 def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
                    tables: dict[str, CostTable]) -> Split:
     """Megatron's default even split, each stage with its fastest recompute mode that fits."""

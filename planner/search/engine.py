@@ -32,7 +32,8 @@ from planner.search.dualpipe_bound import least_pair_compute_s
 from planner.search.space import (MOE_NEEDS_SP, Pins, Request, enumerate_configs, exact_recompute,
                                   launcher_rule, microbatches, pinned_recompute, schedule_rule,
                                   stack_rule, tp_rule, validate_pins)
-from planner.predict.stages import allowed_modes, best_split, may_fit, megatron_split, partition_problem
+from planner.predict.stages import (BLOCK_PIN, allowed_modes, best_split, may_fit, megatron_split,
+                                    one_block_count, partition_problem)
 
 __all__ = ["Pins", "Request", "SearchResult", "search", "explain", "enumerate_configs",
            "validate_pins", "tp_rule"]
@@ -105,7 +106,7 @@ class _Costs:
         """A lower bound on the refined step time of ``par`` (planner/search/bound.py);
         ``with_memory`` adds what memory forces, which costs building the partition problem."""
         r = self.req
-        modes = allowed_modes(r.model, par, r.options, exact_recompute(r.pins))
+        modes = allowed_modes(r.model, par, r.options, exact_recompute(r))
         key = (par, with_memory)
         if key not in self.bounds:
             times_key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, modes,
@@ -172,7 +173,7 @@ class _Costs:
         """The cost tables of every recompute mode this configuration's stages may use."""
         r = self.req
         return {m: self.table(par, m) for m in allowed_modes(r.model, par, r.options,
-                                                              exact_recompute(r.pins))}
+                                                              exact_recompute(r))}
 
     def even_stages(self, par: Parallel) -> ChunkArrays:
         key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, par.recompute,
@@ -201,6 +202,7 @@ class _Costs:
                 return "memory (no stage split fits)"
             split = replace(split, partition=replace(  # (a given split: no gap to report)
                 split.partition, method="even", optimal=True, note=f"the partitioner: {exc}"))
+        split = self._launchable(split)
         plan = self._simulated(par, split, known)
         label = split.how
         several = par.virtual_stages > 1 or par.schedule == "dualpipe"  # chunks a rank
@@ -209,7 +211,7 @@ class _Costs:
             # rank; the schedule's steady state also stalls on chunks that differ in size, which
             # neither sees (partitioning/largest_chunk.py): where Megatron's even split fits,
             # the faster of the two, both simulated.
-            even = megatron_split(r.model, r.cluster, par, r.options, known)
+            even = self._launchable(megatron_split(r.model, r.cluster, par, r.options, known))
             if fits(even.partition) and (even.bounds, even.recompute, even.recompute_layers) != (
                     split.bounds, split.recompute, split.recompute_layers):
                 other = self._simulated(par, even, known)
@@ -219,6 +221,14 @@ class _Costs:
                              f"faster when simulated than the partitioner's ({split.how})")
                     plan = other
         return replace(plan, notes=plan.notes + (f"stage split: {label}",))
+
+    def _launchable(self, split):
+        """The split as the plan's launcher runs it: under the block pin, one N of recomputed
+        blocks on every stage (predict/stages.py one_block_count)."""
+        r = self.req
+        if exact_recompute(r) == BLOCK_PIN and r.runs_on is not None:
+            return one_block_count(r.model, split)
+        return split
 
     def _simulated(self, par: Parallel, split, known) -> Plan:
         """The plan of ``split``, simulated."""

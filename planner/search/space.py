@@ -352,10 +352,16 @@ def pinned_recompute(pin: str | None) -> str | None:
     return "full" if pin == BLOCK_PIN else pin
 
 
-def exact_recompute(pins: Pins) -> bool | str:
-    """How the pin narrows the stages' modes (predict/stages.py allowed_modes): not at all, to
-    the pinned mode, or to Megatron's block method."""
-    return BLOCK_PIN if pins.recompute == BLOCK_PIN else pins.recompute is not None
+def exact_recompute(req: Request) -> bool | str:
+    """How the stages' modes are narrowed (predict/stages.py allowed_modes): to Megatron's block
+    method on that pin; else to the configuration's own mode where it is pinned or where the
+    plan runs on a launcher, since every bundled launcher applies one recompute setting to all
+    stages (Megatron's --recompute-granularity/-method, DeepSpeed's
+    activation_checkpoint_interval, torchtitan's activation_checkpoint.mode), so a stage split
+    that mixes modes would be priced as something no launcher runs; free otherwise."""
+    if req.pins.recompute == BLOCK_PIN:
+        return BLOCK_PIN
+    return req.pins.recompute is not None or req.runs_on is not None
 
 
 def _choices(req: Request, tp: int, pp: int):
