@@ -14,6 +14,7 @@ from planner.cost.memory import Shape, activation_bytes
 from planner.hardware.profiles import Cluster, load_hardware
 from planner.launchers import megatron, parse_megatron_args
 from planner.launchers import deepspeed, torchtitan
+from planner.launchers.common import Recompute, launched_recompute
 from planner.model.presets import PRESETS
 from planner.model.spec import Layer
 from planner.partitioning.dp import _exhaustive, partition_dp
@@ -157,17 +158,29 @@ def test_partial_needs_recompute_that_saves_memory():
 # ------------------------------------------------------------------ exports
 
 
-def test_megatron_exports_the_block_method_with_the_largest_count():
-    plan = _plan([2, 3, None, None])
-    plan = replace(plan, stages=tuple(replace(s, recompute="none") if s.stage >= 2 else s
-                                      for s in plan.stages))
-    flags = dict(megatron.args(plan))
+def test_megatron_exports_one_block_count_and_refuses_counts_that_differ():
+    """Megatron's --recompute-num-layers is one N for every stage: a plan whose stages recompute
+    3, 3, 3, 3 blocks exports block 3; one whose stages recompute 2, 3, 0, 0 is refused (it was
+    exported as block 3 before, running stages 0, 2 and 3 other than priced)."""
+    flags = dict(megatron.args(_plan([3, 3, 3, 3])))
     assert (flags["--recompute-granularity"], flags["--recompute-method"],
             flags["--recompute-num-layers"]) == ("full", "block", "3")
-    text = megatron.render(plan)["megatron_args.sh"]
-    assert "first 2, 3, 0, 0 transformer blocks" in text and "largest (3)" in text
-    assert "stage(s) 0, 2, 3 recompute more than planned" in text
-    assert parse_megatron_args(text)["recompute_layers"] == 3
+    assert parse_megatron_args(megatron.render(_plan([3, 3, 3, 3]))["megatron_args.sh"])[
+        "recompute_layers"] == 3
+    mixed = _plan([2, 3, None, None])
+    mixed = replace(mixed, stages=tuple(replace(s, recompute="none") if s.stage >= 2 else s
+                                        for s in mixed.stages))
+    assert launched_recompute(mixed) is None
+    (problem,) = [p for p in megatron.check(mixed) if "recompute" in p]
+    assert "block 2, block 3, none, none" in problem and "one recompute setting" in problem
+
+
+def test_a_chunk_with_fewer_blocks_than_n_recomputes_them_all():
+    """Block N recomputes min(N, blocks) of each chunk: 3 blocks of a 3-block chunk is full."""
+    plan = evaluate(MODEL, CLUSTER, PAR, bounds=[(0, 4), (4, 17), (17, 25), (25, 34)],
+                    recompute_layers=[None, 3, 3, 3])
+    assert launched_recompute(plan) == Recompute("full", 3)
+    assert [s.recompute_label for s in plan.stages] == ["full", "block 3", "block 3", "block 3"]
 
 
 def test_megatron_keeps_uniform_when_every_stage_recomputes_whole_chunks():
@@ -189,16 +202,17 @@ def test_torchtitan_layer_sac_is_exact_only_where_every_rank_matches():
     assert 'mode = "selective"' in toml and 'selective_ac_option = "2"' in toml
 
 
-def test_deepspeed_says_every_block_recomputes():
-    plan = _plan([2, None, None, None])
-    text = deepspeed._pipeline_py(replace(plan, parallel=replace(PAR, tp=1, dp=2)))
-    assert "ACTIVATION_CHECKPOINT_INTERVAL = 1" in text
-    assert "stage(s) 0 recompute only some blocks" in text
+def test_deepspeed_refuses_the_block_method():
+    """DeepSpeed checkpoints all blocks or none (activation_checkpoint_interval): a block plan
+    is refused, where it was exported before with every block recomputing."""
+    plan = _plan([2, 2, 2, 2])
+    problems = deepspeed.check(replace(plan, parallel=replace(PAR, tp=1, dp=2)))
+    assert any("first 2 blocks of each stage" in p for p in problems)
 
 
 def test_the_block_pin_runs_megatrons_block_method_only():
-    """--recompute block: every stage none, full or its first N blocks (no selective), and the
-    search uses a partial count where it pays (llama3-70b on 64 A100s: stage 0 of the best)."""
+    """--recompute block: every stage none, full or its first N blocks (no selective), one N on
+    every stage, and the search uses a partial count where it pays (llama3-70b on 64 A100s)."""
     import json
 
     from typer.testing import CliRunner
@@ -207,12 +221,16 @@ def test_the_block_pin_runs_megatrons_block_method_only():
 
     out = CliRunner().invoke(app, ["solve", "--model", "llama3-70b", "--gpus", "64", "--nodes",
                                    "8", "--gpu", "a100-80gb", "--recompute", "block", "--top",
-                                   "1", "--json"])
+                                   "3", "--json"])
     assert out.exit_code == 0, out.output
-    best = json.loads(out.output)["plans"][0]
-    assert best["parallel"]["recompute"] == "full"
-    assert {s["recompute"] for s in best["stages"]} <= {"none", "full"}
-    assert any("recompute_layers" in s for s in best["stages"])
+    plans = json.loads(out.output)["plans"]
+    assert all(p["parallel"]["recompute"] == "full" for p in plans)
+    assert all(s["recompute"] in ("none", "full") for p in plans for s in p["stages"])
+    block = [p for p in plans if any("recompute_layers" in s for s in p["stages"])]
+    assert block, "no plan recomputes part of its blocks"
+    for p in block:  # one N on every stage, as Megatron's --recompute-num-layers runs it
+        assert len({s.get("recompute_layers") for s in p["stages"] if s["recompute"] == "full"}
+                   - {None}) == 1
     bad = CliRunner().invoke(app, ["solve", "--gpus", "8", "--nodes", "1", "--recompute",
                                    "blocks"])
     assert bad.exit_code == 2 and "--recompute must be one of" in bad.output
