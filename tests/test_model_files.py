@@ -1,4 +1,4 @@
-"""model.json as documented: `plan models show`, the README's field table and the loader agree."""
+"""model.json as documented: `plan models show`, docs/model-files.md's field table and the loader agree."""
 
 import json
 from dataclasses import fields
@@ -27,9 +27,9 @@ def test_the_documented_fields_are_the_spec_fields():
 
 
 def test_readme_model_table_is_current():
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "model-files.md").read_text()
     block = text.split("<!-- model-fields:start -->\n", 1)[1].split("<!-- model-fields:end -->")[0]
-    assert block == fields_markdown(), "README model.json table is stale: paste fields_markdown()"
+    assert block == fields_markdown(), "docs/model-files.md's model.json table is stale: paste fields_markdown()"
 
 
 @pytest.mark.parametrize("name", sorted(PRESETS))

@@ -1,7 +1,7 @@
-"""The README's outputs are generated, never typed: `python tools/readme_blocks.py --write` reruns
-every ```text block that starts with a `$ plan ...` command (and `plan validate --markdown` between
-the validation markers) and pastes what the code prints now. These tests fail when a block is
-stale, so a README number can never lie about the code beside it."""
+"""The outputs in the README and docs/ are generated, never typed: `python tools/readme_blocks.py
+--write` reruns every ```text block that starts with a `$ plan ...` command (and `plan validate
+--markdown` between the validation markers) and pastes what the code prints now. These tests fail
+when a block is stale, so a number in the docs can never lie about the code beside it."""
 
 import importlib.util
 import sys
@@ -19,19 +19,27 @@ _spec.loader.exec_module(readme_blocks)
 
 
 def test_readme_validation_table_is_current():
-    text = README.read_text()
+    text = (ROOT / "docs" / "validation.md").read_text()
     block = text.split("<!-- validation:start -->\n", 1)[1].split("<!-- validation:end -->", 1)[0]
     summary, table = validation_markdown(*validate_file(DEFAULT_FILES)).split("\n\n", 1)
-    assert summary in block, "README validation summary is stale: rerun `plan validate --markdown`"
-    assert table.rstrip() in block, "README validation table is stale"
+    assert summary in block, ("docs/validation.md's summary is stale: rerun "
+                              "`python tools/readme_blocks.py --write`")
+    assert table.rstrip() in block, "docs/validation.md's validation table is stale"
 
 
 def test_readme_output_blocks_are_current():
-    blocks = readme_blocks.parse_blocks(README.read_text())
-    assert len(blocks) >= 5  # solve, explain, export, partition, simulate, layout
-    problems = [p for b in blocks for p in readme_blocks.block_diffs(b, readme_blocks.run_block(b))]
-    assert not problems, ("README output blocks are stale; regenerate with "
+    assert len(readme_blocks.parse_blocks(README.read_text())) >= 5  # solve, explain, export, ...
+    problems = [f"{page.name}: {p}" for page in readme_blocks.pages()
+                for b in readme_blocks.parse_blocks(page.read_text())
+                for p in readme_blocks.block_diffs(b, readme_blocks.run_block(b))]
+    assert not problems, ("output blocks are stale; regenerate with "
                           "`python tools/readme_blocks.py --write`:\n" + "\n".join(problems))
+
+
+def test_readme_links_every_docs_page():
+    text = README.read_text()
+    assert [p.name for p in readme_blocks.pages()[1:] if f"(docs/{p.name}" not in text] == []
+    assert len(text.splitlines()) <= 400
 
 
 SAMPLE = """intro

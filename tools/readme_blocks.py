@@ -1,4 +1,5 @@
-"""Regenerate the README's output blocks from the current code, or check that they are current.
+"""Regenerate the output blocks of the README and docs/*.md from the current code, or check that
+they are current.
 
     python tools/readme_blocks.py            # check: list the blocks that differ (exit 1 if any)
     python tools/readme_blocks.py --write    # regenerate every block in place
@@ -29,6 +30,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
+DOCS = ROOT / "docs"
+
+
+def pages() -> list[Path]:
+    """The files whose blocks are generated: the README, then docs/ by name."""
+    return [README, *sorted(DOCS.glob("*.md"))]
 DEFAULT_COLUMNS = 100
 FENCE = re.compile(r"(?:<!-- readme: columns=(?P<columns>\d+) -->\n)?```text\n(?P<body>.*?)```",
                    re.S)
@@ -190,19 +197,21 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--write", action="store_true", help="regenerate the blocks in place")
     args = parser.parse_args(argv)
-    text = README.read_text()
-    if args.write:
-        new = regenerate(text)
-        tmp = README.with_suffix(".md.tmp")
-        tmp.write_text(new)
-        tmp.replace(README)
-        print(f"README.md: {len(parse_blocks(new))} output blocks and {len(TABLES)} tables "
-              "regenerated")
-        return 0
-    problems = check(text)
-    for p in problems:
-        print(p)
-    return 1 if problems else 0
+    stale = 0
+    for page in pages():
+        text = page.read_text()
+        name = page.relative_to(ROOT)
+        if args.write:
+            new = regenerate(text)
+            tmp = page.with_suffix(".md.tmp")
+            tmp.write_text(new)
+            tmp.replace(page)
+            print(f"{name}: {len(parse_blocks(new))} output blocks regenerated")
+            continue
+        for problem in check(text):
+            print(f"{name}: {problem}")
+            stale += 1
+    return 1 if stale else 0
 
 
 if __name__ == "__main__":

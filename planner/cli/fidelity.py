@@ -34,7 +34,7 @@ def validate(
                                             help="A GPU profile (e.g. from plan calibrate) used "
                                                  "for every run instead of the bundled one."),
     markdown: bool = typer.Option(False, "--markdown", metavar="",
-                                  help="Print a markdown table (the README's)."),
+                                  help="Print a markdown table (docs/validation.md's)."),
     stack: Optional[str] = typer.Option(None, "--stack",
                                         help="Price every case on this stack NAME or FILE "
                                              "instead of the stack each case names."),

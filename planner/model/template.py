@@ -1,7 +1,7 @@
 """model.json, written down: the fields the loader reads, what each means, and any model as a file.
 
 Floor 1 (model/). FIELDS is the one description of the format: ``plan models show`` prints it
-beside a model's values, the README's "Model files" table is ``fields_markdown()`` (a test keeps
+beside a model's values, docs/model-files.md's table is ``fields_markdown()`` (a test keeps
 the two equal), and a test checks it names every ModelSpec field. ``model_template`` writes a spec
 (a preset, an imported HuggingFace config) as a model.json that loads back to the same spec.
 """
@@ -117,7 +117,7 @@ def model_template(spec: ModelSpec) -> dict:
 
 
 def fields_markdown() -> str:
-    """FIELDS as the README's markdown table."""
+    """FIELDS as docs/model-files.md's markdown table."""
     rows = ["| field | type | default | meaning |", "|---|---|---|---|"]
     rows += [f"| `{f.name}` | {f.type} | {f.default} | {f.meaning} |" for f in FIELDS]
     return "\n".join(rows) + "\n"

@@ -1,7 +1,7 @@
 """`plan models show`: one model as a model.json template, field by field.
 
-Floor 7 (report/). The rows come from planner.model.template.FIELDS, so the table, the README's
-"Model files" section and the loader describe the same format.
+Floor 7 (report/). The rows come from planner.model.template.FIELDS, so the table,
+docs/model-files.md and the loader describe the same format.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """`plan validate`'s output: the published runs against the predictions, as a rich table or as
-markdown (the README's table), both rendered from the validation DataFrame
+markdown (docs/validation.md's table), both rendered from the validation DataFrame
 (planner/report/frames.py), so the table, the markdown and the Python API show the same values."""
 
 from __future__ import annotations
@@ -89,7 +89,7 @@ def validation_table(rows, summary: ValidationSummary) -> Table:
 
 
 def validation_markdown(rows, summary: ValidationSummary) -> str:
-    """The same table as GitHub markdown, summary first, for the README."""
+    """The same table as GitHub markdown, summary first, for docs/validation.md."""
     out = [("  - " + line.strip()) if line.startswith("  ") else ("- " + line)
            for line in summary_lines(summary)] + [""]
     out.append("| " + " | ".join(_HEADERS) + " |")
