@@ -14,7 +14,9 @@ from planner.predict.plan import Plan
 
 # The plans frame's columns, in order: the plan JSON's field names (parallel, then metrics), the
 # CSV header of `plan solve --csv`, then what the table shows besides (per-stage recompute, blocks).
-PLAN_COLUMNS = ("tp", "pp", "dp", "micro_batch", "num_microbatches", "global_batch", "schedule",
+# Every degree is a column, 1 where plan.json leaves it out (cp; ep and etp of a dense model), so
+# a row always names the GPUs it uses: tp * cp * pp * dp.
+PLAN_COLUMNS = ("tp", "cp", "pp", "dp", "ep", "etp", "micro_batch", "num_microbatches", "global_batch", "schedule",
                 "virtual_stages", "recompute", "zero", "sequence_parallel", "step_time_s",
                 "tokens_per_s", "tflops_per_gpu", "mfu", "hfu", "peak_memory_bytes",
                 "bubble_fraction", "stage_recompute", "blocks_per_stage")
@@ -53,7 +55,9 @@ def stage_recompute(plan: Plan) -> str:
 def plan_record(plan: Plan) -> dict:
     """One plan as a flat dict of the frame's columns (the plan JSON's values and rounding)."""
     d = plan.to_dict(with_layout=False)
-    return {**d["parallel"], **d["metrics"], "stage_recompute": stage_recompute(plan),
+    par = plan.parallel
+    degrees = {"cp": par.cp, "ep": par.ep, "etp": par.expert_tp}
+    return {**degrees, **d["parallel"], **d["metrics"], "stage_recompute": stage_recompute(plan),
             "blocks_per_stage": blocks_per_stage(plan)}
 
 
