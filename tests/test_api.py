@@ -96,7 +96,7 @@ def test_readme_one_liner_prints_a_frame():
     code = "from planner import solve; print(solve(gpus=16, nodes=2).to_frame())"
     out = subprocess.run([sys.executable, "-c", code], check=True, cwd=ROOT,
                          capture_output=True, text=True).stdout
-    assert "rank" in out and "tp" in out and "[10 rows x 20 columns]" in out
+    assert "rank" in out and "tp" in out and "[10 rows x 23 columns]" in out  # 20 + cp, ep, etp
 
 
 def test_api_names_are_functions_whatever_was_imported_first():

@@ -183,7 +183,7 @@ def test_batch_range_lets_the_search_choose_and_csv(tmp_path):
     for plan in json.loads(result.output)["plans"]:
         assert 100 <= plan["parallel"]["global_batch"] <= 300
     lines = csv.read_text().splitlines()
-    assert lines[0].startswith("tp,pp,dp") and len(lines) == 11
+    assert lines[0].startswith("tp,cp,pp,dp,ep,etp,") and len(lines) == 11
 
 
 def test_a_million_gpus_ends_quickly_with_a_clear_answer():
