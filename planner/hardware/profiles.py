@@ -9,6 +9,7 @@ from planner.core.limits import MAX_GPUS
 from planner.core.units import DATA_DIR, GIB
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.core.schema import suggestion
 from planner.hardware.schema import check_hardware_document
 
 HARDWARE_DIR = DATA_DIR / "hardware"
@@ -147,8 +148,9 @@ def load_hardware(name: str | None = None, file: str | Path | None = None) -> Ha
     key = ALIASES.get(key, key)
     path = HARDWARE_DIR / f"{key}.json"
     if not path.exists():
-        known = ", ".join(p.stem for p in sorted(HARDWARE_DIR.glob("*.json")))
-        raise PlanInputError(f"unknown GPU '{name}'; choose one of {known}, or pass --hardware FILE")
+        names = [p.stem for p in sorted(HARDWARE_DIR.glob("*.json"))]
+        raise PlanInputError(f"unknown GPU '{name}'{suggestion(key, [*names, *ALIASES])}; "
+                             f"choose one of {', '.join(names)}, or pass --hardware FILE")
     return load_hardware_file(path)
 
 

@@ -9,6 +9,7 @@ from planner.model.spec import LAYER_KINDS, MLP_KINDS, NORM_KINDS, QK_NORM_KINDS
 from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.core.schema import suggestion
 from planner.core.text import check_name
 from planner.model.huggingface import MOE_FAMILIES, huggingface_fields
 from planner.model.moe_import import moe_fields
@@ -29,8 +30,8 @@ def load_model(source: str | Path | None) -> ModelSpec:
         return PRESETS[ALIASES.get(key, key)]
     path = Path(text)
     if not path.exists():
-        raise PlanInputError(
-            f"unknown model '{text}': not a file and not a preset; `plan models` lists the presets")
+        raise PlanInputError(f"unknown model '{text}'{suggestion(key, [*PRESETS, *ALIASES])}: "
+                             "not a file and not a preset; `plan models` lists the presets")
     data = read_json(path, "model file")
     spec = model_from_dict(data, origin=str(path))
     check_name(spec.name, f"{path}: the model name (its 'name', or the file name)")

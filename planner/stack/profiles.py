@@ -13,6 +13,7 @@ from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.core.schema import suggestion
 from planner.core.units import DATA_DIR
 import planner.stack.userbuffers as userbuffers
 from planner.stack.spec import OPTION_FIELDS, REQUIRED_FIELDS, Stack, check_value
@@ -114,8 +115,9 @@ def load_stack(name_or_file: str | Path | None = None, launcher: str | None = No
         return load_stack_file(text)
     key = text.lower().strip()
     if key not in bundled_names():
-        raise PlanInputError(f"unknown stack '{text}'; choose one of "
-                             f"{', '.join(bundled_names())}, or pass a stack JSON file")
+        raise PlanInputError(f"unknown stack '{text}'{suggestion(key, bundled_names())}; "
+                             f"choose one of {', '.join(bundled_names())}, or pass a stack JSON "
+                             "file")
     return _bundled(key)
 
 
