@@ -1,5 +1,6 @@
 """megatron-core 0.13.1's own config objects built from an exported ``megatron_args.sh``, and what
-they say Megatron runs (CI check of the Megatron-LM core_r0.13 export, tests/test_engine_megatron.py).
+they say Megatron runs (the CI check of the Megatron-LM core_r0.13 export,
+tests/test_engine_megatron.py).
 
 Megatron-LM's training arguments are not in the megatron-core package, so the file's flags are
 turned into its argument namespace here by a table of the flags plan3d writes (their ``dest`` and
