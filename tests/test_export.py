@@ -110,7 +110,9 @@ def test_megatron_round_trip_first_last(plan):
 @pytest.mark.parametrize("bounds,v,expect", [
     ((0, 9, 17, 25, 34), 1, None),  # 8 blocks each: no flag
     ((0, 5, 9, 13, 17, 21, 25, 29, 34), 2, "--num-layers-per-virtual-pipeline-stage 4"),
-    ((0, 4, 8, 12, 16, 20, 24, 28, 34), 2, "--num-virtual-stages-per-pipeline-rank 2"),
+    # interleaved and uneven: the layout (Megatron's first/last counts are per rank, all chunks)
+    ((0, 4, 8, 12, 16, 20, 24, 28, 34), 2,
+     "--pipeline-model-parallel-layout 'Et*3|t*4|t*4|t*4|t*4|t*4|t*4|t*5L'"),
     ((0, 1, 12, 23, 34), 1, "--pipeline-model-parallel-layout 'E|t*11|t*11|t*10L'"),
     ((0, 6, 18, 27, 34), 1, "--pipeline-model-parallel-layout 'Et*5|t*12|t*9|t*6L'"),
 ])

@@ -1,20 +1,29 @@
 """Megatron-LM arguments (``megatron_args.sh``) for ``pretrain_gpt.py``, and their parser.
 
-Targets Megatron-LM / Megatron-Core core_r0.13 or newer. Flag names checked against
-``megatron/training/arguments.py`` (validate_args and the _add_*_args groups) and
-``megatron/core/transformer/pipeline_parallel_layer_layout.py`` on NVIDIA/Megatron-LM main:
+Targets Megatron-LM core_r0.13 with megatron-core 0.13.1, the release the ``megatron-core`` stack
+prices (one version per stack: the one exported). Flag names from Megatron-LM
+``megatron/training/arguments.py`` (validate_args, the _add_*_args groups and
+core_transformer_config_from_args; the stored NVIDIA revision 000c4ac) and megatron-core
+0.13.1's ``transformer_config.py`` / ``transformer_block.py`` /
+``pipeline_parallel_layer_layout.py``; tests/test_engine_megatron.py builds megatron-core 0.13.1's
+own config objects from the exported file and reads back what it would run
+(planner/engine/megatron_config.py). The model's flags are in megatron_model.py.
 
 - uneven stages: Megatron counts transformer blocks only. Equal blocks per chunk need no flag
-  (interleaved: ``--num-layers-per-virtual-pipeline-stage``); when only the first and/or last chunk
-  differ, ``--decoder-first-pipeline-num-layers`` / ``--decoder-last-pipeline-num-layers`` (with
-  ``--num-virtual-stages-per-pipeline-rank`` when interleaved, which Megatron requires then);
-  otherwise ``--pipeline-model-parallel-layout`` with one ``|``-separated entry per chunk in model
-  order: ``E`` embedding, ``t`` a decoder block (``t*k`` repeats), ``L`` the loss/head.
+  (interleaved: ``--num-layers-per-virtual-pipeline-stage``); without interleaving, when only
+  the first and/or last stage differ, ``--decoder-first-pipeline-num-layers`` /
+  ``--decoder-last-pipeline-num-layers``; otherwise ``--pipeline-model-parallel-layout`` with one
+  ``|``-separated entry per chunk in model order: ``E`` embedding, ``t`` a decoder block (``t*k``
+  repeats), ``L`` the loss/head. Interleaved plans always take the layout: megatron-core 0.13.1's
+  get_num_layers_to_build gives ``num_layers_in_first_pipeline_stage`` "for all virtual pipeline
+  parallel stages within the first (last) pipeline parallel stage", split evenly across them,
+  which is not the plan's first chunk.
 - rules (each refused with its reason by :func:`check`): no GPipe or ZB-H1 schedule in stock
-  Megatron; the interleaved schedule raises unless microbatches % pp == 0 (schedules.py); the
-  classic DDP path has ZeRO-1 only (``--use-distributed-optimizer``); ``--use-torch-fsdp2``
-  asserts pp == 1 and Megatron-FSDP (``--use-megatron-fsdp --data-parallel-sharding-strategy``)
-  is outside this target, so ZeRO-2/3 are refused.
+  Megatron; the interleaved schedule raises unless microbatches % pp == 0 (schedules.py) and
+  validate_args asserts "pipeline-model-parallel size should be greater than 2" for it without
+  --overlap-p2p-communication, which the export does not write; the classic DDP path has ZeRO-1
+  only (``--use-distributed-optimizer``); ``--use-torch-fsdp2`` asserts pp == 1 and
+  Megatron-FSDP is outside this target, so ZeRO-2/3 are refused.
 """
 
 from __future__ import annotations
@@ -26,11 +35,13 @@ from planner.cost import context
 from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt,
                                       launched_recompute, recompute_problems, schedule_basics,
                                       structure_problems, tp_divisibility)
+from planner.launchers.megatron_model import (architecture_problems, max_positions, moe_flags,
+                                              rope_flags)
 from planner.launchers.quoting import sh_word
 from planner.stack import userbuffers
 from planner.predict.plan import Plan
 
-TARGET = "Megatron-LM core_r0.13+ (pretrain_gpt.py arguments)"
+TARGET = "Megatron-LM core_r0.13, megatron-core 0.13.1 (pretrain_gpt.py arguments)"
 FILENAME = "megatron_args.sh"
 NAME = "Megatron-LM"
 
@@ -49,6 +60,9 @@ def parallel_rules(f: Facts) -> list[str]:
     if f.pp > 1 and f.schedule == "dualpipe":
         out.append(f"{NAME} has no DualPipe schedule (DeepSeek's bidirectional pipeline runs in "
                    "deepseek-ai/DualPipe and DeepSeek's own HAI-LLM); choose 1f1b or interleaved")
+    if f.schedule == "interleaved" and f.pp == 2:
+        out.append(f"{NAME}: the interleaved schedule needs pp > 2 (validate_args, without "
+                   "--overlap-p2p-communication); choose 1f1b or pp >= 3")
     if f.schedule == "interleaved" and f.pp > 1 and f.num_microbatches % f.pp:
         out.append(f"{NAME}: the interleaved schedule needs microbatches ({f.num_microbatches}) "
                    f"divisible by pp ({f.pp})")
@@ -113,81 +127,6 @@ def overlap_rules(stack) -> list[str]:
     return []
 
 
-def architecture_problems(m) -> list[str]:
-    """Parts of the model that Megatron's GPT builder has no flag for: exporting them anyway
-    would train a different model than the one planned."""
-    out = []
-    if m.qk_norm == "full":
-        out.append(f"{NAME}: --qk-layernorm normalises each head; this model normalises the whole "
-                   "Q and K projections (OLMo 2 style)")
-    if m.block_norms != 2:
-        out.append(f"{NAME}: blocks with {m.block_norms} norms (Gemma 2/3 style) have no "
-                   "Megatron GPT flag")
-    if any(layer.shared_expert_gate for layer in m.layers):
-        out.append(f"{NAME}: a gated shared expert (Qwen2-MoE) is not written by plan3d's "
-                   "export (its flag is unchecked here)")
-    if m.is_moe and m.mlp != "swiglu":
-        out.append(f"{NAME}: plan3d writes MoE experts as SwiGLU MLPs only")
-    kind = (m.rope_scaling or {}).get("rope_type") or (m.rope_scaling or {}).get("type")
-    if m.rope_scaling and kind != "llama3":
-        out.append(f"{NAME}: RoPE scaling '{kind}' has no flag here (--use-rope-scaling is "
-                   "Llama 3's)")
-    return out
-
-
-def moe_flags(plan: Plan) -> list[tuple[str, str | None]]:
-    """Mixture-of-experts and multi-head latent attention, as Megatron-Core names them
-    (megatron/training/arguments.py _add_moe_args, _add_mla_args): experts, top-k, expert FFN,
-    shared experts, which blocks are MoE (--moe-layer-freq takes a Python list expression, 1 for
-    an MoE block), the expert split, grouped GEMMs and the all-to-all dispatcher the plan priced;
-    DeepSeek-V3's sigmoid router with its expert bias; MLA's ranks and head widths."""
-    par, m = plan.parallel, plan.model
-    out: list[tuple[str, str | None]] = []
-    if m.mtp_layers:  # '--mtp-num-layers': 'Number of Multi-Token Prediction (MTP) Layers.'
-        out.append(("--mtp-num-layers", str(m.mtp_layers)))
-    if any(layer.is_mla for layer in m.layers):
-        first = next(layer for layer in m.layers if layer.is_mla)
-        out.append(("--multi-latent-attention", None))
-        if first.q_lora_rank:
-            out.append(("--q-lora-rank", str(first.q_lora_rank)))
-        out += [("--kv-lora-rank", str(first.kv_lora_rank)),
-                ("--qk-head-dim", str(first.qk_nope_head_dim)),
-                ("--qk-pos-emb-head-dim", str(first.qk_rope_head_dim)),
-                ("--v-head-dim", str(first.v_head_dim))]
-    if not m.is_moe:
-        return out
-    blocks = [layer for layer in m.layers if layer.kind == "block"]
-    expert = next(layer for layer in blocks if layer.is_moe)
-    out += [("--num-experts", str(m.num_experts)), ("--moe-router-topk", str(m.moe_top_k)),
-            ("--moe-ffn-hidden-size", str(expert.ffn_hidden_size))]
-    if expert.shared_ffn_hidden_size:
-        out.append(("--moe-shared-expert-intermediate-size",
-                    str(expert.shared_ffn_hidden_size)))
-    if not all(layer.is_moe for layer in blocks):
-        out.append(("--moe-layer-freq", _run_length([int(b.is_moe) for b in blocks])))
-    if m.router_bias:  # DeepSeek-V3: sigmoid scores, auxiliary-loss-free expert bias
-        out += [("--moe-router-score-function", "sigmoid"),
-                ("--moe-router-enable-expert-bias", None)]
-    if expert.moe_groups:  # group-limited routing (DeepSeek-V3's node-limited routing)
-        out += [("--moe-router-num-groups", str(expert.moe_groups)),
-                ("--moe-router-group-topk", str(expert.moe_group_top_k))]
-    out += [("--expert-model-parallel-size", str(par.ep)),
-            ("--expert-tensor-parallel-size", str(par.expert_tp)),
-            ("--moe-grouped-gemm", None), ("--moe-token-dispatcher-type", "alltoall")]
-    return out
-
-
-def _run_length(flags: list[int]) -> str:
-    """[0, 0, 0, 1, 1] -> '([0]*3+[1]*2)', the form Megatron's --moe-layer-freq evaluates."""
-    runs: list[list[int]] = []
-    for f in flags:
-        if runs and runs[-1][0] == f:
-            runs[-1][1] += 1
-        else:
-            runs.append([f, 1])
-    return "(" + "+".join(f"[{f}]*{n}" for f, n in runs) + ")"
-
-
 def pipeline_flags(plan: Plan) -> list[tuple[str, str | None]]:
     """The flags that give Megatron the plan's stage split (block counts per chunk)."""
     par = plan.parallel
@@ -197,6 +136,8 @@ def pipeline_flags(plan: Plan) -> list[tuple[str, str | None]]:
         return []
     if len(set(counts)) == 1:
         return [("--num-layers-per-virtual-pipeline-stage", str(counts[0]))] if v > 1 else []
+    if v > 1:  # first/last counts are per pipeline rank, over all its chunks (module doc)
+        return [("--pipeline-model-parallel-layout", layout_string(plan))]
     middle = counts[1:-1]
     if chunks >= 3 and len(set(middle)) == 1 and middle[0] > 0 and counts[0] > 0 \
             and counts[-1] > 0:
@@ -205,8 +146,6 @@ def pipeline_flags(plan: Plan) -> list[tuple[str, str | None]]:
             flags.append(("--decoder-first-pipeline-num-layers", str(counts[0])))
         if counts[-1] != middle[0]:
             flags.append(("--decoder-last-pipeline-num-layers", str(counts[-1])))
-        if v > 1:
-            flags.append(("--num-virtual-stages-per-pipeline-rank", str(v)))
         return flags
     return [("--pipeline-model-parallel-layout", layout_string(plan))]
 
@@ -251,21 +190,14 @@ def args(plan: Plan) -> list[tuple[str, str | None]]:
     out += moe_flags(plan)
     out += [("--ffn-hidden-size", str(m.ffn_hidden_size)),
             ("--seq-length", str(m.seq_length)),
-            ("--max-position-embeddings", str(max(m.seq_length, m.position_embeddings)))]
+            ("--max-position-embeddings", str(max_positions(m)))]
     if m.mlp == "swiglu":
         out.append(("--swiglu", None))
     if m.norm == "rmsnorm":
         out += [("--normalization", "RMSNorm")]
     if not m.bias:
         out.append(("--disable-bias-linear", None))
-    if m.position_embeddings == 0:
-        out += [("--position-embedding-type", "rope")]
-    if m.rope_theta is not None:  # Megatron's default base is 10000
-        out.append(("--rotary-base", f"{m.rope_theta:.0f}"))
-    if m.rope_scaling:  # Megatron-LM arguments.py: "Apply rope scaling as used in llama3.x";
-        # other kinds are refused by architecture_problems
-        out += [("--use-rope-scaling", None),
-                ("--rope-scaling-factor", f"{float(m.rope_scaling['factor']):g}")]
+    out += rope_flags(m)
     # the padding the plan priced (Megatron's default is 128)
     out.append(("--make-vocab-size-divisible-by", str(m.make_vocab_size_divisible_by)))
     if not m.tie_embeddings:
@@ -427,17 +359,14 @@ def parse_megatron_args(text: str) -> dict:
             v = blocks // (pp * num("--num-layers-per-virtual-pipeline-stage"))
         else:
             v = 1
-        n_chunks = pp * v
-        head = first if first is not None else None
-        tail = last if last is not None else None
-        rest = blocks - (head or 0) - (tail or 0)
-        middle_n = n_chunks - (head is not None) - (tail is not None)
-        mid = rest // middle_n if middle_n else 0
-        stage_blocks = [mid] * n_chunks
-        if head is not None:
-            stage_blocks[0] = head
-        if tail is not None:
-            stage_blocks[-1] = tail
+        # Megatron's first/last counts are per pipeline rank, split evenly over its v chunks
+        ranks = [None] * pp
+        ranks[0], ranks[-1] = (first, last) if pp > 1 else (first if first is not None else last,
+                                                            None)
+        rest = blocks - sum(r for r in ranks if r is not None)
+        free = sum(r is None for r in ranks)
+        ranks = [r if r is not None else rest // free for r in ranks]
+        stage_blocks = [ranks[c % pp] // v for c in range(pp * v)]
     granularity = flags.get("--recompute-granularity")
     method = flags.get("--recompute-method")
     out = {

@@ -13,8 +13,9 @@ from __future__ import annotations
 from planner.core.errors import PlanInputError
 from planner.model.huggingface import FAMILIES, MOE_FAMILIES, _llama_layout, require
 
-# Keys that do not change what a step computes or stores beyond what is priced: loss weights and
-# the routing rule among the top-k (the router is one h x E matmul and a top-k in every case).
+# Keys that do not change what a step computes or stores beyond what is priced: loss weights (the
+# load-balancing weight is still carried to exports, _aux_loss) and the routing rule among the
+# top-k (the router is one h x E matmul and a top-k in every case).
 _COST_FREE = {
     "router_aux_loss_coef", "output_router_logits", "router_jitter_noise", "norm_topk_prob",
     "aux_loss_alpha", "seq_aux", "routed_scaling_factor",
@@ -53,7 +54,8 @@ def moe_fields(data: dict, origin: str, kind: str) -> dict:
     if kind == "mixtral":
         # MixtralDecoderLayer: every block's MLP is a MixtralSparseMoeBlock.
         experts = _positive(data, origin, "num_local_experts")
-        return {**fields, "num_experts": experts, "moe_top_k": _top_k(data, origin, experts)}
+        return {**fields, "num_experts": experts, "moe_top_k": _top_k(data, origin, experts),
+                **_aux_loss(data, origin, "router_aux_loss_coef")}
     # Qwen2MoeDecoderLayer / Qwen3MoeDecoderLayer: "if (layer_idx not in
     # config.mlp_only_layers) and (config.num_experts > 0 and (layer_idx + 1) %
     # config.decoder_sparse_step == 0)" the MLP is sparse, else a dense MLP of intermediate_size.
@@ -70,7 +72,7 @@ def moe_fields(data: dict, origin: str, kind: str) -> dict:
     return {**fields, "num_experts": experts, "moe_top_k": _top_k(data, origin, experts),
             "moe_ffn_hidden_size": _positive(data, origin, "moe_intermediate_size"),
             "shared_ffn_hidden_size": shared, "shared_expert_gate": bool(shared),
-            "dense_layers": dense}
+            "dense_layers": dense, **_aux_loss(data, origin, "router_aux_loss_coef")}
 
 
 def _deepseek(data: dict, origin: str, kind: str) -> dict:
@@ -110,8 +112,22 @@ def _deepseek(data: dict, origin: str, kind: str) -> dict:
             # DeepSeek-V3's noaux_tc router adds a per-expert e_score_correction_bias
             "router_bias": data.get("topk_method") == "noaux_tc",
             **_groups(data, origin, kind, experts),
+            **_aux_loss(data, origin, "aux_loss_alpha"),
             "dense_layers": tuple(i for i in range(layers) if i < first or i % freq),
             "mtp_layers": mtp}
+
+
+def _aux_loss(data: dict, origin: str, key: str) -> dict:
+    """The router's load-balancing loss weight as trained: Mixtral / Qwen-MoE's
+    ``router_aux_loss_coef`` (MixtralConfig: "The aux loss factor for the total loss"), or
+    DeepSeek's ``aux_loss_alpha`` with ``seq_aux`` ("Whether to compute the auxiliary loss for
+    each individual sample", DeepseekV2Config): a per-sequence loss. Absent: none."""
+    value = data.get(key) or 0.0
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 <= value < 1:
+        raise PlanInputError(f"{origin}: '{key}' must be a number in [0, 1), got {value!r}")
+    per_seq = bool(data.get("seq_aux")) if key == "aux_loss_alpha" else False
+    return {"router_aux_loss": float(value), "router_aux_loss_per_sequence": per_seq and
+            bool(value)}
 
 
 def _groups(data: dict, origin: str, kind: str, experts: int) -> dict:

@@ -290,6 +290,11 @@ class ModelSpec:
     shared_ffn_hidden_size: int = 0
     shared_expert_gate: bool = False
     router_bias: bool = False
+    # The router's load-balancing loss as the model trained (HF router_aux_loss_coef; DeepSeek's
+    # aux_loss_alpha, per sequence with seq_aux); 0: none. Not priced (balanced experts are),
+    # carried to exports (Megatron --moe-aux-loss-coeff) so the launch balances as planned.
+    router_aux_loss: float = 0.0
+    router_aux_loss_per_sequence: bool = False
     moe_groups: int = 0  # group-limited routing (see Layer.moe_groups)
     moe_group_top_k: int = 0
     dense_layers: tuple[int, ...] = ()
@@ -306,6 +311,12 @@ class ModelSpec:
     layers: tuple[Layer, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        loss = self.router_aux_loss
+        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss < 1:
+            raise PlanInputError(f"{self.name}: router_aux_loss must be a number in [0, 1), got "
+                                 f"{loss!r}")
+        if (loss or self.router_aux_loss_per_sequence) and not self.num_experts:
+            raise PlanInputError(f"{self.name}: router_aux_loss needs num_experts > 0")
         if not self.layers:
             object.__setattr__(self, "layers", _standard_layers(self))
 
