@@ -89,7 +89,8 @@ DEFAULTS = dict(
     expert_tensor_parallel_size=None, fp8=None, fp8_recipe="delayed", fp8_param_gather=False,
     bf16=False, fp16=False, recompute_granularity=None, recompute_method=None,
     recompute_num_layers=None, attention_backend="auto", use_distributed_optimizer=False,
-    moe_grouped_gemm=False, overlap_grad_reduce=False, overlap_param_gather=False)
+    moe_grouped_gemm=False, overlap_grad_reduce=False, overlap_param_gather=False,
+    overlap_p2p_comm=True)  # "'--no-overlap-p2p-communication', action='store_false'"
 
 
 def _freq(text: str):
@@ -143,8 +144,11 @@ def _validated(args: dict) -> dict:
     elif args["num_virtual_stages_per_pipeline_rank"] is not None:
         vp = args["num_virtual_stages_per_pipeline_rank"]
     args["virtual_pipeline_model_parallel_size"] = vp if vp and vp > 1 else None
-    if vp and vp > 1:  # "pipeline-model-parallel size should be greater than 2"
-        assert pp > 2, "interleaved schedule without p2p overlap needs pp > 2"
+    if vp and vp > 1:  # "if args.overlap_p2p_comm: assert args.pipeline_model_parallel_size > 1
+        # ... else: assert args.pipeline_model_parallel_size > 2"
+        assert pp > (1 if args["overlap_p2p_comm"] else 2), "interleaved schedule needs more pp"
+    else:  # "Overlap P2P communication is disabled if not using the interleaved schedule."
+        args["overlap_p2p_comm"] = False
     # "assert args.max_position_embeddings >= args.seq_length"
     assert args["max_position_embeddings"] >= args["seq_length"]
     if args["recompute_granularity"] == "selective":

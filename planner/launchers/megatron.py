@@ -19,9 +19,10 @@ own config objects from the exported file and reads back what it would run
   parallel stages within the first (last) pipeline parallel stage", split evenly across them,
   which is not the plan's first chunk.
 - rules (each refused with its reason by :func:`check`): no GPipe or ZB-H1 schedule in stock
-  Megatron; the interleaved schedule raises unless microbatches % pp == 0 (schedules.py) and
-  validate_args asserts "pipeline-model-parallel size should be greater than 2" for it without
-  --overlap-p2p-communication, which the export does not write; the classic DDP path has ZeRO-1
+  Megatron; the interleaved schedule raises unless microbatches % pp == 0 (schedules.py), and
+  validate_args asserts pp > 2 for it only without p2p overlap, which Megatron-LM turns on by
+  default ("'--no-overlap-p2p-communication', action='store_false'"), so pp = 2 runs; the
+  classic DDP path has ZeRO-1
   only (``--use-distributed-optimizer``); ``--use-torch-fsdp2`` asserts pp == 1 and
   Megatron-FSDP is outside this target, so ZeRO-2/3 are refused.
 """
@@ -60,9 +61,6 @@ def parallel_rules(f: Facts) -> list[str]:
     if f.pp > 1 and f.schedule == "dualpipe":
         out.append(f"{NAME} has no DualPipe schedule (DeepSeek's bidirectional pipeline runs in "
                    "deepseek-ai/DualPipe and DeepSeek's own HAI-LLM); choose 1f1b or interleaved")
-    if f.schedule == "interleaved" and f.pp == 2:
-        out.append(f"{NAME}: the interleaved schedule needs pp > 2 (validate_args, without "
-                   "--overlap-p2p-communication); choose 1f1b or pp >= 3")
     if f.schedule == "interleaved" and f.pp > 1 and f.num_microbatches % f.pp:
         out.append(f"{NAME}: the interleaved schedule needs microbatches ({f.num_microbatches}) "
                    f"divisible by pp ({f.pp})")
