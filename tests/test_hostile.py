@@ -622,10 +622,10 @@ def _plan(name: str, gpu_name: str = "a100-80gb", launcher: str = "megatron"):
 
 
 # a plan is priced on one launcher's stack and exported for that launcher (plus json, torchrun);
-# torchtitan twice: 0.3.0's shell arguments and 0.2's TOML
+# torchtitan: the 0.2.2 TOML
 LAUNCHER_TARGETS = {"megatron": ["json", "megatron", "torchrun"], "deepspeed": ["deepspeed"],
                     "torchtitan": ["torchtitan"]}
-TORCHTITAN_VERSIONS = ("0.3.0", "0.2")
+TORCHTITAN_VERSIONS = ("0.2.2",)
 
 
 def _exports(launcher: str):
@@ -646,7 +646,7 @@ def benign_export(tmp_path_factory):
     files = {}
     for launcher, targets in LAUNCHER_TARGETS.items():
         for version, _ in _exports(launcher):
-            files.update(render_all(_plan("benign", launcher=launcher), targets, version))
+            files.update(render_all(_plan("benign", launcher=launcher), targets))
     return files
 
 
@@ -676,7 +676,7 @@ def test_names_in_exports_are_data_never_code(tmp_path, label, benign_export):
     for launcher, targets in LAUNCHER_TARGETS.items():
         plan = _plan(name, name, launcher)
         for version, where in _exports(launcher):
-            for path in export_plan(plan, targets, tmp_path / where, torchtitan_version=version):
+            for path in export_plan(plan, targets, tmp_path / where):
                 # one place to read every file from; torchtitan's apart, as launch.sh runs
                 # one framework
                 place = titan_dir if launcher == "torchtitan" else out
