@@ -1,5 +1,5 @@
 """Context parallelism in the exports: Megatron's --context-parallel-size (and --cp-comm-type when
-the stack exchanges K/V another way), torchtitan 0.3.0's parallelism.context_parallel_degree,
+the stack exchanges K/V another way), torchtitan 0.2.2 refuses CP (not run here),
 DeepSpeed refusing (Ulysses is a separate API)."""
 
 from __future__ import annotations
@@ -47,32 +47,13 @@ def test_megatron_refuses_a_sequence_it_cannot_balance():
         render_all(odd, ["megatron"])
 
 
-def test_torchtitan_030_sets_context_parallel_degree():
-    plan = _plan("torchtitan", zero=2)
-    text = render_all(plan, ["torchtitan"])["torchtitan_args.sh"]
-    assert "--parallelism.context_parallel_degree 2" in text
-    with pytest.raises(ExportError, match="0.2.x: context parallelism"):
-        render_all(plan, ["torchtitan"], torchtitan_version="0.2")
+def test_torchtitan_refuses_context_parallelism():
+    """torchtitan 0.2.2's context_parallel_degree is not run in CI here: refused, not exported."""
+    with pytest.raises(ExportError, match="context_parallel_degree is not exported"):
+        render_all(_plan("torchtitan", zero=2), ["torchtitan"])
 
 
 def test_deepspeed_refuses_cp():
     plan = _plan("deepspeed", cp_comm="p2p")  # priced as if it could: the exporter's own rule
     with pytest.raises(ExportError, match="no context parallelism in this export"):
         render_all(plan, ["deepspeed"])
-
-
-def test_torchtitan_parses_context_parallel_degree():
-    """Where torchtitan 0.3.0 is installed, its own ConfigManager reads the exported degree."""
-    from conftest import engine_module
-
-    engine_module("torchtitan", reason="torchtitan is not installed; the field name is checked "
-                  "against torchtitan/config/configs.py 0.3.0 by hand")
-    import shlex
-
-    from torchtitan.config.manager import ConfigManager
-
-    text = render_all(_plan("torchtitan", zero=2), ["torchtitan"])["torchtitan_args.sh"]
-    body = text.split("TORCHTITAN_ARGS=(", 1)[1].split(")\n", 1)[0]
-    tail = text.split("TORCHTITAN_TAIL=(", 1)[1].split(")", 1)[0]
-    cfg = ConfigManager().parse_args(shlex.split(body) + shlex.split(tail))
-    assert cfg.parallelism.context_parallel_degree == 2

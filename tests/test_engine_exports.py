@@ -1,4 +1,4 @@
-"""Exports for the engines' current releases: torchtitan 0.3.0 arguments and 0.2.x TOML (flavor,
+"""Exports for the engines' current releases: torchtitan 0.2.2 TOML (flavor,
 ZeRO -> FSDP2 reshard policy, schedule classes), DeepSpeed's public partition method and its
 1F1B-only rule, and launch.sh handing framework arguments only to the framework's entry point.
 
@@ -9,7 +9,6 @@ arguments are parsed by its own ConfigManager; otherwise the golden files stand 
 import importlib.util
 import json
 import os
-import shlex
 import shutil
 import subprocess
 from dataclasses import replace
@@ -29,14 +28,13 @@ def titan(**change):
     return make_plan(**{"zero": 2, **change})
 
 
-def titan_words(text: str, name: str = "TORCHTITAN_ARGS") -> list[str]:
-    """The words of a bash array ``NAME=( ... )`` the way bash splits them."""
-    body = text.split(f"{name}=(", 1)[1].split(")\n", 1)[0]
-    return shlex.split(body, comments=True)
+def ddp():
+    """A plan Megatron and torchtitan 0.2.2 both run: ZeRO-0 as 1-D data parallelism (DDP)."""
+    return titan(zero=0, tp=1, pp=1, dp=16, sequence_parallel=False, bounds=(0, 34))
 
 
 def test_torchtitan_02_golden():
-    text = torchtitan.render(titan(), "0.2")["torchtitan.toml"]
+    text = torchtitan.render(titan())["torchtitan.toml"]
     path = GOLDEN / "torchtitan.toml"
     if UPDATE:
         path.write_text(text)
@@ -45,40 +43,32 @@ def test_torchtitan_02_golden():
     assert '"norm", "output"]]' in text and "split_points" not in text
 
 
-def test_torchtitan_03_arguments():
-    words = titan_words(torchtitan.render(titan())["torchtitan_args.sh"])
-    assert words[:4] == ["--module", "llama3", "--config", "llama3_8b"]
-    i = words.index("--parallelism.module_fqns_per_model_part")
-    parts = [w.split(",") for w in words[i + 1:i + 5]]
-    assert parts[0][0] == "tok_embeddings" and parts[-1][-2:] == ["norm", "lm_head"]
-    assert sum(len(p) for p in parts) == 32 + 3
-    assert words[words.index("--parallelism.fsdp_reshard_after_forward") + 1] == "never"
-
-
 @pytest.mark.parametrize("zero,pp,dp,shard,replicate,reshard", [
     (3, 1, 8, 8, 1, "always"), (3, 4, 2, 2, 1, "default"), (2, 4, 2, 2, 1, "never"),
-    (0, 4, 2, 1, 2, None)])
+    (0, 1, 16, 1, 16, None)])
 def test_torchtitan_zero_maps_to_fsdp2(zero, pp, dp, shard, replicate, reshard):
     """Under pipelining ZeRO-3 runs torchtitan's "default" (no reshard with PP), as the
     torchtitan stack prices it (zero3_pipeline_hold); without PP it reshards after forward."""
     bounds = (0, 8, 17, 26, 34) if pp == 4 else (0, 34)
-    entry = torchtitan.entry(titan(zero=zero, pp=pp, dp=dp, bounds=bounds))
+    tp = 16 // (pp * dp)  # ZeRO-0 is 1-D DDP in torchtitan 0.2.2: tp = pp = 1
+    entry = torchtitan.entry(titan(zero=zero, pp=pp, dp=dp, tp=tp, sequence_parallel=tp > 1,
+                                   bounds=bounds))
     assert entry["supported"], entry
     assert entry["data_parallel_shard_degree"] == shard
     assert entry["data_parallel_replicate_degree"] == replicate
     assert entry.get("fsdp_reshard_after_forward") == reshard
 
 
-@pytest.mark.parametrize("change,version,phrase", [
-    (dict(zero=1), "0.3.0", "no ZeRO-1"),
-    (dict(zero=0), "0.2", "DDP"),
-    (dict(schedule="zb-h1"), "0.3.0", "at least 2 stages per rank"),
+@pytest.mark.parametrize("change,phrase", [
+    (dict(zero=1), "no ZeRO-1"),
+    (dict(zero=0), "DDP"),
+    (dict(schedule="zb-h1"), "at least 2 stages per rank"),
     (dict(schedule="interleaved", virtual_stages=2, num_microbatches=9,
-          bounds=(0, 5, 9, 13, 17, 21, 25, 29, 34)), "0.3.0", "divisible by max"),
+          bounds=(0, 5, 9, 13, 17, 21, 25, 29, 34)), "divisible by max"),
 ])
-def test_torchtitan_refusals(tmp_path, change, version, phrase):
+def test_torchtitan_refusals(tmp_path, change, phrase):
     with pytest.raises(ExportError, match=phrase):
-        export_plan(titan(**change), ["torchtitan"], tmp_path, torchtitan_version=version)
+        export_plan(titan(**change), ["torchtitan"], tmp_path)
     assert list(tmp_path.iterdir()) == []
 
 
@@ -87,8 +77,6 @@ def test_torchtitan_refuses_unmatched_flavor(tmp_path):
     with pytest.raises(ExportError, match="no Llama 3 flavor"):
         export_plan(plan, ["torchtitan"], tmp_path)
     assert "SET-ME" not in torchtitan.__doc__
-    with pytest.raises(ExportError, match="unknown --torchtitan-version"):
-        export_plan(titan(), ["torchtitan"], tmp_path, torchtitan_version="0.1")
 
 
 def test_solve_for_torchtitan_refuses_a_model_without_flavor_before_searching(tmp_path,
@@ -126,28 +114,15 @@ def test_torchtitan_schedule_classes():
     assert torchtitan.entry(titan(schedule="gpipe"))["pipeline_parallel_schedule"] == "GPipe"
 
 
-def _titan_release() -> str | None:
-    if importlib.util.find_spec("torchtitan") is None:
-        return None
-    from importlib.metadata import version
-    return version("torchtitan")
-
-
 def test_torchtitan_parses_the_export(tmp_path):
     engine_module("torchtitan", reason="torchtitan is not installed; the golden files stand in "
                   "for its parser")
     from torchtitan.config.manager import ConfigManager
 
-    release = _titan_release()
     plan = replace(titan(recompute="full"), stack=load_stack("torchtitan"))
-    if release.startswith("0.3"):
-        text = torchtitan.render(plan, "0.3.0")["torchtitan_args.sh"]
-        cfg = ConfigManager().parse_args(titan_words(text) + titan_words(text, "TORCHTITAN_TAIL"))
-        assert type(cfg.activation_checkpoint).__qualname__ == "FullAC.Config"
-    else:
-        (tmp_path / "t.toml").write_text(torchtitan.render(plan, "0.2")["torchtitan.toml"])
-        cfg = ConfigManager().parse_args(["--job.config_file", str(tmp_path / "t.toml")])
-        assert cfg.model.flavor == "8B" and cfg.activation_checkpoint.mode == "full"
+    (tmp_path / "t.toml").write_text(torchtitan.render(plan)["torchtitan.toml"])
+    cfg = ConfigManager().parse_args(["--job.config_file", str(tmp_path / "t.toml")])
+    assert cfg.model.flavor == "8B" and cfg.activation_checkpoint.mode == "full"
     p = cfg.parallelism
     assert (p.tensor_parallel_degree, p.pipeline_parallel_degree, p.data_parallel_shard_degree,
             p.data_parallel_replicate_degree) == (2, 4, 2, 1)
@@ -213,9 +188,9 @@ def test_deepspeed_config_has_an_optimizer():
 
 def test_torchrun_refuses_two_frameworks(tmp_path):
     with pytest.raises(ExportError, match="not both"):
-        export_plan(titan(zero=0), ["megatron", "torchtitan", "torchrun"], tmp_path)
+        export_plan(ddp(), ["megatron", "torchtitan", "torchrun"], tmp_path)
     assert list(tmp_path.iterdir()) == []
-    render_all(titan(zero=0), ["megatron", "torchtitan"])  # without launch.sh they may coexist
+    render_all(ddp(), ["megatron", "torchtitan"])  # without launch.sh they may coexist
 
 
 def _run_launch(directory: Path, **env) -> list[str]:
@@ -235,19 +210,18 @@ def test_launch_sh_framework_args_only_to_the_framework(tmp_path):
     export_plan(titan(), ["torchtitan", "torchrun"], tmp_path)
     out = _run_launch(tmp_path, TRAIN_ARGS="--training.steps 5")
     at = out.index("-m")
-    assert out[at:at + 4] == ["-m", "torchtitan.train", "--module", "llama3"]
-    assert out[-3:] == ["--training.steps", "5", "activation-checkpoint:full"]
-    parts = out[out.index("--parallelism.module_fqns_per_model_part") + 1]
-    assert parts.startswith("tok_embeddings,layers.0,")
+    assert out[at:at + 4] == ["-m", "torchtitan.train", "--job.config_file",
+                              str(tmp_path / "torchtitan.toml")]
+    assert out[-2:] == ["--training.steps", "5"]
     mine = _run_launch(tmp_path, TRAIN_SCRIPT="my_train.py", TRAIN_ARGS="--lr 1")
-    assert mine[-3:] == ["my_train.py", "--lr", "1"] and "--module" not in mine
+    assert mine[-3:] == ["my_train.py", "--lr", "1"] and "--job.config_file" not in mine
 
 
 @pytest.mark.skipif(shutil.which("bash") is None, reason="no bash")
 def test_launch_sh_refuses_two_frameworks_beside_it(tmp_path):
-    export_plan(titan(zero=0), ["megatron", "torchrun"], tmp_path)
+    export_plan(ddp(), ["megatron", "torchrun"], tmp_path)
     # export sets replace each other whole, so a second framework arrives only by hand
-    (other,) = export_plan(titan(zero=0), ["torchtitan"], tmp_path / "other")
+    (other,) = export_plan(ddp(), ["torchtitan"], tmp_path / "other")
     shutil.copy(other, tmp_path / other.name)
     done = subprocess.run(["bash", str(tmp_path / "launch.sh")], capture_output=True, text=True,
                           env={"PATH": os.environ["PATH"], "MASTER_ADDR": "n0"})

@@ -129,7 +129,7 @@ def test_document_invariants(cuts, fwd, share):
     assert engines["deepspeed"]["parts"] == list(bounds)
     titan = plan_json.document(replace(plan, parallel=replace(plan.parallel, zero=2)))
     assert titan["engines"]["torchtitan"]["module_fqns_per_model_part"] == \
-        [[m.replace("output", "lm_head") for m in s["modules"]] for s in stages]
+        [s["modules"] for s in stages]  # torchtitan 0.2.2's Llama names its head "output"
 
 
 def test_simulate_reads_v1_and_v2_alike(tmp_path):

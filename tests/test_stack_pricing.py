@@ -115,8 +115,7 @@ def test_exports_carry_the_stack_and_refuse_another_launchers_stack():
     titan = replace(titan, model=PRESETS["llama3-8b"], stages=tuple(
         replace(s, first=i * n // k, last=(i + 1) * n // k) for i, s in enumerate(titan.stages)))
     tomllib = pytest.importorskip("tomllib")  # Python 3.11+
-    toml = tomllib.loads(render_all(titan, ["torchtitan"],
-                                    torchtitan_version="0.2")["torchtitan.toml"])
+    toml = tomllib.loads(render_all(titan, ["torchtitan"])["torchtitan.toml"])
     assert toml["parallelism"]["tensor_parallel_degree"] == titan.parallel.tp
     assert toml["parallelism"]["pipeline_parallel_degree"] == titan.parallel.pp
     assert toml["training"]["mixed_precision_reduce"] == "float32"  # fp32 gradients, as priced

@@ -6,7 +6,6 @@ Where the op policy is not priced (MoE or MLA blocks, FP8 linears) a search coun
 configurations as rejected under their reason, and a pinned ``--recompute selective`` is refused
 in one line (exit 2)."""
 
-import shlex
 from collections import Counter
 
 import pytest
@@ -140,10 +139,8 @@ def test_explain_and_export_agree_with_the_search():
     assert shown.plan.metrics.step_time_s == pytest.approx(plan.metrics.step_time_s)
     assert shown.plan.metrics.peak_memory_bytes == pytest.approx(plan.metrics.peak_memory_bytes)
     # what the export launches is the policy priced
-    toml = torchtitan.render(plan, "0.2")["torchtitan.toml"]
+    toml = torchtitan.render(plan)["torchtitan.toml"]
     assert '[activation_checkpoint]\nmode = "selective"\nselective_ac_option = "op"\n' in toml
-    args = torchtitan.render(plan, "0.3.0")["torchtitan_args.sh"]
-    assert "TORCHTITAN_TAIL=(activation-checkpoint:selective)" in args  # 0.3.0's SelectiveAC
 
 
 def test_validation_prices_op_rows_on_the_stacks_own_field():
@@ -159,25 +156,13 @@ def test_validation_prices_op_rows_on_the_stacks_own_field():
 def test_torchtitan_parses_the_selective_export_as_its_op_policy(tmp_path):
     engine_module("torchtitan", reason="torchtitan is not installed; the render test above "
                   "stands in for its parser")
-    from importlib.metadata import version
-
     from torchtitan.config.manager import ConfigManager
 
     cluster = make_cluster(load_hardware("a100"), 8, 1)
     req = Request(model=LLAMA3_8B.with_seq_length(8192), cluster=cluster, options=TITAN,
                   pins=Pins(tp=1, pp=1, recompute="selective"), top=1)
     plan = search(req).plans[0]
-    if version("torchtitan").startswith("0.3"):
-        text = torchtitan.render(plan, "0.3.0")["torchtitan_args.sh"]
-        words = [w for name in ("TORCHTITAN_ARGS", "TORCHTITAN_TAIL")
-                 for w in shlex.split(text.split(f"{name}=(", 1)[1].split(")\n", 1)[0],
-                                      comments=True)]
-        # torchtitan/distributed/activation_checkpoint.py SelectiveAC: "Per-op selective
-        # activation checkpointing ... recomputes every second matmul"
-        assert type(ConfigManager().parse_args(words).activation_checkpoint).__qualname__ == \
-            "SelectiveAC.Config"
-    else:
-        (tmp_path / "t.toml").write_text(torchtitan.render(plan, "0.2")["torchtitan.toml"])
-        cfg = ConfigManager().parse_args(["--job.config_file", str(tmp_path / "t.toml")])
-        assert (cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option) \
-            == ("selective", "op")
+    (tmp_path / "t.toml").write_text(torchtitan.render(plan)["torchtitan.toml"])
+    cfg = ConfigManager().parse_args(["--job.config_file", str(tmp_path / "t.toml")])
+    assert (cfg.activation_checkpoint.mode, cfg.activation_checkpoint.selective_ac_option) \
+        == ("selective", "op")

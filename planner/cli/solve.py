@@ -139,10 +139,6 @@ def solve(
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for --export.",
                                            rich_help_panel=OUTPUT),
     force: bool = _flag(False, "--force", "Overwrite exported files.", OUTPUT),
-    torchtitan_version: str = typer.Option("0.3.0", "--torchtitan-version",
-                                           help="torchtitan release for --export torchtitan: "
-                                                "0.3.0 (arguments) or 0.2 (TOML).",
-                                           rich_help_panel=OUTPUT),
 ):
     """Search TP x PP x DP, micro-batch, schedule, recompute and ZeRO; print the best plans.
 
@@ -183,7 +179,7 @@ def solve(
                           "--expert-load", **({} if expert_load is None
                                               else {"moe_expert_load": expert_load})))
         check_fp8(cluster.hardware, req.options)
-        rule = precision_allows(launcher, spec, req.options, torchtitan_version)
+        rule = precision_allows(launcher, spec, req.options)
         if rule:  # no configuration changes the precision: refused before the search
             raise PlanInputError(rule)
         if explain_it:
@@ -202,8 +198,7 @@ def solve(
         if csv_file is not None:
             write_text(csv_file, plans_csv(result.plans), force=force)
         if targets:
-            written = export_plan(result.plans[0], targets, out_dir, force=force,
-                                  torchtitan_version=torchtitan_version)
+            written = export_plan(result.plans[0], targets, out_dir, force=force)
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
             doc = {"plans": [plan_document(p) for p in result.plans],  # plan.json v2 each

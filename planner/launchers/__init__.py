@@ -68,17 +68,12 @@ def refuse_unbuildable(launcher: str | None, model: ModelSpec) -> None:
                           "--launcher")
 
 
-def precision_allows(launcher: str | None, model, stack, torchtitan_version: str | None = None
-                     ) -> str | None:
+def precision_allows(launcher: str | None, model, stack) -> str | None:
     """None when ``launcher`` runs the stack's precision (and FP8 recipe) for this model, else
     the rule it breaks: checked before a search, since no configuration changes it."""
     if launcher is None:
         return None
-    if launcher == "torchtitan":
-        problems = torchtitan.precision_rules(model, stack,
-                                              torchtitan_version or torchtitan.DEFAULT_VERSION)
-    else:
-        problems = _exporter(launcher).precision_rules(model, stack)
+    problems = _exporter(launcher).precision_rules(model, stack)
     return problems[0] if problems else None
 
 
@@ -113,8 +108,7 @@ def stack_problems(plan: Plan, target: str) -> list[str]:
             f"--launcher {target} (or --stack with a {target} stack) and export that plan"]
 
 
-def render_all(plan: Plan, targets: list[str],
-               torchtitan_version: str = torchtitan.DEFAULT_VERSION) -> dict[str, str]:
+def render_all(plan: Plan, targets: list[str]) -> dict[str, str]:
     """Check every target, then render: {filename: text}. Raises ExportError on a broken rule."""
     targets = list(dict.fromkeys(targets))
     for target in targets:
@@ -125,12 +119,11 @@ def render_all(plan: Plan, targets: list[str],
     files: dict[str, str] = {}
     for target in targets:
         module = _exporter(target)
-        version = (torchtitan_version,) if target == "torchtitan" else ()
-        problems = stack_problems(plan, target) + module.check(plan, *version)
+        problems = stack_problems(plan, target) + module.check(plan)
         if problems:
             more = f" (and {len(problems) - 1} more)" if len(problems) > 1 else ""
             raise ExportError(f"cannot export for {target}: {problems[0]}{more}")
-        files.update(module.render(plan, *version))
+        files.update(module.render(plan))
     return files
 
 
@@ -147,11 +140,11 @@ def parse_targets(text: str | None) -> list[str]:
     return list(dict.fromkeys(targets))
 
 
-def export_plan(plan: Plan, targets: list[str], out_dir: str | Path, force: bool = False,
-                torchtitan_version: str = torchtitan.DEFAULT_VERSION) -> list[Path]:
+def export_plan(plan: Plan, targets: list[str], out_dir: str | Path,
+                force: bool = False) -> list[Path]:
     """Write the files of every target into ``out_dir`` as one set, all or nothing, one writer
     at a time (core/fileset.py); returns their paths in write order."""
-    files = render_all(plan, targets, torchtitan_version)
+    files = render_all(plan, targets)
     return write_set(out_dir, [OutFile(name, text, Path(name).suffix in (".sh", ".sbatch"))
                                for name, text in files.items()],
                      force=force, tag=plan_digest(plan))

@@ -6,8 +6,8 @@ agents agree on node order themselves; every node still gets a contiguous block 
 ``nproc-per-node`` ranks, which is all the node-local TP layout needs.
 
 The entry point is chosen by what was exported beside launch.sh: ``pretrain_gpt.py`` with
-megatron_args.sh, ``-m torchtitan.train`` with torchtitan_args.sh (0.3.0) or torchtitan.toml
-(0.2.x), else ``train.py``; ``TRAIN_ARGS`` (data, tokenizer, checkpoints) follow. The framework's
+megatron_args.sh, ``-m torchtitan.train --job.config_file`` with torchtitan.toml (torchtitan
+0.2.2), else ``train.py``; ``TRAIN_ARGS`` (data, tokenizer, checkpoints) follow. The framework's
 arguments go only to the framework's own entry point: with ``TRAIN_SCRIPT`` set (your own
 script) none are passed, and launch.sh refuses to start when both frameworks' files are beside
 it (one exporter run refuses to write both, see :func:`conflicts`).
@@ -64,25 +64,18 @@ def _launch(plan: Plan) -> str:
         + "\n# The framework's arguments go only to its own entry point (TRAIN_SCRIPT unset).\n"
         'FRAMEWORKS=()\n'
         '[[ -f "$HERE/megatron_args.sh" ]] && FRAMEWORKS+=(megatron_args.sh)\n'
-        '[[ -f "$HERE/torchtitan_args.sh" ]] && FRAMEWORKS+=(torchtitan_args.sh)\n'
         '[[ -f "$HERE/torchtitan.toml" ]] && FRAMEWORKS+=(torchtitan.toml)\n'
         'if (( ${#FRAMEWORKS[@]} > 1 )); then\n'
         '  echo "launch.sh: ${FRAMEWORKS[*]} are all here; keep one framework\'s file" >&2\n'
         "  exit 2\n"
         "fi\n"
         "FRAMEWORK_ARGS=()\n"
-        "FRAMEWORK_TAIL=()\n"
         'if [[ -n "${TRAIN_SCRIPT:-}" ]]; then\n'
         '  read -r -a SCRIPT <<< "$TRAIN_SCRIPT"  # your entry point: pass your own arguments\n'
         'elif [[ -f "$HERE/megatron_args.sh" ]]; then\n'
         '  source "$HERE/megatron_args.sh"\n'
         "  SCRIPT=(pretrain_gpt.py)\n"
         '  FRAMEWORK_ARGS=("${MEGATRON_ARGS[@]}")\n'
-        'elif [[ -f "$HERE/torchtitan_args.sh" ]]; then\n'
-        '  source "$HERE/torchtitan_args.sh"\n'
-        "  SCRIPT=(-m torchtitan.train)\n"
-        '  FRAMEWORK_ARGS=("${TORCHTITAN_ARGS[@]}")\n'
-        '  FRAMEWORK_TAIL=("${TORCHTITAN_TAIL[@]}")  # tyro subcommand: last\n'
         'elif [[ -f "$HERE/torchtitan.toml" ]]; then\n'
         "  SCRIPT=(-m torchtitan.train)\n"
         '  FRAMEWORK_ARGS=(--job.config_file "$HERE/torchtitan.toml")\n'
@@ -95,7 +88,7 @@ def _launch(plan: Plan) -> str:
         '--node-rank "$NODE_RANK" \\\n'
         '  --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$RDZV_ID" '
         "\\\n"
-        '  "${SCRIPT[@]}" "${FRAMEWORK_ARGS[@]}" "${USER_ARGS[@]}" "${FRAMEWORK_TAIL[@]}"\n')
+        '  "${SCRIPT[@]}" "${FRAMEWORK_ARGS[@]}" "${USER_ARGS[@]}"\n')
 
 
 def _sbatch(plan: Plan) -> str:

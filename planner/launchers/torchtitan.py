@@ -1,26 +1,26 @@
-"""torchtitan: launch arguments for torchtitan 0.3.0 (``torchtitan_args.sh``), or a TOML job config
-for torchtitan 0.2.x (``torchtitan.toml``), chosen by ``--torchtitan-version``.
+"""torchtitan: a TOML job config (``torchtitan.toml``) for torchtitan 0.2.2 on torch 2.13, the
+release the torchtitan stack prices (profiles/stacks/torchtitan.json ``version``) and CI runs
+(tests/test_torchtitan_run.py: one training step of ``torchtitan.train`` on gloo CPU processes
+with the unchanged export, read back against plan.json).
 
-torchtitan 0.3.0 reads no TOML (``torchtitan/config/manager.py``: ``--module`` and ``--config``
-pick a function of ``torchtitan/models/<module>/config_registry.py``, then tyro parses
-``--<section>.<field> value`` overrides; a ``list[str]`` field takes one comma-separated token, so
-``module_fqns_per_model_part`` takes one token per model part; the activation-checkpoint policy
-is a tyro subcommand, ``activation-checkpoint:{none,selective,full}``, given last; with pp > 1 its
-trainer raises unless ``--training.disable_cuda_graphs`` is set). The output projection is
-``lm_head``. torchtitan 0.2.0-0.2.2 read ``--job.config_file`` TOML
-(``torchtitan/config/job_config.py``): ``[model] name, flavor``, ``[parallelism]
-module_fqns_per_model_part`` (a list of lists; ``pipeline_parallel_split_points`` is gone), and
-name the output projection ``output``. Both were checked by parsing the exported arguments with
-each release's ConfigManager (see tests/test_torchtitan_export.py).
+torchtitan 0.2.2 reads ``--job.config_file`` TOML (torchtitan/config/job_config.py): ``[model]
+name, flavor``, ``[parallelism] module_fqns_per_model_part`` (a list of lists: 'Specify a list of
+lists containing the FQNs (Fully Qualified Names) of modules for each model chunk'); the output
+projection is ``output``. (0.3.0 reads no TOML and its trainer calls
+``pp_schedule.step(arg_mbs=..., kwarg_mbs=...)``, which torch 2.13 lacks: not a target.)
 
 Rules, each refused with its reason:
-- the model must be one of the release's Llama 3 configs (shapes below); torchtitan builds its
-  own model, so any other shape would train a different model than the one planned;
-- ZeRO maps onto FSDP2's ``reshard_after_forward`` (``torchtitan/distributed/fsdp.py``):
-  ZeRO-3 -> "always" ("default", no reshard, under pipelining: see ``reshard_policy``), ZeRO-2 -> "never" (parameters stay gathered from forward to backward;
-  gradients and optimizer state sharded). FSDP2 always shards gradients with the optimizer state,
-  so ZeRO-1 has no equivalent; ZeRO-0 is replication (``data_parallel_replicate_degree``), which
-  0.2.x runs only as 1-D DDP ("DDP has not supported > 1D parallelism" in parallelize.py);
+- the model must be one of 0.2.2's Llama 3 flavors (shapes below); torchtitan builds its own
+  model, so any other shape would train a different model than the one planned;
+- ZeRO maps onto FSDP2's ``reshard_after_forward`` (``apply_fsdp`` in
+  torchtitan/models/llama3/infra/parallelize.py): ZeRO-3 -> "always" ("default", no reshard,
+  under pipelining: see ``reshard_policy``), ZeRO-2 -> "never". FSDP2 shards gradients with the
+  optimizer state, so ZeRO-1 has no equivalent; ZeRO-0 is replication
+  (``data_parallel_replicate_degree``), which 0.2.2 runs only as 1-D DDP ("DDP has not
+  supported > 1D parallelism" in parallelize.py);
+- bf16 with TP or PP runs only under FSDP (``mixed_precision_rules``); TP always shards the
+  norms along the sequence (``sequence_rules``); context parallelism and Float8 are not run
+  here, so refused;
 - schedules are ``torch.distributed.pipelining``'s; a multi-stage class (interleaved, zero
   bubble) needs at least 2 stages per rank in torchtitan, and torch has no single-stage
   zero-bubble class, so a one-stage-per-rank ZB-H1 plan is refused here (torch itself runs it;
@@ -32,34 +32,29 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
-from planner.launchers.common import (ExportError, Facts, block_counts, header,
+from planner.launchers.common import (ExportError, Facts, block_counts, header,  # noqa: F401
                                       is_standard_gpt_model, launched_recompute, moe_problems,
                                       recompute_problems, schedule_basics, structure_problems,
                                       tp_divisibility)
-from planner.launchers.quoting import comment, sh_word, toml_str
+from planner.launchers.quoting import comment, toml_str
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 
 NAME = "torchtitan"
-DEFAULT_VERSION = "0.3.0"
-VERSIONS = {"0.3.0": "0.3.0", "0.3": "0.3.0", "0.2": "0.2.x", "0.2.x": "0.2.x",
-            "0.2.0": "0.2.x", "0.2.1": "0.2.x", "0.2.2": "0.2.x"}
-TARGETS = {
-    "0.3.0": "torchtitan 0.3.0 (torchrun -m torchtitan.train --module --config + overrides)",
-    "0.2.x": "torchtitan 0.2.0-0.2.2 TOML job config (torchrun -m torchtitan.train "
-             "--job.config_file)",
-}
-FILES = {"0.3.0": "torchtitan_args.sh", "0.2.x": "torchtitan.toml"}
-OUTPUT_MODULE = {"0.3.0": "lm_head", "0.2.x": "output"}
+RELEASE = "0.2.2"
+TARGET = (f"torchtitan {RELEASE} on torch 2.13 TOML job config (torchrun -m torchtitan.train "
+          "--job.config_file torchtitan.toml)")
+FILE = "torchtitan.toml"
 RESHARD = {3: "always", 2: "never"}
 
 
 def reshard_policy(plan: Plan) -> str:
     """FSDP2's policy for the plan's ZeRO stage. Under pipelining a ZeRO-3 plan priced on a stack
     that holds each stage gathered through the step (``zero3_pipeline_hold``) runs torchtitan's
-    "default", which for PP is no reshard: torchtitan/distributed/fsdp.py, 'case "default": #
-    For PP, by default do not reshard after forward to avoid per-microbatch all-gathers, which
-    can be expensive and non-overlapped / return not pp_enabled'."""
+    "default", which for PP is no reshard: torchtitan/models/llama3/infra/parallelize.py
+    apply_fsdp, 'case "default": # For PP, by default do not reshard after forward to avoid
+    per-microbatch all-gathers, which can be expensive and non-overlapped / reshard_after_forward
+    = not pp_enabled'."""
     par = plan.parallel
     held = plan.stack is None or plan.stack.zero3_pipeline_hold
     if par.zero == 3 and par.pp > 1 and held:
@@ -72,45 +67,69 @@ class Flavor:
     """A Llama 3 shape torchtitan ships: (blocks, hidden, heads, kv heads, FFN, vocabulary)."""
 
     flavor: str
-    config: str  # the 0.3.0 config_registry function
     shape: tuple[int, int, int, int, int, int]
 
 
-# torchtitan/models/llama3/__init__.py (0.2.x llama3_args, 0.3.0 _8b/_70b/_405b): dim, n_layers,
-# n_heads, n_kv_heads, vocab 128256, FFN = compute_ffn_hidden_dim(dim, multiple_of, multiplier):
-# 8B 1024/1.3 -> 14336, 70B 4096/1.3 -> 28672, 405B 4096/1.2 -> 53248. All SwiGLU, RMSNorm, RoPE,
-# no biases, untied. (0.3.0's 1B and 3B flavors have no config function, so --config cannot
-# name them.)
+# torchtitan/models/llama3/__init__.py (0.2.2) llama3_args: dim, n_layers, n_heads, n_kv_heads
+# (None: n_heads), vocab_size (default 128256), FFN = FeedForward's 'hidden_dim = int(2 *
+# hidden_dim / 3)', times ffn_dim_multiplier, rounded up to multiple_of (default 256) from 4 *
+# dim: debugmodel ('dim=256, n_layers=6, n_heads=16, vocab_size=2048') 682 -> 768, 8B 1024/1.3 ->
+# 14336, 70B 4096/1.3 -> 28672, 405B 4096/1.2 -> 53248. All SwiGLU, RMSNorm, RoPE, no biases,
+# untied. (debugmodel_flex_attn / _varlen_attn share debugmodel's shape with other attention:
+# not exported; the Qwen3 flavors have per-head QK norms and tied embeddings: not exported.)
 FLAVORS = (
-    Flavor("8B", "llama3_8b", (32, 4096, 32, 8, 14336, 128256)),
-    Flavor("70B", "llama3_70b", (80, 8192, 64, 8, 28672, 128256)),
-    Flavor("405B", "llama3_405b", (126, 16384, 128, 8, 53248, 128256)),
+    Flavor("debugmodel", (6, 256, 16, 16, 768, 2048)),
+    Flavor("8B", (32, 4096, 32, 8, 14336, 128256)),
+    Flavor("70B", (80, 8192, 64, 8, 28672, 128256)),
+    Flavor("405B", (126, 16384, 128, 8, 53248, 128256)),
 )
-
-
-def version_key(version: str) -> str:
-    try:
-        return VERSIONS[version.strip().lower().removeprefix("v")]
-    except KeyError:
-        raise ExportError(f"{NAME}: unknown --torchtitan-version {version!r}; choose 0.3.0 or "
-                          "0.2 (0.2.0-0.2.2)") from None
 
 
 def flavor(model: ModelSpec) -> Flavor | None:
     """The torchtitan Llama 3 flavor with exactly this model's shape, if any."""
-    if (model.mlp, model.norm, model.bias, model.tie_embeddings, model.position_embeddings) != \
-            ("swiglu", "rmsnorm", False, False, 0):
+    if (model.mlp, model.norm, model.bias, model.tie_embeddings, model.position_embeddings,
+            model.qkv_bias, model.qk_norm, model.block_norms, model.sliding_window) != \
+            ("swiglu", "rmsnorm", False, False, 0, False, "", 2, 0):
+        return None
+    if model.kv_channels * model.num_attention_heads != model.hidden_size:
         return None
     shape = (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_kv_heads,
              model.ffn_hidden_size, model.vocab_size)
     return next((f for f in FLAVORS if f.shape == shape), None)
 
 
-def parallel_rules(f: Facts, version: str = DEFAULT_VERSION) -> list[str]:
+def mixed_precision_rules(f: Facts) -> list[str]:
+    """torchtitan/distributed/utils.py maybe_enable_amp: without FSDP, 'if
+    parallel_dims.tp_enabled or parallel_dims.pp_enabled: logger.warning("Mixed precision
+    training with TP or PP is only supported when FSDP/HSDP/CP is enabled.")' and returns a null
+    context: such a run trains in fp32, not the bf16 the stack priced. FSDP is on where
+    data_parallel_shard_degree > 1 (parallel_dims.py 'def fsdp_enabled(self): return
+    self.dp_shard_enabled or self.cp_enabled'), i.e. dp > 1 with ZeRO 2 or 3 here."""
+    if (f.tp > 1 or f.pp > 1) and not (f.dp > 1 and f.zero >= 2):
+        return [f"{NAME} {RELEASE}: bf16 with TP or PP runs only under FSDP (\"Mixed precision "
+                "training with TP or PP is only supported when FSDP/HSDP/CP is enabled.\"); "
+                f"tp={f.tp} pp={f.pp} dp={f.dp} zero={f.zero} would train in fp32: plan dp > 1 "
+                "with --zero 2 or 3"]
+    return []
+
+
+def sequence_rules(f: Facts) -> list[str]:
+    """parallelize.py apply_tp shards every norm along the sequence, with no option to turn it
+    off: '"attention_norm": SequenceParallel()', '"ffn_norm": SequenceParallel()', '"norm":
+    SequenceParallel()'; a TP plan priced without SP would run with less activation memory and
+    other collectives than priced."""
+    if f.tp > 1 and not f.sequence_parallel:
+        return [f"{NAME} {RELEASE}: tensor parallelism always runs sequence parallel "
+                "(apply_tp: \"attention_norm\": SequenceParallel()); plan with "
+                "--sequence-parallel"]
+    return []
+
+
+def parallel_rules(f: Facts) -> list[str]:
     """torchtitan's rules; it pads nothing, so the vocabulary must split evenly over TP too."""
-    key = version_key(version)
     out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, f.vocab, NAME)
     out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
+    out += sequence_rules(f)
     if f.pp > 1:
         out += schedule_rules(f, NAME)
         if f.schedule in ("interleaved", "zb-h1") and f.virtual_stages < 2:
@@ -122,23 +141,26 @@ def parallel_rules(f: Facts, version: str = DEFAULT_VERSION) -> list[str]:
             out.append(f"{NAME}: FSDP2 shards gradients together with the optimizer state, so "
                        "there is no ZeRO-1; plan with --zero 2 (reshard never) or --zero 0 "
                        "(replicate)")
-        if f.zero == 0 and key == "0.2.x" and (f.tp > 1 or f.pp > 1):
-            out.append(f"{NAME} 0.2.x: ZeRO-0 is DDP, which it runs only without TP or PP "
+        if f.zero == 0 and (f.tp > 1 or f.pp > 1):
+            out.append(f"{NAME} {RELEASE}: ZeRO-0 is DDP, which it runs only without TP or PP "
                        "(\"DDP has not supported > 1D parallelism\"); plan with --zero 2 or 3")
-    if f.cp > 1 and key == "0.2.x":
-        out.append(f"{NAME} 0.2.x: context parallelism was not checked against this release's "
-                   "config; export with --torchtitan-version 0.3.0 "
-                   "(parallelism.context_parallel_degree)")
+    out += mixed_precision_rules(f)
+    if f.cp > 1:
+        out.append(f"{NAME} {RELEASE}: parallelism.context_parallel_degree is not exported: its "
+                   "ring attention is not run in CI here (gloo on CPU), so a CP plan is not "
+                   "checked to run as priced; plan without --cp")
     return out
 
 
-def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
+def check(plan: Plan) -> list[str]:
     par, m = plan.parallel, plan.model
-    out = structure_problems(plan) + parallel_rules(Facts.of(par, m), version) + moe_problems(
+    out = structure_problems(plan) + parallel_rules(Facts.of(par, m)) + moe_problems(
         plan, NAME, "export it with --export megatron")
-    # the 0.2.x TOML runs a block plan as layer SAC where that recomputes exactly as planned
-    sac = layer_sac(plan) if version_key(version) == "0.2.x" else None
-    out += recompute_problems(plan, NAME, block_method=sac is not None and sac[1])
+    out += recompute_problems(plan, NAME, block_method=layer_sac(plan) is not None)
+    divisor = 2 * par.tp * par.cp  # parallel_dims.py seq_len_divisor: 'self.tp * (self.cp * 2)'
+    if m.seq_length % divisor:
+        out.append(f"{NAME}: parallelize_llama asserts 'seq_len % parallel_dims.seq_len_divisor "
+                   f"== 0'; sequence {m.seq_length} is not divisible by 2 * tp * cp = {divisor}")
     stack = plan.stack
     if stack is not None and stack.param_dtype != "bf16":
         out.append(f"{NAME}: training.mixed_precision_param is bfloat16 or float32; the plan's "
@@ -146,7 +168,7 @@ def check(plan: Plan, version: str = DEFAULT_VERSION) -> list[str]:
     if stack is not None and stack.grad_dtype != "fp32":
         out.append(f"{NAME}: training.mixed_precision_reduce is float32 only; the plan's "
                    f"{stack.name} stack reduces gradients in {stack.grad_dtype}")
-    out += precision_rules(plan.model, plan.stack, version)
+    out += precision_rules(plan.model, plan.stack)
     if m.is_moe:  # refused above (moe_problems); its flavor check would only repeat it
         return out
     return out + model_rules(m)
@@ -161,45 +183,23 @@ def model_rules(m: ModelSpec) -> list[str]:
     if flavor(m) is None:
         return [f"{NAME}: no Llama 3 flavor has this model's shape ({m.num_layers} blocks, "
                 f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.num_kv_heads} KV, "
-                f"FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}); torchtitan builds only "
-                f"{', '.join(f.flavor for f in FLAVORS)}"]
+                f"FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}); torchtitan {RELEASE} "
+                f"builds only {', '.join(f.flavor for f in FLAVORS)}"]
     return []
 
 
-# torchtitan 0.3.0 has no Float8 option on the command line: the config_registry function picks
-# the model's converters, and only llama3_405b converts its linears ("Float8LinearConverter.
-# Config(filter_fqns=["lm_head"], ...)", recipe_name default "rowwise"; the converter's recipes
-# are Literal["rowwise", "rowwise_with_gw_hp"]) in torchtitan/models/llama3/config_registry.py.
-FLOAT8_CONFIGS = {"llama3_405b": "rowwise"}
-
-
-def precision_rules(model: ModelSpec, stack, version: str = DEFAULT_VERSION) -> list[str]:
-    """Where the run's precision would differ from the plan's: torchtitan 0.3.0 trains Float8
-    exactly in the configs that convert (FLOAT8_CONFIGS), with their recipe; the 0.2.x TOML's
-    Float8 names are not checked by this exporter, so an FP8 plan is refused there."""
-    f = flavor(model)
-    fp8 = stack is not None and stack.precision == "fp8"
-    if version_key(version) != "0.3.0":
-        return [f"{NAME} 0.2.x: FP8 export is not supported here (its Float8 settings are not "
-                "checked); use --torchtitan-version 0.3.0"] if fp8 else []
-    if f is None:
-        return []
-    recipe = FLOAT8_CONFIGS.get(f.config)
-    if recipe and not fp8:
-        return [f"{NAME} 0.3.0: the {f.config} config trains Float8 ({recipe}) linears; plan it "
-                f"with --precision fp8 and a stack whose fp8_recipe is {recipe}"]
-    if fp8 and not recipe:
-        return [f"{NAME} 0.3.0: the {f.config} config has no Float8 converter (only "
-                f"{', '.join(FLOAT8_CONFIGS)} converts); plan with --precision bf16"]
-    if fp8 and stack.fp8_recipe != recipe:
-        return [f"{NAME} 0.3.0: {f.config} runs Float8 with {recipe} scaling; the plan's stack "
-                f"prices {stack.fp8_recipe} (override fp8_recipe to {recipe})"]
+def precision_rules(model: ModelSpec, stack) -> list[str]:
+    """An FP8 plan is refused: 0.2.2 converts linears with ``[model] converters`` and
+    ``[quantize.linear.float8]`` (job_config.py Float8Linear, torchao), which this exporter does
+    not write and CI does not run (no torchao, no FP8 on CPU)."""
+    if stack is not None and stack.precision == "fp8":
+        return [f"{NAME} {RELEASE}: FP8 export is not supported ([quantize.linear.float8] needs "
+                "torchao and is not run in CI here); plan with --precision bf16"]
     return []
 
 
-def module_fqns_per_model_part(plan: Plan, version: str = DEFAULT_VERSION) -> list[list[str]]:
+def module_fqns_per_model_part(plan: Plan) -> list[list[str]]:
     """The modules of each model chunk, in stage order (torchtitan's Llama names)."""
-    output = OUTPUT_MODULE[version_key(version)]
     n = len(plan.model.layers)
     parts = []
     for s in plan.stages:
@@ -208,17 +208,20 @@ def module_fqns_per_model_part(plan: Plan, version: str = DEFAULT_VERSION) -> li
             if i == 0:
                 names.append("tok_embeddings")
             elif i == n - 1:
-                names += ["norm", output]
+                names += ["norm", "output"]
             else:
                 names.append(f"layers.{i - 1}")
         parts.append(names)
     return parts
 
 
-def _settings(plan: Plan, key: str) -> dict:
-    """The values both formats set, by torchtitan section and field. The local batch is one
-    pipeline step (split into microbatches) with pp > 1; without a pipeline it is one microbatch
-    and global_batch_size > local * dp makes torchtitan accumulate gradients."""
+def _settings(plan: Plan) -> dict:
+    """The values the TOML sets, by torchtitan section and field. The local batch is one
+    pipeline step (split into microbatches: pipeline_parallel.py 'n_microbatches = batch_size //
+    microbatch_size') with pp > 1; without a pipeline it is one microbatch and
+    global_batch_size > local * dp makes torchtitan accumulate gradients (train.py
+    'self.gradient_accumulation_steps = global_batch_size // (job_config.training.local_batch_size
+    * batch_degree)')."""
     par, m = plan.parallel, plan.model
     shard = par.dp if par.zero >= 2 else 1
     local = par.micro_batch * par.num_microbatches if par.pp > 1 else par.micro_batch
@@ -230,15 +233,9 @@ def _settings(plan: Plan, key: str) -> dict:
                         "data_parallel_shard_degree": shard,
                         "data_parallel_replicate_degree": par.dp // shard},
     }
-    if par.cp > 1:  # torchtitan/config/configs.py (0.3.0): context_parallel_degree, head-tail
-        settings["parallelism"]["context_parallel_degree"] = par.cp  # balanced by default
     if plan.stack is not None:  # the gradient reduction the stack priced (FSDP2's reduce dtype)
         settings["training"]["mixed_precision_reduce"] = "float32"
-    if par.pp > 1 and key == "0.3.0":  # trainer.py: "CUDA graphs do not support pipeline
-        settings["training"]["disable_cuda_graphs"] = True  # parallelism yet"
     p = settings["parallelism"]
-    if par.tp > 1 and key == "0.3.0":  # 0.2.x always shards norms along the sequence under TP
-        p["enable_sequence_parallel"] = par.sequence_parallel
     if par.dp > 1 and par.zero >= 2:
         p["fsdp_reshard_after_forward"] = reshard_policy(plan)
     if par.pp > 1:
@@ -249,52 +246,20 @@ def _settings(plan: Plan, key: str) -> dict:
     return settings
 
 
-def entry(plan: Plan, version: str = DEFAULT_VERSION) -> dict:
+def entry(plan: Plan) -> dict:
     """plan.json's ``engines.torchtitan``: the names it takes, or the rule the plan breaks."""
-    key = version_key(version)
-    problems = check(plan, version)
+    problems = check(plan)
     if problems:
-        return {"target": TARGETS[key], "supported": False, "rule": problems[0]}
-    f = flavor(plan.model)
-    settings = _settings(plan, key)
-    out = {"target": TARGETS[key], "supported": True, "module": "llama3", "config": f.config,
-           "flavor": f.flavor, **settings["parallelism"]}
+        return {"target": TARGET, "supported": False, "rule": problems[0]}
+    settings = _settings(plan)
+    out = {"target": TARGET, "supported": True, "module": "llama3",
+           "flavor": flavor(plan.model).flavor, **settings["parallelism"]}
     if "compile" in settings:
         out["compile"] = settings["compile"]["enable"]
     if plan.parallel.pp > 1:
-        out["module_fqns_per_model_part"] = module_fqns_per_model_part(plan, version)
+        out["module_fqns_per_model_part"] = module_fqns_per_model_part(plan)
+    out["activation_checkpoint"] = activation_checkpoint(plan)
     return out
-
-
-def _args_sh(plan: Plan) -> str:
-    f = flavor(plan.model)
-    words = [("--module", "llama3"), ("--config", f.config)]
-    for section, values in _settings(plan, "0.3.0").items():
-        for field, value in values.items():
-            if isinstance(value, bool):
-                words.append((f"--{section}.{'' if value else 'no_'}{field}", None))
-            else:
-                words.append((f"--{section}.{field}", str(value)))
-    if plan.parallel.pp > 1:
-        parts = module_fqns_per_model_part(plan, "0.3.0")
-        words.append(("--parallelism.module_fqns_per_model_part",
-                       " ".join(sh_word(",".join(p)) for p in parts)))
-    lines = [header(plan, TARGETS["0.3.0"]),
-             "# Source this file and run, on every node (launch.sh does):\n"
-             "#   torchrun ... -m torchtitan.train \"${TORCHTITAN_ARGS[@]}\" [your overrides] "
-             "\"${TORCHTITAN_TAIL[@]}\"\n"
-             "# TORCHTITAN_TAIL is tyro's activation-checkpoint subcommand, which must come last.\n",
-             f"# Model: torchtitan llama3 flavor {f.flavor} ({comment(plan.model.name)}).\n",
-             "TORCHTITAN_ARGS=(\n"]
-    for flag, value in words:
-        if flag == "--parallelism.module_fqns_per_model_part":  # one word per part, quoted
-            lines.append(f"  {flag} {value}\n")
-        else:
-            lines.append(f"  {flag}" + (f" {sh_word(value)}" if value is not None else "")
-                         + "\n")
-    lines += [")\n",
-              f"TORCHTITAN_TAIL=(activation-checkpoint:{launched_recompute(plan).mode})\n"]
-    return "".join(lines)
 
 
 def _toml_value(value) -> str:
@@ -307,69 +272,60 @@ def _toml_value(value) -> str:
     return toml_str(value)
 
 
+def activation_checkpoint(plan: Plan) -> dict:
+    """``[activation_checkpoint]``: the plan's one recompute setting (check() refuses others).
+    activation_checkpoint.py applies it to every TransformerBlock ('for layer_id,
+    transformer_block in layers.named_children()'); "full" wraps each in ptd_checkpoint_wrapper,
+    "selective" with "op" wraps each with the op-level policy, with an int k every k-th block."""
+    recompute = launched_recompute(plan)
+    k = layer_sac(plan)
+    if k is not None:
+        return {"mode": "selective", "selective_ac_option": str(k)}
+    if recompute.mode == "selective":
+        return {"mode": "selective", "selective_ac_option": "op"}
+    return {"mode": recompute.mode}
+
+
 def _toml(plan: Plan) -> str:
     f = flavor(plan.model)
-    lines = [header(plan, TARGETS["0.2.x"])]
-    if plan.parallel.tp > 1 and not plan.parallel.sequence_parallel:
-        lines.append("# Note: torchtitan 0.2.x's TP implies sequence parallelism (less activation "
-                     "memory than this plan counted).\n")
-    lines += ["\n[model]\n", 'name = "llama3"\n',
-              f"flavor = {toml_str(f.flavor)}  # {comment(plan.model.name)}\n"]
-    for section, values in _settings(plan, "0.2.x").items():
+    lines = [header(plan, TARGET), "\n[model]\n", 'name = "llama3"\n',
+             f"flavor = {toml_str(f.flavor)}  # {comment(plan.model.name)}\n"]
+    for section, values in _settings(plan).items():
         lines.append(f"\n[{section}]\n")
         lines += [f"{field} = {_toml_value(value)}\n" for field, value in values.items()]
         if section == "parallelism" and plan.parallel.pp > 1:
             lines.append("module_fqns_per_model_part = "
-                         f"{_toml_value(module_fqns_per_model_part(plan, '0.2.x'))}\n")
-    recompute = launched_recompute(plan).mode
-    sac = layer_sac(plan)
-    if sac is not None:
-        k, exact, asked = sac
-        lines += ["\n[activation_checkpoint]\n",
-                  "# layer SAC: every k-th transformer block of a rank is checkpointed, "
-                  f"floor(blocks / k); the plan recomputes {', '.join(map(str, asked))} per "
-                  "rank" + (": exactly that.\n" if exact else
-                            f": k = {k} is the largest that recomputes at least that on every "
-                            "rank (slower than planned, never more memory).\n"),
-                  'mode = "selective"\n', f"selective_ac_option = {toml_str(str(k))}\n"]
-        return "".join(lines)
-    lines += ["\n[activation_checkpoint]\n", f"mode = {toml_str(recompute)}\n"]
-    if recompute == "selective":
-        lines.append('selective_ac_option = "op"\n')
+                         f"{_toml_value(module_fqns_per_model_part(plan))}\n")
+    lines.append("\n[activation_checkpoint]\n")
+    if layer_sac(plan) is not None:
+        lines.append("# layer SAC: every k-th transformer block of a rank is checkpointed, "
+                     f"floor(blocks / k): the {launched_recompute(plan).blocks} per chunk the "
+                     "plan recomputes.\n")
+    lines += [f"{field} = {toml_str(value)}\n"
+              for field, value in activation_checkpoint(plan).items()]
     return "".join(lines)
 
 
-def layer_sac(plan: Plan) -> tuple[int, bool, list[int]] | None:
-    """torchtitan's layer SAC for a plan that recomputes only some blocks (Megatron's block
-    method), or None for a plan without it: (k, exact, blocks each rank recomputes).
+def layer_sac(plan: Plan) -> int | None:
+    """k of torchtitan's layer SAC where it recomputes exactly the plan's block method (the first
+    N blocks of every chunk), else None.
 
-    torchtitan/config/job_config.py ActivationCheckpoint.selective_ac_option: "'int' (e.g., 2)
-    for every nth layer"; torchtitan/distributed/activation_checkpoint.py _apply_layer_sac
-    counts the blocks it wraps in a process-wide counter and checkpoints a block when
-    ``_layer_sac_count % ac_freq == 0``, so a rank with n blocks recomputes floor(n / k) of
-    them (every k-th, not the first ones: the same cost for identical Llama blocks). One k serves
-    every rank: exact when floor(n_r / k) is each rank's planned count and each rank holds one
-    chunk (with several, which chunk a recomputed block falls in changes the memory); else the
-    largest k that recomputes at least the plan's count on every rank."""
-    if not any(s.recompute_layers is not None for s in plan.stages):
+    job_config.py ActivationCheckpoint.selective_ac_option: "'int' (e.g., 2) for every nth
+    layer"; activation_checkpoint.py _apply_layer_sac counts the blocks it wraps in a
+    process-wide counter ('global _layer_sac_count / _layer_sac_count += 1') and checkpoints a
+    block when '_layer_sac_count % ac_freq == 0', so a rank with n blocks recomputes floor(n / k)
+    of them (every k-th, not the first ones: the same cost for identical Llama blocks). Exact
+    when one chunk per rank and floor(n_r / k) is each rank's planned count for one k; any other
+    block plan is refused (recompute_problems)."""
+    setting = launched_recompute(plan)
+    if setting is None or setting.blocks is None or plan.parallel.virtual_stages != 1:
         return None
-    if any(s.recompute == "selective" for s in plan.stages):
-        return None  # one policy per run: the strongest (full) is exported
-    pp = plan.parallel.pp
     counts = block_counts(plan)
-    held, asked = [0] * pp, [0] * pp
-    for s, n in zip(plan.stages, counts):
-        held[s.rank] += n
-        asked[s.rank] += (s.recompute_layers if s.recompute_layers is not None else n) \
-            if s.recompute == "full" else 0
-    k = max(k for k in range(1, max(held) + 1)
-            if all(n // k >= a for n, a in zip(held, asked)))
-    exact = plan.parallel.virtual_stages == 1 and all(n // k == a for n, a in zip(held, asked))
-    return k, exact, asked
+    asked = [min(setting.blocks, n) for n in counts]
+    fits = [k for k in range(1, max(counts) + 1)
+            if all(n // k == a for n, a in zip(counts, asked))]
+    return max(fits) if fits else None
 
 
-def render(plan: Plan, version: str = DEFAULT_VERSION) -> dict[str, str]:
-    key = version_key(version)
-    if key == "0.3.0":
-        return {FILES[key]: _args_sh(plan)}
-    return {FILES[key]: _toml(plan)}
+def render(plan: Plan) -> dict[str, str]:
+    return {FILE: _toml(plan)}

@@ -17,25 +17,18 @@ export CUDA_DEVICE_MAX_CONNECTIONS=1  # Megatron asserts this when tp > 1
 # The framework's arguments go only to its own entry point (TRAIN_SCRIPT unset).
 FRAMEWORKS=()
 [[ -f "$HERE/megatron_args.sh" ]] && FRAMEWORKS+=(megatron_args.sh)
-[[ -f "$HERE/torchtitan_args.sh" ]] && FRAMEWORKS+=(torchtitan_args.sh)
 [[ -f "$HERE/torchtitan.toml" ]] && FRAMEWORKS+=(torchtitan.toml)
 if (( ${#FRAMEWORKS[@]} > 1 )); then
   echo "launch.sh: ${FRAMEWORKS[*]} are all here; keep one framework's file" >&2
   exit 2
 fi
 FRAMEWORK_ARGS=()
-FRAMEWORK_TAIL=()
 if [[ -n "${TRAIN_SCRIPT:-}" ]]; then
   read -r -a SCRIPT <<< "$TRAIN_SCRIPT"  # your entry point: pass your own arguments
 elif [[ -f "$HERE/megatron_args.sh" ]]; then
   source "$HERE/megatron_args.sh"
   SCRIPT=(pretrain_gpt.py)
   FRAMEWORK_ARGS=("${MEGATRON_ARGS[@]}")
-elif [[ -f "$HERE/torchtitan_args.sh" ]]; then
-  source "$HERE/torchtitan_args.sh"
-  SCRIPT=(-m torchtitan.train)
-  FRAMEWORK_ARGS=("${TORCHTITAN_ARGS[@]}")
-  FRAMEWORK_TAIL=("${TORCHTITAN_TAIL[@]}")  # tyro subcommand: last
 elif [[ -f "$HERE/torchtitan.toml" ]]; then
   SCRIPT=(-m torchtitan.train)
   FRAMEWORK_ARGS=(--job.config_file "$HERE/torchtitan.toml")
@@ -47,4 +40,4 @@ read -r -a USER_ARGS <<< "${TRAIN_ARGS:-}"
 
 exec torchrun --nnodes "$NNODES" --nproc-per-node "$NPROC_PER_NODE" --node-rank "$NODE_RANK" \
   --rdzv-backend c10d --rdzv-endpoint "$MASTER_ADDR:$MASTER_PORT" --rdzv-id "$RDZV_ID" \
-  "${SCRIPT[@]}" "${FRAMEWORK_ARGS[@]}" "${USER_ARGS[@]}" "${FRAMEWORK_TAIL[@]}"
+  "${SCRIPT[@]}" "${FRAMEWORK_ARGS[@]}" "${USER_ARGS[@]}"
