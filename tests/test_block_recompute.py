@@ -189,11 +189,13 @@ def test_torchtitan_layer_sac_is_exact_only_where_every_rank_matches():
     assert 'mode = "selective"' in toml and 'selective_ac_option = "2"' in toml
 
 
-def test_deepspeed_says_every_block_recomputes():
-    plan = _plan([2, None, None, None])
-    text = deepspeed._pipeline_py(replace(plan, parallel=replace(PAR, tp=1, dp=2)))
-    assert "ACTIVATION_CHECKPOINT_INTERVAL = 1" in text
-    assert "stage(s) 0 recompute only some blocks" in text
+def test_deepspeed_refuses_a_partial_block_count_and_checkpoints_every_block_of_full():
+    """DeepSpeed checkpoints every block or none: a stage recomputing only its first blocks is
+    refused (never exported as full); an all-full plan checkpoints every block."""
+    plan = replace(_plan([2, None, None, None]), parallel=replace(PAR, tp=1, dp=2))
+    assert "recompute differently" in deepspeed.check(plan)[0]
+    full = replace(_plan([None, None, None, None]), parallel=replace(PAR, tp=1, dp=2))
+    assert "ACTIVATION_CHECKPOINT_INTERVAL = 1" in deepspeed._pipeline_py(full)
 
 
 def test_the_block_pin_runs_megatrons_block_method_only():
