@@ -190,13 +190,11 @@ def test_megatron_keeps_uniform_when_every_stage_recomputes_whole_chunks():
     assert parse_megatron_args(text)["recompute_layers"] is None
 
 
-def test_torchtitan_layer_sac_is_exact_only_where_every_rank_matches():
+def test_torchtitan_layer_sac_only_where_it_recomputes_exactly_the_planned_blocks():
     # 8 blocks a rank: k = 2 recomputes floor(8 / 2) = 4 on every rank
-    k, exact, asked = torchtitan.layer_sac(_plan([4, 4, 4, 4]))
-    assert (k, exact, asked) == (2, True, [4, 4, 4, 4])
-    # 3 and 4 wanted: k = 2 (4 each) covers both, stage 0 recomputes one more than planned
-    k, exact, _ = torchtitan.layer_sac(_plan([3, 4, 4, 4]))
-    assert (k, exact) == (2, False)
+    assert torchtitan.layer_sac(_plan([4, 4, 4, 4])) == 2
+    # 3 of 8: no k gives floor(8 / k) = 3, so there is no layer SAC (and the export refuses)
+    assert torchtitan.layer_sac(_plan([3, 3, 3, 3])) is None
     assert torchtitan.layer_sac(_plan(None)) is None
     toml = torchtitan._toml(replace(_plan([4, 4, 4, 4]), parallel=replace(PAR, zero=2)))
     assert 'mode = "selective"' in toml and 'selective_ac_option = "2"' in toml
@@ -208,6 +206,15 @@ def test_deepspeed_refuses_the_block_method():
     plan = _plan([2, 2, 2, 2])
     problems = deepspeed.check(replace(plan, parallel=replace(PAR, tp=1, dp=2)))
     assert any("first 2 blocks of each stage" in p for p in problems)
+
+
+def test_deepspeed_refuses_a_partial_block_count_and_checkpoints_every_block_of_full():
+    """DeepSpeed checkpoints every block or none: a stage recomputing only its first blocks is
+    refused (never exported as full); an all-full plan checkpoints every block."""
+    plan = replace(_plan([2, None, None, None]), parallel=replace(PAR, tp=1, dp=2))
+    assert "recompute differently" in deepspeed.check(plan)[0]
+    full = replace(_plan([None, None, None, None]), parallel=replace(PAR, tp=1, dp=2))
+    assert "ACTIVATION_CHECKPOINT_INTERVAL = 1" in deepspeed._pipeline_py(full)
 
 
 def test_the_block_pin_runs_megatrons_block_method_only():

@@ -10,7 +10,7 @@ import pytest
 
 from planner.core.parallel import Parallel
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import ExportError, render_all
+from planner.launchers import ExportError, deepspeed, render_all
 from planner.launchers.megatron import parse_megatron_args
 from planner.model.presets import PRESETS
 from planner.predict.step import evaluate
@@ -55,5 +55,7 @@ def test_torchtitan_refuses_context_parallelism():
 
 def test_deepspeed_refuses_cp():
     plan = _plan("deepspeed", cp_comm="p2p")  # priced as if it could: the exporter's own rule
-    with pytest.raises(ExportError, match="no context parallelism in this export"):
+    with pytest.raises(ExportError):  # its first rule: tp = 2 (DeepSpeed runs no TP)
         render_all(plan, ["deepspeed"])
+    assert any("no context parallelism in this export" in p for p in deepspeed.check(plan))
+

@@ -49,8 +49,20 @@ def plan() -> Plan:
     return make_plan()
 
 
+def ds_plan(**par) -> Plan:
+    """The fixed plan without TP (DeepSpeed runs none), priced on the deepspeed stack."""
+    from planner.stack import load_stack
+
+    settings = dict(tp=1, dp=4, sequence_parallel=False)
+    settings.update(par)
+    return replace(make_plan(**settings), stack=load_stack("deepspeed"))
+
+
 def golden_plan(target: str) -> Plan:
-    """The fixed plan, with ZeRO-2 for torchtitan (FSDP2 has no ZeRO-1)."""
+    """The fixed plan, with ZeRO-2 for torchtitan (FSDP2 has no ZeRO-1), without TP on the
+    deepspeed stack for DeepSpeed."""
+    if target == "deepspeed":
+        return ds_plan()
     return make_plan(zero=2) if target == "torchtitan" else make_plan()
 
 
@@ -82,7 +94,8 @@ def test_plan_json_holds_the_plan(plan):
     assert layout["cross_node"] == {"pp_boundaries": [1], "dp": False}
 
 
-def test_deepspeed_batch_arithmetic(plan):
+def test_deepspeed_batch_arithmetic():
+    plan = ds_plan()
     cfg = json.loads(render_all(plan, ["deepspeed"])["ds_config.json"])
     assert cfg["train_batch_size"] == (cfg["train_micro_batch_size_per_gpu"]
                                        * cfg["gradient_accumulation_steps"] * plan.parallel.dp)
@@ -145,11 +158,16 @@ def test_megatron_layout_string_syntax():
     ("deepspeed", dict(schedule="interleaved", virtual_stages=2), "1F1B TrainSchedule"),
     ("deepspeed", dict(schedule="gpipe"), "would run as 1F1B"),
     ("deepspeed", dict(recompute="selective"), "selective"),
+    ("deepspeed", dict(tp=2), "no tensor parallelism"),
+    ("deepspeed", dict(tp=2, sequence_parallel=True), "no tensor parallelism"),
+    ("deepspeed", dict(zero=0), "BF16_Optimizer"),
 ])
 def test_launcher_allows_refusals(launcher, change, phrase):
     values = dict(tp=2, pp=4, dp=2, micro_batch=1, num_microbatches=16, schedule="1f1b",
                   virtual_stages=1, recompute="full", zero=1, sequence_parallel=True,
                   num_heads=32, num_kv_heads=8, ffn=14336, vocab=128256, num_blocks=32)
+    if launcher == "deepspeed":  # DeepSpeed runs no TP
+        values.update(tp=1, dp=4, sequence_parallel=False)
     assert launcher_allows(launcher, Facts(**values)) is None
     values.update(change)
     reason = launcher_allows(launcher, Facts(**values))
@@ -168,10 +186,11 @@ def test_deepspeed_allows_zero3_without_pipeline():
     ("deepspeed", dict(zero=3), "ZeRO stage <= 1"),
     ("deepspeed", dict(schedule="zb-h1"), "TrainSchedule"),
     ("deepspeed", dict(schedule="gpipe"), "runs its own 1F1B"),
+    ("deepspeed", dict(zero=0), "BF16_Optimizer"),
     ("torchtitan", dict(zero=1), "no ZeRO-1"),
 ])
 def test_export_refuses_with_rule(tmp_path, target, change, phrase):
-    p = make_plan(**change)
+    p = ds_plan(**change) if target == "deepspeed" else make_plan(**change)
     with pytest.raises(ExportError, match=phrase) as err:
         export_plan(p, [target], tmp_path)
     assert isinstance(err.value, PlanInputError) and target in str(err.value)
@@ -185,6 +204,7 @@ def test_structure_problems_caught(tmp_path):
 
 
 def test_export_writes_all_and_refuses_overwrite(plan, tmp_path):
+    plan = replace(plan, parallel=replace(plan.parallel, tp=1, dp=4, sequence_parallel=False))
     paths = export_plan(plan, ["json", "megatron", "deepspeed", "torchrun"], tmp_path / "out")
     names = sorted(p.name for p in paths)
     assert names == sorted(["plan.json", "megatron_args.sh", "ds_config.json",
@@ -219,8 +239,10 @@ def test_unknown_target(plan, tmp_path):
 
 
 def test_deterministic(plan):
-    targets = [t for t in EXPORTERS if t != "torchtitan"]
+    targets = [t for t in EXPORTERS if t not in ("torchtitan", "deepspeed")]
     assert render_all(plan, targets) == render_all(replace(plan), targets)
+    ds = ds_plan()
+    assert render_all(ds, ["json", "deepspeed"]) == render_all(replace(ds), ["json", "deepspeed"])
     titan = make_plan(zero=2)
     assert render_all(titan, ["torchtitan"]) == render_all(replace(titan), ["torchtitan"])
 

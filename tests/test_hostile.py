@@ -614,8 +614,10 @@ def _plan(name: str, gpu_name: str = "a100-80gb", launcher: str = "megatron"):
     spec = replace(PRESETS["llama3-8b"], name=name)
     hw = replace(load_hardware("a100-80gb"), name=gpu_name)
     # FSDP2 has no ZeRO-1 (torchtitan's exporter refuses it): torchtitan plans shard at ZeRO-2
-    pins = Pins(tp=2, pp=2, dp=4, micro_batch=1, schedule="1f1b", recompute="full",
-                zero=2 if launcher == "torchtitan" else 1, sequence_parallel=True)
+    # DeepSpeed runs no TP (its exporter refuses tp > 1): its plans are pp2 x dp8
+    tp = 1 if launcher == "deepspeed" else 2
+    pins = Pins(tp=tp, pp=2, dp=8 // tp, micro_batch=1, schedule="1f1b", recompute="full",
+                zero=2 if launcher == "torchtitan" else 1, sequence_parallel=tp > 1)
     req = Request(model=spec, cluster=make_cluster(hw, 16, 2), pins=pins, refine=1, top=1,
                   launcher=launcher, options=load_stack(None, launcher))
     return search(req).plans[0]
@@ -700,7 +702,8 @@ def test_names_in_exports_are_data_never_code(tmp_path, label, benign_export):
     source = (out / "deepspeed_pipeline.py").read_text()
     tree = ast.parse(source)
     defined = {t.id for node in tree.body if isinstance(node, ast.Assign) for t in node.targets}
-    assert defined == {"PARTS", "NUM_STAGES", "ACTIVATION_CHECKPOINT_INTERVAL"}
+    assert defined == {"PARTS", "NUM_STAGES", "ACTIVATION_CHECKPOINT_INTERVAL", "BLOCK_TYPE",
+                       "CHECKPOINTABLE_LAYERS"}
     stub = type(sys)("deepspeed.pipe")
     stub.PipelineModule = type("PipelineModule", (), {})
     saved = {k: sys.modules.get(k) for k in ("deepspeed", "deepspeed.pipe")}

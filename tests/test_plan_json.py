@@ -126,7 +126,9 @@ def test_document_invariants(cuts, fwd, share):
         assert s["bwd_input_s"] + s["bwd_weight_s"] == pytest.approx(2 * fwd, rel=1e-5)
         assert s["bwd_weight_s"] == pytest.approx(2 * fwd * share, rel=1e-5, abs=1e-12)
     engines = doc["engines"]
-    assert engines["deepspeed"]["parts"] == list(bounds)
+    assert engines["deepspeed"]["supported"] is False  # tp = 2: DeepSpeed runs no TP
+    untp = replace(plan, parallel=replace(plan.parallel, tp=1, dp=4, sequence_parallel=False))
+    assert plan_json.document(untp)["engines"]["deepspeed"]["parts"] == list(bounds)
     titan = plan_json.document(replace(plan, parallel=replace(plan.parallel, zero=2)))
     assert titan["engines"]["torchtitan"]["module_fqns_per_model_part"] == \
         [s["modules"] for s in stages]  # torchtitan 0.2.2's Llama names its head "output"

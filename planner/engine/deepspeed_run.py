@@ -1,6 +1,12 @@
-"""A DeepSpeed export run for one step: the reference decoder as the flat layer list
-``deepspeed.pipe.PipelineModule`` takes, split by the exported ``deepspeed_pipeline.py`` and
-stepped by ``deepspeed.initialize`` with the exported ds_config.json on gloo CPU processes.
+"""A DeepSpeed export run as exported: the reference decoder as the flat layer list
+``deepspeed.pipe.PipelineModule`` takes, split by the exported ``deepspeed_pipeline.py`` (pp > 1)
+or checkpointed by ``deepspeed_recompute.py`` (pp = 1, full recompute), and stepped twice by
+``deepspeed.initialize`` with the exported ds_config.json, unchanged (bf16 on), on gloo CPU
+processes. What the engine then runs is read back from it (:func:`run_deepspeed`).
+
+No CPU shim: the exported ``AdamW`` builds DeepSpeed's FusedAdam, which on the CPU accelerator
+is a C++ op DeepSpeed compiles once (op_builder/cpu/fused_adam.py) into the torch extensions
+cache, as it does its shared-memory collectives (deepspeed_shm_comm) at init_distributed.
 
 One module per plan layer, in plan order, each with one tensor in and one out: the embedding
 (token ids to hidden states), the blocks (class ``Block``, the name the DeepSpeed export's
@@ -77,6 +83,79 @@ def _load(path: Path):
     return module
 
 
+def _count_calls(layers: list[nn.Module]) -> list[int]:
+    """Per layer, the calls of its first submodule since the last reset: a checkpointed layer
+    runs its forward again in the backward (reentrant CheckpointFunction.backward reruns the
+    function), so it counts twice per microbatch."""
+    counts = [0] * len(layers)
+    for index, layer in enumerate(layers):
+        def hook(*_, index=index):
+            counts[index] += 1
+        next(layer.children()).register_forward_hook(hook)
+    return counts
+
+
+def _model(directory: Path, layers: list[nn.Module]) -> nn.Module:
+    """The exported model: the pipeline file's PipelineModule, or the layers in a row with the
+    recompute file's checkpointing applied."""
+    if (directory / "deepspeed_pipeline.py").exists():
+        return _load(directory / "deepspeed_pipeline.py").planned_pipeline_module(layers, loss_fn)
+    if (directory / "deepspeed_recompute.py").exists():
+        _load(directory / "deepspeed_recompute.py").checkpoint_blocks(layers)
+    return nn.Sequential(*layers)
+
+
+def _dtype(dtype: torch.dtype) -> str:
+    return {torch.bfloat16: "bf16", torch.float32: "fp32", torch.float16: "fp16"}[dtype]
+
+
+def _step(engine, pipelined: bool, tokens: torch.Tensor, targets: torch.Tensor,
+          size: int) -> float:
+    """One optimizer step over the rank's microbatches; the mean loss."""
+    pairs = list(zip(tokens.split(size), targets.split(size)))
+    if pipelined:
+        return float(engine.train_batch(iter(pairs)))
+    losses = []
+    for x, y in pairs:
+        loss = loss_fn(engine(x), y)
+        engine.backward(loss)
+        engine.step()
+        losses.append(float(loss))
+    return sum(losses) / len(losses)
+
+
+def _run(directory: Path, dp_rank: int) -> dict:
+    import deepspeed
+
+    doc = json.loads((directory / "plan.json").read_text())
+    config = json.loads((directory / "ds_config.json").read_text())
+    layers = layer_list(doc)
+    counts = _count_calls(layers)
+    model = _model(directory, layers)
+    engine, *_ = deepspeed.initialize(model=model, config=config,
+                                      model_parameters=list(model.parameters()))
+    pipelined = hasattr(model, "parts")
+    tokens, targets = batch(doc, seed=1 + dp_rank)
+    size = config["train_micro_batch_size_per_gpu"]
+    losses = []
+    for _ in range(2):
+        counts[:] = [0] * len(counts)
+        losses.append(_step(engine, pipelined, tokens, targets, size))
+    opt = engine.optimizer
+    accum = getattr(opt, "grad_acc_dtype", None) or getattr(
+        opt, "gradient_accumulation_dtype", None) or engine.get_data_types()[1]
+    out = {"zero": engine.zero_optimization_stage(), "bf16": engine.bfloat16_enabled(),
+           "optimizer": type(opt).__name__, "grad_accum_dtype": _dtype(accum),
+           "micro_batch": engine.train_micro_batch_size_per_gpu(),
+           "accumulation_steps": engine.gradient_accumulation_steps(),
+           "parts": [int(p) for p in model.parts] if pipelined else None,
+           "interval": getattr(model, "activation_checkpoint_interval", None),
+           "checkpointable": getattr(model, "checkpointable_layers", None),
+           "calls": list(counts), "losses": losses}
+    engine.destroy()
+    return out
+
+
 def _worker(rank: int, export_dirs: list[str], workdir: str, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank), DS_ACCELERATOR="cpu")
@@ -84,24 +163,14 @@ def _worker(rank: int, export_dirs: list[str], workdir: str, world: int, port: i
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    results = []
-    for directory in map(Path, export_dirs):
-        doc = json.loads((directory / "plan.json").read_text())
-        split = _load(directory / "deepspeed_pipeline.py")
-        if hasattr(split, "planned_pipeline_module"):  # the public type: partition method
-            model = split.planned_pipeline_module(layer_list(doc), loss_fn)
-        else:
-            model = split.PlannedPipelineModule(layers=layer_list(doc),
-                                                num_stages=split.NUM_STAGES, loss_fn=loss_fn)
-        config = json.loads((directory / "ds_config.json").read_text())
-        config["bf16"]["enabled"] = False  # CPU reference run in float32
-        config["optimizer"]["params"]["torch_adam"] = True  # no fused CUDA Adam on CPU
-        engine, *_ = deepspeed.initialize(model=model, config=config,
-                                          model_parameters=list(model.parameters()))
-        tokens, targets = batch(doc)
-        size = config["train_micro_batch_size_per_gpu"]
-        loss = engine.train_batch(iter(list(zip(tokens.split(size), targets.split(size)))))
-        results.append(([int(p) for p in model.parts], float(loss)))
+    plans = [json.loads((Path(d) / "plan.json").read_text())["parallel"] for d in export_dirs]
+    # pp = 1 exports first: a pipeline engine leaves its grid as DeepSpeed's global mpu
+    # (engine.py _configure_distributed_model: "groups.mpu = self.mpu"), which a later
+    # non-pipeline engine would take for its model-parallel groups
+    order = sorted(range(len(plans)), key=lambda i: plans[i]["pp"] > 1)
+    results = [None] * len(plans)
+    for i in order:  # DeepSpeed's ranks are pipe-major: the DP rank is rank % dp
+        results[i] = _run(Path(export_dirs[i]), dp_rank=rank % plans[i]["dp"])
     torch.save(results, os.path.join(workdir, f"rank{rank}.pt"))
 
 
@@ -111,12 +180,28 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_deepspeed(export_dirs: list[Path], workdir: Path) -> list[tuple]:
-    """(stage boundaries DeepSpeed used, mean loss of the step) per export directory, each
-    exported with json and deepspeed targets for the same pp (one process per stage)."""
+def _merge(per_rank: list[dict]) -> dict:
+    """One export's readings over its ranks: the engine's settings (equal on every rank),
+    each layer's calls on the rank that holds it, every rank's losses."""
+    out = dict(per_rank[0])
+    out["calls"] = [max(c) for c in zip(*(r["calls"] for r in per_rank))]
+    out["losses"] = [r["losses"] for r in per_rank]
+    for key in ("zero", "bf16", "optimizer", "grad_accum_dtype", "micro_batch",
+                "accumulation_steps", "parts", "interval", "checkpointable"):
+        if any(r[key] != out[key] for r in per_rank):
+            raise RuntimeError(f"DeepSpeed ranks disagree on {key}")
+    return out
+
+
+def run_deepspeed(export_dirs: list[Path], workdir: Path, world: int = 2) -> list[dict]:
+    """What DeepSpeed ran for each export directory (json and deepspeed targets, every plan on
+    ``world`` GPUs), read back after two steps: ZeRO stage, bf16, optimizer wrapper class and
+    its gradient accumulation dtype, micro-batch and accumulation steps, the PipelineModule's
+    parts, checkpoint interval and checkpointable layers, the calls of every layer in the
+    second step (a checkpointed layer runs twice per microbatch) and the losses."""
     port = _free_port()
-    world = json.loads((Path(export_dirs[0]) / "plan.json").read_text())["parallel"]["pp"]
     workdir.mkdir(parents=True, exist_ok=True)
     mp.spawn(_worker, args=([str(d) for d in export_dirs], str(workdir), world, port),
              nprocs=world, join=True)
-    return torch.load(workdir / "rank0.pt")
+    ranks = [torch.load(workdir / f"rank{r}.pt") for r in range(world)]
+    return [_merge(list(runs)) for runs in zip(*ranks)]

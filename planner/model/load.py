@@ -146,6 +146,8 @@ def _from_ours(data: dict, origin: str) -> ModelSpec:
         **{k: data.get(k, 0) for k in _MOE_INTS}, dense_layers=_dense_layers(data, origin),
         shared_expert_gate=bool(data.get("shared_expert_gate", False)),
         router_bias=bool(data.get("router_bias", False)),
+        router_aux_loss=data.get("router_aux_loss", 0.0),
+        router_aux_loss_per_sequence=bool(data.get("router_aux_loss_per_sequence", False)),
         mtp_layers=data.get("mtp_layers", 0),
     )
     if "layers" in data and base["mtp_layers"]:

@@ -59,6 +59,8 @@ MODEL_JSON = {
     "shared_ffn_hidden_size": Int(0, MAX_FFN),
     "shared_expert_gate": Bool(),
     "router_bias": Bool(),
+    "router_aux_loss": Num(0, 1),  # spec.py refuses 1 itself: [0, 1)
+    "router_aux_loss_per_sequence": Bool(),
     "moe_groups": Int(0, MAX_EXPERTS),
     "moe_group_top_k": Int(0, MAX_EXPERTS),
     "dense_layers": Free(),  # a list of block indices, checked by model/load.py

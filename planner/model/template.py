@@ -79,6 +79,11 @@ FIELDS: tuple[Field, ...] = (
           "A sigmoid gate (an h x 1 weight) on the shared expert (Qwen2-MoE)."),
     Field("router_bias", "bool", "false",
           "A per-expert routing bias (DeepSeek-V3's auxiliary-loss-free balancing)."),
+    Field("router_aux_loss", "number", "0",
+          "The router's load-balancing loss weight as trained (HF router_aux_loss_coef; "
+          "DeepSeek aux_loss_alpha); exported, not priced."),
+    Field("router_aux_loss_per_sequence", "bool", "false",
+          "That loss balances each sequence (DeepSeek's seq_aux) rather than the batch."),
     Field("moe_groups", "integer", "0",
           "Routing groups of consecutive experts (HuggingFace n_group; DeepSeek-V3 8); 0: none."),
     Field("moe_group_top_k", "integer", "0",
