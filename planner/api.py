@@ -51,7 +51,7 @@ from planner.sweeping import DEFAULT_MAX_POINTS, SweepResult, run_sweep
 
 __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
            "Explanation", "Partition", "Validation", "Profiled", "PlanInputError",
-           "NoFeasiblePlan", "sweep", "SweepResult"]
+           "NoFeasiblePlan", "sweep", "SweepResult", "DEFAULT_MAX_POINTS"]
 
 
 # --- results -------------------------------------------------------------------------------------

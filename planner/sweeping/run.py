@@ -68,6 +68,12 @@ class SweepResult:
 
         return sweep_table(self.to_frame(), self.spec)
 
+    def reasons(self) -> list[str]:
+        """Why the points without a plan have none: one line per reason, naming the points."""
+        from planner.sweeping.table import reasons
+
+        return reasons(self.to_frame())
+
 
 def _prices(spec: SweepSpec, gpus: set[str]) -> dict:
     """The GPU-hour price of each GPU of the sweep (a mapping's keys may be aliases)."""
