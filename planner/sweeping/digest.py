@@ -35,8 +35,14 @@ def code_digest() -> str:
     return h.hexdigest()
 
 
-@lru_cache(maxsize=256)
 def file_digest(path: str) -> str:
+    """A file's SHA-256, read again whenever its size or modification time changes."""
+    info = Path(path).stat()
+    return _file_digest(path, info.st_size, info.st_mtime_ns)
+
+
+@lru_cache(maxsize=256)
+def _file_digest(path: str, size: int, mtime_ns: int) -> str:
     return _sha256(Path(path).read_bytes())
 
 

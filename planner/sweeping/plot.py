@@ -132,7 +132,8 @@ def html_page(svg: str, frame, spec: SweepSpec) -> str:
     """The SVG inlined in one HTML file with the rows as a table: opens anywhere, offline."""
     body = re.sub(r"^.*?(?=<svg)", "", svg, flags=re.S)  # drop the XML prolog and DOCTYPE
     title = f"plan sweep: {len(frame)} points"
-    rows = frame.to_html(index=False, na_rep="", border=0, classes="rows")
+    shown = frame.astype(object).where(frame.notna(), "")  # no plan: empty cells, not None
+    rows = shown.to_html(index=False, border=0, classes="rows")
     return ("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
             f"<title>{html.escape(title)}</title>\n<style>\n"
             "body { font-family: sans-serif; margin: 1.5em; }\n"
