@@ -56,6 +56,10 @@ def _money(x: float) -> str:
     return f"${x:,.0f}"
 
 
+def _rate(x: float) -> str:
+    return f"{x / 1e6:.2f}M" if x >= 1e6 else f"{x / 1e3:.1f}k"
+
+
 def _used(frame, name: str) -> bool:
     return bool((frame[name].fillna(1) > 1).any())
 
@@ -83,7 +87,7 @@ def sweep_table(frame, spec: SweepSpec) -> Table:
         if r["status"] == OK:
             cells += [_degrees(r, dims), f"{r['micro_batch']}×{r['num_microbatches']}",
                       _schedule(r), f"{r['step_time_s']:.3f}", f"{r['mfu']:.1%}",
-                      f"{r['peak_memory_bytes'] / GIB:.1f}", f"{r['tokens_per_s'] / 1e3:,.1f}k"]
+                      f"{r['peak_memory_bytes'] / GIB:.1f}", _rate(r["tokens_per_s"])]
             if "days" in money:
                 cells.append(f"{r['time_to_train_s'] / SECONDS_PER_DAY:,.1f}")
             if "cost" in money:
