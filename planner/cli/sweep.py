@@ -36,16 +36,16 @@ def sweep(
     spec: str = typer.Argument(..., metavar="SPEC",
                                help="A YAML, JSON or TOML file mapping solve inputs to a value, "
                                     "a list or a range ({from, to, step|times}), or the same "
-                                    "inline: '{gpus: [8, 16], model: llama3-8b}'."),
+                                    "inline: '{gpus: \\[8, 16], model: llama3-8b}'."),
     out_file: Optional[Path] = typer.Option(None, "--out", "-o",
                                             help="Write the rows: FILE.csv, or FILE.parquet "
                                                  "(needs pyarrow)."),
     plot: Optional[Path] = typer.Option(None, "--plot",
                                         help="Draw scaling, cost and Pareto plots: FILE.svg or "
-                                             "FILE.html (needs plan3d[plot])."),
+                                             "FILE.html (needs plan3d\\[plot])."),
     backend: str = typer.Option("local", "--backend",
                                 help="local (a process pool on this machine) | ray "
-                                     "(plan3d[sweep]) | serial (one after another, here)."),
+                                     "(plan3d\\[sweep]) | serial (one after another, here)."),
     workers: Optional[int] = typer.Option(None, "--workers", show_default="the machine's cores",
                                           help="Processes (local) or CPUs (a new Ray instance)."),
     cache: Path = typer.Option(DEFAULT_CACHE, "--cache",
@@ -62,7 +62,7 @@ def sweep(
 
     Examples:\n
       plan sweep capacity.yaml --out rows.csv --plot scaling.html\n
-      plan sweep '{model: llama3-8b, gpu: [h100, a100], gpus: {from: 8, to: 64, times: 2}}'\n
+      plan sweep '{model: llama3-8b, gpu: \\[h100, a100], gpus: {from: 8, to: 64, times: 2}}'\n
       plan sweep big.yaml --backend ray --max-points 50000
     """
     with user_errors():

@@ -7,6 +7,7 @@ the same whatever the backend or the number of workers."""
 from __future__ import annotations
 
 import os
+import signal
 from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 from multiprocessing import get_all_start_methods, get_context
 
@@ -28,11 +29,17 @@ def _serial(evaluate, solve, items, workers, on_done):
         on_done(key, evaluate(solve, kwargs))
 
 
+def _ignore_interrupt() -> None:
+    """Workers leave Ctrl-C to the parent, which stops the sweep (no traceback per worker)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
 def _local(evaluate, solve, items, workers, on_done):
     # forkserver where there is one: workers start from a clean process, not a fork of this one
     # (whose threads, a progress bar's say, may hold locks); each imports the planner once.
     method = "forkserver" if "forkserver" in get_all_start_methods() else None
-    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context(method))
+    pool = ProcessPoolExecutor(max_workers=workers, mp_context=get_context(method),
+                               initializer=_ignore_interrupt)
     try:
         pending = {pool.submit(evaluate, solve, kwargs): key for key, kwargs in items}
         while pending:
