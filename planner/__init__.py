@@ -2,19 +2,21 @@
 
 The Python API (planner/api.py) is re-exported here lazily::
 
-    from planner import solve, explain, partition, validate, profile
+    from planner import solve, explain, partition, validate, profile, sweep
 
 ``import planner`` itself loads nothing but the version: the CLI imports its modules directly, and
 ``plan --help`` must not pay for the search or for pandas. The first API name asked for loads
 planner.api and binds all of them here. No sub-package shares a name with an API function
-(the splitting and measuring packages are planner.partitioning and planner.profiling), so
-``from planner import partition`` is the function whatever was imported before.
+(the splitting, measuring and sweeping packages are planner.partitioning, planner.profiling and
+planner.sweeping), so ``from planner import partition`` is the function whatever was imported
+before.
 """
 
 from planner.core.version import __version__
 
 API = ("solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
-       "Explanation", "Partition", "Validation", "Profiled", "PlanInputError", "NoFeasiblePlan")
+       "Explanation", "Partition", "Validation", "Profiled", "PlanInputError", "NoFeasiblePlan",
+       "sweep", "SweepResult")
 
 __all__ = ["__version__", *API]
 

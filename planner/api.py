@@ -47,10 +47,11 @@ from planner.search.space import Pins, Request, parse_refine, tp_rule, validate_
 from planner.cost.precision import check_fp8
 from planner.launchers import precision_allows
 from planner.stack import Stack, resolve_stack
+from planner.sweeping import DEFAULT_MAX_POINTS, SweepResult, run_sweep
 
 __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
            "Explanation", "Partition", "Validation", "Profiled", "PlanInputError",
-           "NoFeasiblePlan"]
+           "NoFeasiblePlan", "sweep", "SweepResult", "DEFAULT_MAX_POINTS"]
 
 
 # --- results -------------------------------------------------------------------------------------
@@ -347,3 +348,16 @@ def profile(model=None, *, device: str = "cpu", tp: int = 1, micro_batch: int = 
     return Profiled(profile_model(_model(model), device=device, tp=tp, micro_batch=micro_batch,
                                   seq_len=seq_len, budget_s=budget_s, repeats=repeats,
                                   progress=progress))
+
+
+def sweep(spec, *, backend: str = "local", workers: int | None = None, cache=None,
+          max_points: int = DEFAULT_MAX_POINTS, out=None, plot=None, force: bool = False,
+          progress=None) -> SweepResult:
+    """Solve every point of a sweep spec (`plan sweep`): ``spec`` a YAML/JSON/TOML file, an inline
+    mapping ("{gpus: [8, 16]}") or a dict of solve inputs to values, lists or ranges; each point
+    is one :func:`solve`. ``backend`` local (a process pool of ``workers``, default the cores),
+    ray or serial; ``cache`` a directory of finished points (resumes an interrupted sweep);
+    ``out`` (.csv/.parquet) and ``plot`` (.svg/.html) are written after it. ``.to_frame()``: one
+    row per point. docs/sweep.md has a worked example."""
+    return run_sweep(spec, solve, backend=backend, workers=workers, cache=cache,
+                     max_points=max_points, out=out, plot=plot, force=force, progress=progress)

@@ -19,6 +19,7 @@ FLOORS = {
     "search": 5, "engine": 5,
     "fidelity": 6,
     "report": 7,
+    "sweeping": 8,  # many solves (plan sweep): renders its own frames; the API passes solve in
     "cli": 99,  # the command line: top, beside planner/__init__.py and planner/api.py
 }
 TOP = 99
