@@ -10,8 +10,18 @@ projection is ``output``. (0.3.0 reads no TOML and its trainer calls
 ``pp_schedule.step(arg_mbs=..., kwarg_mbs=...)``, which torch 2.13 lacks: not a target.)
 
 Rules, each refused with its reason:
-- the model must be one of 0.2.2's Llama 3 flavors (shapes below); torchtitan builds its own
-  model, so any other shape would train a different model than the one planned;
+- the model must be one of 0.2.2's dense flavors (torchtitan_flavors.py): Llama 3 (debugmodel,
+  8B, 70B, 405B, ``[model] name = "llama3"``) or Qwen3 (debugmodel, 0.6B, 1.7B, 4B, 8B, 14B, 32B,
+  ``name = "qwen3"``: per-head QK norms, head_dim 128, tied embeddings up to 4B); torchtitan
+  builds its own model, so any other shape would train a different model than the one planned.
+  MoE models, Qwen3's MoE flavors (debugmodel_moe, 30B-A3B, 235B-A22B) and DeepSeek-V3 among
+  them, are refused: their expert-parallel settings are not written and not run in CI here;
+- Qwen3 has no pipelining in 0.2.2 (its TrainSpec's 'pipelining_fn=None'), its tied flavors
+  do not run under FSDP2 and its TP does not run on CPU, so pp > 1, ZeRO-2/3 on a tied flavor
+  and tp > 1 are refused for it (``qwen3_rules``), and its ``training.seq_len`` may not exceed the flavor's 'max_seq_len=4096'
+  (``seq_len_rules``); its parallelize_qwen3 (torchtitan/models/qwen3/infra/parallelize.py)
+  applies the same TP (sequence-parallel norms), AC, FSDP (llama4's apply_fsdp, the same
+  reshard policies) and DDP rules as Llama 3's, quoted at each rule below;
 - ZeRO maps onto FSDP2's ``reshard_after_forward`` (``apply_fsdp`` in
   torchtitan/models/llama3/infra/parallelize.py): ZeRO-3 -> "always" ("default", no reshard,
   under pipelining: see ``reshard_policy``), ZeRO-2 -> "never". FSDP2 shards gradients with the
@@ -29,14 +39,14 @@ Rules, each refused with its reason:
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
 from planner.launchers.common import (ExportError, Facts, block_counts, header,  # noqa: F401
                                       is_standard_gpt_model, launched_recompute, moe_problems,
                                       recompute_problems, schedule_basics, structure_problems,
                                       tp_divisibility)
 from planner.launchers.quoting import comment, toml_str
+from planner.launchers.torchtitan_flavors import (FLAVORS, Flavor, flavor,  # noqa: F401
+                                                by_facts)
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 
@@ -62,42 +72,6 @@ def reshard_policy(plan: Plan) -> str:
     return RESHARD[par.zero]
 
 
-@dataclass(frozen=True)
-class Flavor:
-    """A Llama 3 shape torchtitan ships: (blocks, hidden, heads, kv heads, FFN, vocabulary)."""
-
-    flavor: str
-    shape: tuple[int, int, int, int, int, int]
-
-
-# torchtitan/models/llama3/__init__.py (0.2.2) llama3_args: dim, n_layers, n_heads, n_kv_heads
-# (None: n_heads), vocab_size (default 128256), FFN = FeedForward's 'hidden_dim = int(2 *
-# hidden_dim / 3)', times ffn_dim_multiplier, rounded up to multiple_of (default 256) from 4 *
-# dim: debugmodel ('dim=256, n_layers=6, n_heads=16, vocab_size=2048') 682 -> 768, 8B 1024/1.3 ->
-# 14336, 70B 4096/1.3 -> 28672, 405B 4096/1.2 -> 53248. All SwiGLU, RMSNorm, RoPE, no biases,
-# untied. (debugmodel_flex_attn / _varlen_attn share debugmodel's shape with other attention:
-# not exported; the Qwen3 flavors have per-head QK norms and tied embeddings: not exported.)
-FLAVORS = (
-    Flavor("debugmodel", (6, 256, 16, 16, 768, 2048)),
-    Flavor("8B", (32, 4096, 32, 8, 14336, 128256)),
-    Flavor("70B", (80, 8192, 64, 8, 28672, 128256)),
-    Flavor("405B", (126, 16384, 128, 8, 53248, 128256)),
-)
-
-
-def flavor(model: ModelSpec) -> Flavor | None:
-    """The torchtitan Llama 3 flavor with exactly this model's shape, if any."""
-    if (model.mlp, model.norm, model.bias, model.tie_embeddings, model.position_embeddings,
-            model.qkv_bias, model.qk_norm, model.block_norms, model.sliding_window) != \
-            ("swiglu", "rmsnorm", False, False, 0, False, "", 2, 0):
-        return None
-    if model.kv_channels * model.num_attention_heads != model.hidden_size:
-        return None
-    shape = (model.num_layers, model.hidden_size, model.num_attention_heads, model.num_kv_heads,
-             model.ffn_hidden_size, model.vocab_size)
-    return next((f for f in FLAVORS if f.shape == shape), None)
-
-
 def mixed_precision_rules(f: Facts) -> list[str]:
     """torchtitan/distributed/utils.py maybe_enable_amp: without FSDP, 'if
     parallel_dims.tp_enabled or parallel_dims.pp_enabled: logger.warning("Mixed precision
@@ -116,7 +90,8 @@ def mixed_precision_rules(f: Facts) -> list[str]:
 def sequence_rules(f: Facts) -> list[str]:
     """parallelize.py apply_tp shards every norm along the sequence, with no option to turn it
     off: '"attention_norm": SequenceParallel()', '"ffn_norm": SequenceParallel()', '"norm":
-    SequenceParallel()'; a TP plan priced without SP would run with less activation memory and
+    SequenceParallel()' (Qwen3's apply_non_moe_tp the same, plus '"attention.q_norm":
+    SequenceParallel(sequence_dim=2)'); a TP plan priced without SP would run with less activation memory and
     other collectives than priced."""
     if f.tp > 1 and not f.sequence_parallel:
         return [f"{NAME} {RELEASE}: tensor parallelism always runs sequence parallel "
@@ -126,8 +101,10 @@ def sequence_rules(f: Facts) -> list[str]:
 
 
 def parallel_rules(f: Facts) -> list[str]:
-    """torchtitan's rules; it pads nothing, so the vocabulary must split evenly over TP too."""
+    """torchtitan's rules; it pads nothing, so the vocabulary must split evenly over TP too.
+    Qwen3's parallelize_qwen3 raises the same 'DDP has not supported > 1D parallelism'."""
     out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, f.vocab, NAME)
+    out += qwen3_rules(f)
     out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
     out += sequence_rules(f)
     if f.pp > 1:
@@ -152,15 +129,71 @@ def parallel_rules(f: Facts) -> list[str]:
     return out
 
 
+def qwen3_rules(f: Facts) -> list[str]:
+    """What 0.2.2 cannot run (or CI cannot check) for a Qwen3 flavor, known by its shape:
+    - PP: train.py 'if not self.train_spec.pipelining_fn: raise RuntimeError(f"Pipeline Parallel
+      is enabled but {job_config.model.name} does not support pipelining")', and Qwen3's
+      TrainSpec sets 'pipelining_fn=None' (models/qwen3/__init__.py);
+    - FSDP with tied embeddings: llama4's apply_fsdp (which parallelize_qwen3 imports) shards
+      'model.tok_embeddings' and '[model.norm, model.output]' as two groups, and torch 2.13's
+      fully_shard then raises 'Parameter ... is shared with a parameter already managed by
+      another FSDP group' (_fsdp_state.py _validate_no_duplicate_params; run here on the tied
+      debugmodel);
+    - TP: apply_non_moe_tp keeps Q, K, V as DTensors ('"attention.wq":
+      colwise_parallel(use_local_output=False)', for '"attention.q_norm":
+      SequenceParallel(sequence_dim=2)'), and torch 2.13 on CPU has no sharding strategy for
+      the attention ('aten._scaled_dot_product_flash_attention_for_cpu.default does not have a
+      sharding strategy registered'), so CI here cannot run it: not exported, like CP."""
+    if f.num_blocks is None:
+        return []
+    flv = by_facts((f.num_blocks, f.num_heads, f.num_kv_heads, f.ffn, f.vocab))
+    if flv is None or flv.module != "qwen3":
+        return []
+    out = []
+    if f.pp > 1:
+        out.append(f"{NAME} {RELEASE}: qwen3 has no pipelining (its TrainSpec sets "
+                   "'pipelining_fn=None': \"Pipeline Parallel is enabled but qwen3 does not "
+                   "support pipelining\"); plan with --pp 1")
+    if f.tp > 1:
+        out.append(f"{NAME} {RELEASE}: qwen3's tensor parallelism passes DTensor Q/K/V to the "
+                   "attention, which torch 2.13 on CPU cannot shard (\"does not have a sharding "
+                   "strategy registered\"), so CI here does not run it; plan without --tp")
+    if flv.tied and f.dp > 1 and f.zero >= 2:
+        out.append(f"{NAME} {RELEASE}: qwen3 {flv.flavor} ties its embeddings, and FSDP2 shards "
+                   "tok_embeddings and output in two groups (\"Parameter ... is shared with a "
+                   "parameter already managed by another FSDP group\"); plan with --zero 0 "
+                   "(DDP)")
+    return out
+
+
+def seq_len_rules(m: ModelSpec) -> list[str]:
+    """qwen3/model/args.py update_from_config: 'if seq_len > self.max_seq_len: logger.warning(
+    f"Sequence length {seq_len} exceeds original maximum {self.max_seq_len}.")' and then
+    'self.max_seq_len = seq_len': it would train RoPE positions past the flavor's context."""
+    f = flavor(m)
+    if f is not None and f.max_seq_len and m.seq_length > f.max_seq_len:
+        return [f"{NAME} {RELEASE}: sequence {m.seq_length} exceeds {f.module} {f.flavor}'s "
+                f"max_seq_len {f.max_seq_len} (\"Sequence length {m.seq_length} exceeds "
+                f"original maximum {f.max_seq_len}.\"); plan with --seq-len {f.max_seq_len} "
+                "or less"]
+    return []
+
+
+MOE_REASON = ("torchtitan 0.2.2's MoE models (Qwen3 debugmodel_moe, 30B-A3B, 235B-A22B; "
+              "DeepSeek-V3) need expert-parallel settings this export does not write and CI "
+              "does not run; export it with --export megatron")
+
+
 def check(plan: Plan) -> list[str]:
     par, m = plan.parallel, plan.model
     out = structure_problems(plan) + parallel_rules(Facts.of(par, m)) + moe_problems(
-        plan, NAME, "export it with --export megatron")
+        plan, NAME, MOE_REASON)
     out += recompute_problems(plan, NAME, block_method=layer_sac(plan) is not None)
     divisor = 2 * par.tp * par.cp  # parallel_dims.py seq_len_divisor: 'self.tp * (self.cp * 2)'
-    if m.seq_length % divisor:
-        out.append(f"{NAME}: parallelize_llama asserts 'seq_len % parallel_dims.seq_len_divisor "
+    if m.seq_length % divisor:  # parallelize_llama and parallelize_qwen3 alike
+        out.append(f"{NAME}: parallelize asserts 'seq_len % parallel_dims.seq_len_divisor "
                    f"== 0'; sequence {m.seq_length} is not divisible by 2 * tp * cp = {divisor}")
+    out += seq_len_rules(m)
     stack = plan.stack
     if stack is not None and stack.param_dtype != "bf16":
         out.append(f"{NAME}: training.mixed_precision_param is bfloat16 or float32; the plan's "
@@ -175,17 +208,22 @@ def check(plan: Plan) -> list[str]:
 
 
 def model_rules(m: ModelSpec) -> list[str]:
-    """The rules on the model alone: torchtitan builds only its own Llama 3 flavors, so a solve
+    """The rules on the model alone: torchtitan builds only its own dense flavors, so a solve
     for torchtitan checks them before searching (planner/launchers/__init__.py model_problems)."""
+    if m.is_moe or any(layer.is_mla for layer in m.layers):
+        return [f"{NAME}: {MOE_REASON}"]
     if not is_standard_gpt_model(m):
         return [f"{NAME}: model parts name tok_embeddings / layers.i / norm + the output; "
                 "this model has other layer kinds"]
     if flavor(m) is None:
-        return [f"{NAME}: no Llama 3 flavor has this model's shape ({m.num_layers} blocks, "
-                f"hidden {m.hidden_size}, {m.num_attention_heads} heads, {m.num_kv_heads} KV, "
-                f"FFN {m.ffn_hidden_size}, vocabulary {m.vocab_size}); torchtitan {RELEASE} "
-                f"builds only {', '.join(f.flavor for f in FLAVORS)}"]
-    return []
+        return [f"{NAME}: no Llama 3 or Qwen3 flavor has this model's shape ({m.num_layers} "
+                f"blocks, hidden {m.hidden_size}, {m.num_attention_heads} heads, "
+                f"{m.num_kv_heads} KV, head_dim {m.kv_channels}, FFN {m.ffn_hidden_size}, "
+                f"vocabulary {m.vocab_size}, QK norm {m.qk_norm or 'none'}, "
+                f"{'tied' if m.tie_embeddings else 'untied'}, RoPE theta {m.rope_theta}); "
+                f"torchtitan {RELEASE} builds only "
+                f"{', '.join(f'{f.module} {f.flavor}' for f in FLAVORS)}"]
+    return seq_len_rules(m)
 
 
 def precision_rules(model: ModelSpec, stack) -> list[str]:
@@ -199,7 +237,9 @@ def precision_rules(model: ModelSpec, stack) -> list[str]:
 
 
 def module_fqns_per_model_part(plan: Plan) -> list[list[str]]:
-    """The modules of each model chunk, in stage order (torchtitan's Llama names)."""
+    """The modules of each model chunk, in stage order: Llama 3's names, which Qwen3Model shares
+    ('self.tok_embeddings = nn.Embedding', 'self.layers[str(layer_id)]', 'self.norm',
+    'self.output'); only Llama 3 is pipelined (qwen3_rules)."""
     n = len(plan.model.layers)
     parts = []
     for s in plan.stages:
@@ -252,8 +292,9 @@ def entry(plan: Plan) -> dict:
     if problems:
         return {"target": TARGET, "supported": False, "rule": problems[0]}
     settings = _settings(plan)
-    out = {"target": TARGET, "supported": True, "module": "llama3",
-           "flavor": flavor(plan.model).flavor, **settings["parallelism"]}
+    f = flavor(plan.model)
+    out = {"target": TARGET, "supported": True, "module": f.module, "flavor": f.flavor,
+           **settings["parallelism"]}
     if "compile" in settings:
         out["compile"] = settings["compile"]["enable"]
     if plan.parallel.pp > 1:
@@ -288,7 +329,7 @@ def activation_checkpoint(plan: Plan) -> dict:
 
 def _toml(plan: Plan) -> str:
     f = flavor(plan.model)
-    lines = [header(plan, TARGET), "\n[model]\n", 'name = "llama3"\n',
+    lines = [header(plan, TARGET), "\n[model]\n", f"name = {toml_str(f.module)}\n",
              f"flavor = {toml_str(f.flavor)}  # {comment(plan.model.name)}\n"]
     for section, values in _settings(plan).items():
         lines.append(f"\n[{section}]\n")
