@@ -4,8 +4,9 @@
 degrees, each stage's module FQNs, which blocks are checkpointed (and how), FSDP2's
 reshard_after_forward and dtypes, the schedule class, microbatch count and size.
 
-The model is torchtitan's ``debugmodel`` flavor (6 blocks, hidden 256), which plan3d expresses
-exactly. Needs the engine extra (torch 2.13, torchtitan 0.2.2); skipped without it, a failure
+The models are torchtitan's Llama 3 ``debugmodel`` flavor (6 blocks, hidden 256) and its Qwen3
+``debugmodel`` (8 blocks, head_dim 128, per-head QK norms, tied embeddings), which plan3d
+expresses exactly. Needs the engine extra (torch 2.13, torchtitan 0.2.2); skipped without it, a failure
 with PLAN3D_REQUIRE_ENGINE=1.
 """
 
@@ -28,11 +29,18 @@ DEBUG = ModelSpec(name="torchtitan-debugmodel", num_layers=6, hidden_size=256,
                   num_attention_heads=16, num_kv_heads=16, ffn_hidden_size=768,
                   vocab_size=2048, seq_length=32, mlp="swiglu", norm="rmsnorm", bias=False,
                   dropout=False, rope_theta=500000.0)
+# torchtitan/models/qwen3/__init__.py "debugmodel": 'vocab_size=2048, max_seq_len=4096,
+# head_dim=128, dim=256, n_layers=8, n_heads=16, n_kv_heads=8, qk_norm=True, hidden_dim=3072,
+# rope_theta=1000000, enable_weight_tying=True'
+QWEN3 = ModelSpec(name="qwen3-debugmodel", num_layers=8, hidden_size=256, num_attention_heads=16,
+                  num_kv_heads=8, head_dim=128, ffn_hidden_size=3072, vocab_size=2048,
+                  seq_length=32, mlp="swiglu", norm="rmsnorm", bias=False, dropout=False,
+                  qk_norm="head", tie_embeddings=True, rope_theta=1e6)
 STACK = load_stack("torchtitan")
 
 
 def debug_plan(tp=1, pp=2, dp=2, bounds=(0, 4, 8), schedule="1f1b", v=1, recompute="none",
-               zero=3, micro_batch=1, m=4, blocks=None, stage_recompute=None) -> Plan:
+               zero=3, micro_batch=1, m=4, blocks=None, stage_recompute=None, model=DEBUG) -> Plan:
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, num_microbatches=m,
                    schedule=schedule, virtual_stages=v, recompute=recompute, zero=zero,
                    sequence_parallel=tp > 1)
@@ -41,7 +49,7 @@ def debug_plan(tp=1, pp=2, dp=2, bounds=(0, 4, 8), schedule="1f1b", v=1, recompu
                          recompute=modes[i], recompute_layers=blocks, time_s=3e-3,
                          memory_bytes=1e6, fwd_s=1e-3, bwd_s=2e-3, wgrad_s=1e-3)
                    for i in range(len(bounds) - 1))
-    return Plan(model=DEBUG, cluster=Cluster(hardware=HW, nodes=1, gpus_per_node=tp * pp * dp),
+    return Plan(model=model, cluster=Cluster(hardware=HW, nodes=1, gpus_per_node=tp * pp * dp),
                 parallel=par, stages=stages, stack=STACK,
                 metrics=Metrics(step_time_s=1.0, tokens_per_s=1.0, tflops_per_gpu=1.0, mfu=0.1,
                                 hfu=0.1, bubble_fraction=0.1, peak_memory_bytes=1.0))
@@ -61,6 +69,10 @@ CELLS = {
                                       m=2),
     "ddp4-full-zero0": debug_plan(pp=1, dp=4, bounds=(0, 8), recompute="full", zero=0, m=1),
     "layer-sac-1-of-3": debug_plan(recompute="full", blocks=1),
+    # Qwen3 in 0.2.2: no PP, no FSDP with its tied embeddings, TP not runnable on CPU
+    # (torchtitan.qwen3_rules): DDP over 4, bf16 under autocast, full recompute
+    "qwen3-ddp4-full": debug_plan(pp=1, dp=4, bounds=(0, 10), recompute="full", zero=0, m=1,
+                                  model=QWEN3),
 }
 
 
@@ -87,6 +99,8 @@ def expected_ac(stage: dict, blocks: int) -> list[str]:
 def test_torchtitan_runs_what_plan_json_says(runs, cell):
     doc, ranks = runs[cell]
     par, titan = doc["parallel"], doc["engines"]["torchtitan"]
+    qwen = doc["model"]["name"] == QWEN3.name
+    assert (titan["module"], titan["flavor"]) == (("qwen3" if qwen else "llama3"), "debugmodel")
     shard = par["dp"] if par["zero"] >= 2 else 1
     stages = {}
     for seen in ranks:
@@ -104,6 +118,7 @@ def test_torchtitan_runs_what_plan_json_says(runs, cell):
             assert seen["accumulation"] == par["num_microbatches"]
         if seen["microbatch_rows"]:  # the ranks holding the embedding
             assert set(seen["microbatch_rows"]) == {par["micro_batch"]}
+        assert seen["tied"] == ([doc["model"]["tie_embeddings"]] if par["pp"] == 1 else [])
         for stage in seen["stages"].values():
             for fsdp in stage["fsdp"].values():
                 if shard == 1:
@@ -199,3 +214,89 @@ def test_solve_for_torchtitan_prices_one_recompute_per_plan():
     for plan in solution.plans:
         assert len({(s.recompute, s.recompute_layers) for s in plan.stages}) == 1
         assert torchtitan.check(plan) == []
+
+
+# --- Qwen3: the dense flavors torchtitan 0.2.2 ships, and what it cannot run for them ---------
+
+def qwen3_plan(**kw) -> Plan:
+    return debug_plan(**{"pp": 1, "dp": 4, "bounds": (0, 10), "zero": 0, "m": 1,
+                         "model": QWEN3, **kw})
+
+
+def _hf_qwen3(**change) -> ModelSpec:
+    """A HuggingFace Qwen3-0.6B config.json (Qwen/Qwen3-0.6B), read by plan3d's importer."""
+    from planner.model.load import model_from_dict
+
+    data = {"model_type": "qwen3", "hidden_size": 1024, "num_hidden_layers": 28,
+            "num_attention_heads": 16, "num_key_value_heads": 8, "head_dim": 128,
+            "intermediate_size": 3072, "vocab_size": 151936, "max_position_embeddings": 40960,
+            "rope_theta": 1000000, "rope_scaling": None, "tie_word_embeddings": True,
+            "attention_dropout": 0.0, "use_sliding_window": False}
+    return replace(model_from_dict({**data, **change}, "config.json"), seq_length=4096)
+
+
+def test_qwen3_flavors_match_hf_configs_exactly():
+    f = torchtitan.flavor(_hf_qwen3())
+    assert (f.module, f.flavor, f.tied) == ("qwen3", "0.6B", True)
+    big = _hf_qwen3(hidden_size=4096, num_hidden_layers=36, num_attention_heads=32,
+                    intermediate_size=12288, tie_word_embeddings=False)
+    assert (torchtitan.flavor(big).flavor, torchtitan.flavor(big).tied) == ("8B", False)
+    assert torchtitan.flavor(QWEN3).flavor == "debugmodel"
+    for change in (dict(tie_word_embeddings=False), dict(rope_theta=500000), dict(head_dim=64),
+                   dict(rope_scaling={"rope_type": "yarn", "factor": 4.0}),
+                   dict(model_type="llama")):  # no QK norm
+        assert torchtitan.flavor(_hf_qwen3(**change)) is None, change
+
+
+def test_qwen3_toml_and_plan_json(tmp_path):
+    plan = CELLS["qwen3-ddp4-full"]
+    text = torchtitan.render(plan)["torchtitan.toml"]
+    assert '[model]\nname = "qwen3"\nflavor = "debugmodel"' in text
+    assert "data_parallel_replicate_degree = 4" in text
+    entry = torchtitan.entry(plan)
+    assert entry["supported"] and (entry["module"], entry["flavor"]) == ("qwen3", "debugmodel")
+    assert torchtitan.check(qwen3_plan(pp=1, dp=1, bounds=(0, 10))) == []
+
+
+def qwen3_facts(**change):
+    return facts(**{"tp": 1, "pp": 1, "dp": 4, "zero": 0, "sequence_parallel": False,
+                    "num_heads": 16, "num_kv_heads": 8, "ffn": 3072, "vocab": 2048,
+                    "num_blocks": 8, **change})
+
+
+@pytest.mark.parametrize("change,phrase", [
+    (dict(pp=2, dp=2, zero=3), "qwen3 has no pipelining"),
+    (dict(zero=3), "shared with a parameter already managed by another FSDP group"),
+    (dict(zero=2), "shared with a parameter already managed by another FSDP group"),
+    (dict(tp=2, dp=2, zero=3, sequence_parallel=True), "does not have a sharding strategy"),
+])
+def test_search_refuses_what_torchtitan_cannot_run_for_qwen3(change, phrase):
+    from planner.launchers import launcher_allows
+
+    assert launcher_allows("torchtitan", qwen3_facts()) is None
+    rule = launcher_allows("torchtitan", qwen3_facts(**change))
+    assert rule is not None and phrase in rule, rule
+
+
+def test_qwen3_untied_flavors_run_fsdp_but_not_pp():
+    from planner.launchers import launcher_allows
+
+    q8b = dict(num_heads=32, num_kv_heads=8, ffn=12288, vocab=151936, num_blocks=36)
+    assert launcher_allows("torchtitan", qwen3_facts(zero=3, **q8b)) is None
+    assert "no pipelining" in launcher_allows("torchtitan", qwen3_facts(pp=2, dp=2, zero=3, **q8b))
+
+
+def test_qwen3_refusals_in_one_line(tmp_path):
+    _refused(tmp_path, qwen3_plan(pp=2, dp=2, zero=3, bounds=(0, 5, 10)), "no pipelining")
+    _refused(tmp_path, qwen3_plan(zero=3), "another FSDP group")
+    long = qwen3_plan(model=replace(QWEN3, seq_length=8192))
+    _refused(tmp_path, long, "exceeds qwen3 debugmodel's max_seq_len 4096")
+    assert "max_seq_len 4096" in torchtitan.model_rules(long.model)[0]
+
+
+def test_qwen3_moe_is_refused_with_the_reason():
+    from planner.model.load import load_model
+
+    moe = load_model("profiles/validation/configs/qwen3-30b-a3b.json")
+    rule = torchtitan.model_rules(moe)[0]
+    assert "MoE models" in rule and "30B-A3B" in rule and "DeepSeek-V3" in rule

@@ -185,7 +185,11 @@ def _one_step(directory: Path, assets: tuple[Path, Path], dump: Path) -> dict:
         trainer.train()
         for h in hooks:
             h.remove()
-        seen.update(step=trainer.step, microbatch_rows=rows, finite=all(
+        # a part holding both ends: is the head's weight the embedding's after the step?
+        # (qwen3/model/model.py 'self.output.weight = self.tok_embeddings.weight')
+        tied = [m.output.weight is m.tok_embeddings.weight for m in first
+                if getattr(m, "output", None) is not None]
+        seen.update(step=trainer.step, microbatch_rows=rows, tied=tied, finite=all(
             bool(torch.isfinite(p.full_tensor() if hasattr(p, "full_tensor") else p).all())
             for m in trainer.model_parts for p in m.parameters()))
         return seen
@@ -219,7 +223,7 @@ def _free_port() -> int:
 
 def run_torchtitan(export_dirs: list[Path], workdir: Path) -> list[list[dict]]:
     """Per export directory (json + torchtitan targets, all for the same world size), each
-    rank's read back (``read_back`` plus step, microbatch_rows, finite), in rank order."""
+    rank's read back (``read_back`` plus step, microbatch_rows, tied, finite), in rank order."""
     workdir.mkdir(parents=True, exist_ok=True)
     write_assets(workdir)
     doc = json.loads((Path(export_dirs[0]) / "plan.json").read_text())
