@@ -74,7 +74,7 @@ def test_torchtitan_refusals(tmp_path, change, phrase):
 
 def test_torchtitan_refuses_unmatched_flavor(tmp_path):
     plan = replace(titan(), model=replace(PRESETS["llama3-8b"], ffn_hidden_size=14000))
-    with pytest.raises(ExportError, match="no Llama 3 flavor"):
+    with pytest.raises(ExportError, match="no Llama 3 or Qwen3 flavor"):
         export_plan(plan, ["torchtitan"], tmp_path)
     assert "SET-ME" not in torchtitan.__doc__
 
@@ -97,10 +97,10 @@ def test_solve_for_torchtitan_refuses_a_model_without_flavor_before_searching(tm
     for args in (["--export", "torchtitan", "--out", str(out)], ["--launcher", "torchtitan"]):
         res = CliRunner().invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--model",
                                        "llama2-7b", *args])
-        assert res.exit_code == 2 and "no Llama 3 flavor" in res.output, res.output
+        assert res.exit_code == 2 and "no Llama 3 or Qwen3 flavor" in res.output, res.output
         assert len(res.output.strip().splitlines()) == 1 and "Traceback" not in res.output
     assert not out.exists()
-    with pytest.raises(ExportError, match="no Llama 3 flavor"):
+    with pytest.raises(ExportError, match="no Llama 3 or Qwen3 flavor"):
         planner.solve(gpus=16, nodes=2, model="llama2-7b", launcher="torchtitan")
 
 
