@@ -23,8 +23,18 @@ def refuse_overwrite(paths, force: bool) -> None:
 
 def write_text(path: str | Path, text: str, force: bool = False,
                executable: bool = False) -> Path:
-    """Write to a temporary file beside ``path`` and rename it over: readers never see half.
-    Any OS error (permission, disk full, a directory in the way) is one OutputError line."""
+    """``text`` written atomically (:func:`write_file`)."""
+    def fill(tmp: str) -> None:
+        with open(tmp, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+
+    return write_file(path, fill, force, executable)
+
+
+def write_file(path: str | Path, fill, force: bool = False, executable: bool = False) -> Path:
+    """``fill(tmp)`` writes a temporary file beside ``path``, renamed over it when done: readers
+    never see half. Any OS error (permission, disk full, a directory in the way) is one
+    OutputError line."""
     path = Path(path)
     if path.is_dir():
         raise OutputError(f"{path} is a directory; give a file name")
@@ -33,8 +43,8 @@ def write_text(path: str | Path, text: str, force: bool = False,
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
+        os.close(fd)
+        fill(tmp)
         os.chmod(tmp, 0o755 if executable else 0o644)
         os.replace(tmp, path)
     except OSError as e:

@@ -7,11 +7,10 @@ whichever spec asked."""
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
+from planner.core.files import write_text
 
 SCHEMA = "plan3d/sweep-point/v1"
 
@@ -51,15 +50,7 @@ class PointCache:
         if self.directory is None:
             return
         doc = {"schema": SCHEMA, "digest": digest, "solve": kwargs, "outcome": outcome}
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{digest}.", suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(doc, f, sort_keys=True)
-            os.replace(tmp, self._path(digest))
-        except BaseException:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
-            raise
+        write_text(self._path(digest), json.dumps(doc, sort_keys=True), force=True)  # atomic
 
     def __len__(self) -> int:
         return 0 if self.directory is None else sum(1 for _ in self.directory.glob("*.json"))

@@ -5,13 +5,10 @@ written atomically after it."""
 from __future__ import annotations
 
 import importlib.util
-import os
-import tempfile
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
-from planner.core.files import refuse_overwrite, write_text
-from planner.core.fileset import output_error
+from planner.core.files import refuse_overwrite, write_file, write_text
 
 TABLE_SUFFIXES = (".csv", ".parquet")
 PLOT_SUFFIXES = (".svg", ".html")
@@ -33,29 +30,10 @@ def check_output(path, suffixes, flag: str, force: bool) -> Path | None:
     return path
 
 
-def write_bytes(path: Path, write, force: bool) -> Path:
-    """``write(tmp_path)`` fills a temporary file beside ``path``, renamed over it when done."""
-    refuse_overwrite([path], force)
-    tmp = None
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-        os.close(fd)
-        write(tmp)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except OSError as e:
-        raise output_error(e, path) from None
-    finally:
-        if tmp is not None and os.path.exists(tmp):
-            os.unlink(tmp)
-    return path
-
-
 def write_frame(frame, path, force: bool = False) -> Path:
     """The rows as CSV (no index: the ``point`` column is the order) or Parquet (pyarrow)."""
     path = check_output(path, TABLE_SUFFIXES, "--out", force)
     if path.suffix.lower() == ".csv":
         return write_text(path, frame.to_csv(index=False, lineterminator="\n"), force=force)
-    return write_bytes(path, lambda tmp: frame.to_parquet(tmp, index=False, engine="pyarrow"),
-                       force)
+    return write_file(path, lambda tmp: frame.to_parquet(tmp, index=False, engine="pyarrow"),
+                      force)
