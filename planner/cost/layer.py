@@ -230,7 +230,10 @@ def layer_cost(layer: Layer, shape: Shape, recompute: str, hw: Hardware,
     # DeepSpeed's BF16_Optimizer fp32 accumulation buffer; 16-bit gradients otherwise). Memory-bound, and it scales with parameters, not
     # tokens: what makes small micro-batches of wide layers slower than their FLOPs.
     params = sharded_params(layer, shape.tp, shape.ep, shape.etp)
-    bwd_weight_s += 2 * opts.accumulation_bytes * params / mem_rate
+    accumulation = shape.accumulation_bytes
+    if accumulation is None:
+        accumulation = opts.accumulation_bytes(1)
+    bwd_weight_s += 2 * accumulation * params / mem_rate
 
     fwd_flops = w.gemm_flops + w.attn_model_flops
     model_flops = 3 * fwd_flops

@@ -62,6 +62,9 @@ class Shape:
     # ZeRO-3 gathers the FP8 linear weights already in FP8: no forward weight cast
     # (cost/zero.py fp8_gathered, cost/precision.py)
     fp8_gathered: bool = False
+    # bytes per parameter each microbatch's weight gradient is accumulated into at this ZeRO
+    # stage (Stack.accumulation_bytes); None: the stack's at ZeRO-1
+    accumulation_bytes: int | None = None
     # with SP, bytes per value of the all-gathered input each column-parallel linear keeps for
     # its backward (a stack whose TP is DTensor's: torchtitan; 1 where the blocks' linears run
     # FP8, cast before the gather); 0: the SP shard is kept and re-gathered (Megatron)

@@ -48,6 +48,7 @@ def model_layer_costs(model: ModelSpec, par: Parallel, hw, opts: Stack, recomput
                   seq_len=model.seq_length // par.cp, cp=par.cp, cp_cross=cp_crosses(par, hw),
                   recompute_modules=opts.recompute_modules, loss_bytes=opts.loss_bytes,
                   fp8_gathered=zero.fp8_gathered(par, opts),
+                  accumulation_bytes=opts.accumulation_bytes(par.zero),
                   sp_gathered_bytes=sp_gathered_bytes(opts),
                   **moe.shape_fields(par, hw, opts))
     cache: dict = {}

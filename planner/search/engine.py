@@ -17,6 +17,7 @@ from collections import Counter
 from dataclasses import dataclass, field, replace
 
 from planner.cost import constants
+from planner.cost.zero import fp8_gathered
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.predict.step import (cp_crosses, evaluate, even_block_bounds, model_layer_costs,
                                   predict, predict_plan)
@@ -156,9 +157,14 @@ class _Costs:
         return False
 
     def cp_key(self, par: Parallel) -> tuple:
-        """What a layer's cost depends on besides SP, micro-batch and recompute: tp, cp and
-        whether the CP group leaves the NVLink domain."""
-        return par.tp, par.cp, cp_crosses(par, self.req.cluster.hardware)
+        """What a layer's cost depends on besides SP, micro-batch, recompute and the expert
+        split: tp, cp, whether the CP group leaves the NVLink domain, and what the ZeRO stage
+        changes in it (predict/step.py model_layer_costs: FP8 weights gathered in FP8, the
+        gradient accumulation bytes), so configurations that differ only in ZeRO share tables
+        exactly where those agree."""
+        opts = self.req.options
+        return (par.tp, par.cp, cp_crosses(par, self.req.cluster.hardware),
+                fp8_gathered(par, opts), opts.accumulation_bytes(par.zero))
 
     def table(self, par: Parallel, mode: str) -> CostTable:
         key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, mode, par.ep,

@@ -243,13 +243,11 @@ class Stack:
         """Bytes per logit of the cross-entropy's kept log-probabilities and gradient buffers."""
         return DTYPE_BYTES[self.loss_dtype]
 
-    @property
-    def accumulation_bytes(self) -> int:
+    def accumulation_bytes(self, zero: int) -> int:
         """Bytes per parameter each microbatch's weight gradient is accumulated into (read and
-        written once per microbatch): fp32 where any ZeRO stage accumulates in fp32."""
-        fp32 = DTYPE_BYTES[self.grad_dtype] == 4 or (
-            self.param_dtype == "bf16" and bool(self.fp32_grad_accumulation_zero))
-        return 4 if fp32 else DTYPE_BYTES[self.grad_dtype]
+        written once per microbatch) at this ZeRO stage: the held gradients, or the fp32
+        accumulation buffer where the stack keeps one (DeepSpeed 0.19.8: at ZeRO-1 only)."""
+        return 4 if self.fp32_accumulation(zero) else DTYPE_BYTES[self.grad_dtype]
 
     def held_weight_bytes(self, zero: int) -> int:
         """16-bit weight bytes each parameter holds besides the fp32 master in the optimizer."""
