@@ -2,11 +2,10 @@
 ZeRO -> FSDP2 reshard policy, schedule classes), DeepSpeed's public partition method and its
 1F1B-only rule, and launch.sh handing framework arguments only to the framework's entry point.
 
-When torchtitan is importable (``PLAN3D_TORCHTITAN`` names the release installed) the exported
-arguments are parsed by its own ConfigManager; otherwise the golden files stand in.
+When torchtitan is importable the exported TOML is parsed by its own ConfigManager; otherwise the
+golden files stand in.
 """
 
-import importlib.util
 import json
 import os
 import shutil

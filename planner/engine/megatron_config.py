@@ -31,7 +31,7 @@ from __future__ import annotations
 import dataclasses
 import re
 
-from planner.launchers.megatron import _tokens
+from planner.launchers.megatron import megatron_words
 
 # flag -> (dest, kind) as arguments.py declares them; kind: int, float, str, true (store_true),
 # false (store_false), freq (moe_freq_type), list (nargs='+' of str)
@@ -102,7 +102,7 @@ def _freq(text: str):
 
 def namespace(text: str) -> dict:
     """The exported file's arguments as Megatron-LM's parser would set them."""
-    words, args, i = _tokens(text), dict(DEFAULTS), 0
+    words, args, i = megatron_words(text), dict(DEFAULTS), 0
     while i < len(words):
         flag = words[i]
         if flag not in FLAGS:

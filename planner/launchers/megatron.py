@@ -294,7 +294,7 @@ def entry(plan: Plan) -> dict:
 
 # --- parsing back ---------------------------------------------------------------------------------
 
-def _tokens(text: str) -> list[str]:
+def megatron_words(text: str) -> list[str]:
     """The words of the MEGATRON_ARGS=( ... ) array, or of the whole text when there is none."""
     lines = text.splitlines()
     start = next((i for i, line in enumerate(lines) if line.strip().startswith("MEGATRON_ARGS=(")),
@@ -323,7 +323,7 @@ def parse_megatron_args(text: str) -> dict:
     string if any, ``stage_blocks``: transformer blocks per chunk in model order, and the expert
     split (ep, etp: 1 and tp where not given; num_experts and moe_top_k: None for a dense model).
     """
-    tokens = _tokens(text)
+    tokens = megatron_words(text)
     flags: dict[str, str | None] = {}
     i = 0
     while i < len(tokens):

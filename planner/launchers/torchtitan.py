@@ -40,13 +40,11 @@ Rules, each refused with its reason:
 from __future__ import annotations
 
 from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
-from planner.launchers.common import (ExportError, Facts, block_counts, header,  # noqa: F401
-                                      is_standard_gpt_model, launched_recompute, moe_problems,
-                                      recompute_problems, schedule_basics, structure_problems,
-                                      tp_divisibility)
+from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt_model,
+                                      launched_recompute, moe_problems, recompute_problems,
+                                      schedule_basics, structure_problems, tp_divisibility)
 from planner.launchers.quoting import comment, toml_str
-from planner.launchers.torchtitan_flavors import (FLAVORS, Flavor, flavor,  # noqa: F401
-                                                by_facts)
+from planner.launchers.torchtitan_flavors import FLAVORS, by_facts, flavor
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 

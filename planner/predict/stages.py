@@ -265,9 +265,9 @@ def one_block_count(model: ModelSpec, split: Split) -> Split:
              for mode, n, b in zip(split.recompute, layers, blocks)]
     n = max(asked)
     if all(a == min(n, b) for a, b in zip(asked, blocks)):
-        return split
-    modes = tuple("none" if n == 0 else "full" for _ in blocks)
-    counts = tuple(n if 0 < n < b else None for b in blocks)
+        return split  # (n = 0, no chunk recomputing, among them)
+    modes = ("full",) * len(blocks)
+    counts = tuple(n if n < b else None for b in blocks)
     note = f"block {n} on every stage, as Megatron's one --recompute-num-layers runs it"
     partition = replace(split.partition, note="; ".join(filter(None, (split.partition.note,
                                                                       note))))

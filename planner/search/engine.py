@@ -110,7 +110,7 @@ class _Costs:
         modes = allowed_modes(r.model, par, r.options, exact_recompute(r))
         key = (par, with_memory)
         if key not in self.bounds:
-            times_key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, modes,
+            times_key = (*self.shape_key(par), par.sequence_parallel, par.micro_batch, modes,
                          par.ep, par.expert_tp)
             if times_key not in self.layer_times:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
@@ -156,7 +156,7 @@ class _Costs:
                 return True
         return False
 
-    def cp_key(self, par: Parallel) -> tuple:
+    def shape_key(self, par: Parallel) -> tuple:
         """What a layer's cost depends on besides SP, micro-batch, recompute and the expert
         split: tp, cp, whether the CP group leaves the NVLink domain, and what the ZeRO stage
         changes in it (predict/step.py model_layer_costs: FP8 weights gathered in FP8, the
@@ -167,7 +167,7 @@ class _Costs:
                 fp8_gathered(par, opts), opts.accumulation_bytes(par.zero))
 
     def table(self, par: Parallel, mode: str) -> CostTable:
-        key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, mode, par.ep,
+        key = (*self.shape_key(par), par.sequence_parallel, par.micro_batch, mode, par.ep,
                par.expert_tp)
         if key not in self.tables:
             r = self.req
@@ -182,7 +182,7 @@ class _Costs:
                                                               exact_recompute(r))}
 
     def even_stages(self, par: Parallel) -> ChunkArrays:
-        key = (*self.cp_key(par), par.sequence_parallel, par.micro_batch, par.recompute,
+        key = (*self.shape_key(par), par.sequence_parallel, par.micro_batch, par.recompute,
                par.num_chunks, par.ep, par.expert_tp)
         if key not in self.stages:
             bounds = even_block_bounds(self.req.model, par.num_chunks)
