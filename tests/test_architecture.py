@@ -108,3 +108,23 @@ def test_the_install_ships_every_package():
     present = {"planner"} | {f"planner.{p.name}" for p in (ROOT / "planner").iterdir()
                              if (p / "__init__.py").exists()}
     assert listed == present | {"planner.profiles"}
+
+
+# the modules that may spell a schedule's name: the registry, and DualPipe's own module
+SCHEDULE_NAME_OWNERS = {"planner.core.schedules", "planner.pipeline.dualpipe"}
+
+
+def test_schedule_names_are_spelled_only_by_the_registry():
+    """Consumers ask a schedule's traits (core/schedules.py), never compare its name: a string
+    equal to a schedule's name anywhere else in planner/ fails here (use the registry's constant,
+    e.g. ONE_F_ONE_B.name, or a trait)."""
+    from planner.core.schedules import SCHEDULES
+
+    found = []
+    for mod, path in _modules().items():
+        if mod in SCHEDULE_NAME_OWNERS:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Constant) and node.value in SCHEDULES:
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
+    assert not found, "schedule names outside the registry:\n" + "\n".join(found)
