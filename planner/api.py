@@ -42,8 +42,8 @@ from planner.profiling.record import load_profile, save_profile
 from planner.report import frames
 from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
-from planner.search.engine import check_profile_matches, search
-from planner.search.engine import explain as explain_request
+from planner.search.solver import check_profile_matches, search
+from planner.search.solver import explain as explain_request
 from planner.search.space import Pins, Request, parse_refine, tp_rule, validate_pins
 from planner.cost.precision import check_fp8
 from planner.launchers import precision_allows

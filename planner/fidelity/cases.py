@@ -22,7 +22,7 @@ from planner.hardware.power import power_limited
 from planner.hardware.profiles import Cluster, Hardware, load_hardware
 from planner.model.load import load_model
 from planner.model.spec import ModelSpec
-from planner.model.presets import _gpt
+from planner.model.presets import megatron_gpt
 from planner.stack import userbuffers
 from planner.stack import Stack, load_stack, with_overrides
 
@@ -231,7 +231,7 @@ def _group_setup(case: dict, hardware: Hardware | None, stack: Stack | None) -> 
         # Megatron-LM 2021 (Narayanan et al. 2021; README GPT-3 example): unfused softmax
         # attention, DDP all-reduce after the backward, fp32 main grads, no ZeRO, no SP, full
         # recompute (--checkpoint-activations).
-        model = _gpt(name, m["layers"], m["hidden"], m["heads"], vocab=m["vocab"],
+        model = megatron_gpt(name, m["layers"], m["hidden"], m["heads"], vocab=m["vocab"],
                      seq=m["seq_len"], ffn=m["ffn_hidden"])
         mb = int(cf["micro_batch"] or 1)
         if cf["micro_batch"] is None:

@@ -220,7 +220,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     # (cost/tied_embedding.py)
     tied = np.zeros(p)
     tied[[0, -1]] = tied_embedding.sync_s(model, par, cluster, opts)
-    dp_exposed = float((_dp_exposed_s(par, cluster, opts, stages, model) + tied).max())
+    dp_exposed = float((dp_exposed_s(par, cluster, opts, stages, model) + tied).max())
     # Each rank steps its shard: dense parameters over the DP x CP ranks, experts over expert DP
     # (state_parts).
     owned = (stages.by_rank(stages.params - stages.expert_params, p)
@@ -417,7 +417,7 @@ def _rank_hops_s(seq_length: int, hidden_size: int, cluster: Cluster, scatter_ga
     return tuple(hops)
 
 
-def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
+def dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
                   stages: ChunkArrays, model: ModelSpec | None = None) -> np.ndarray:
     """Gradient synchronisation each rank cannot hide. ZeRO-0: all-reduce of the gradients;
     ZeRO-1/distributed optimizer: reduce-scatter gradients (all-reduce where the stack's

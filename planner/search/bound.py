@@ -42,7 +42,7 @@ from planner.core.parallel import Parallel
 from planner.cost import constants
 from planner.partitioning.problem import TIE_RTOL
 from planner.core.schedules import schedule_traits
-from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, _dp_exposed_s
+from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, dp_exposed_s
 from planner.predict.chunks import CostTable, ChunkArrays
 
 
@@ -285,7 +285,7 @@ def dp_bound(par: Parallel, cluster, opts, params: float) -> float:
                    bwd_input_s=unbounded, bwd_weight_s=zeros, params=np.full(n, params / n),
                    act_bytes=zeros, work_bytes=zeros, model_flops=zeros, hardware_flops=zeros,
                    expert_params=zeros, a2a_s=zeros)
-    return float(_dp_exposed_s(par, cluster, opts, ideal).max())
+    return float(dp_exposed_s(par, cluster, opts, ideal).max())
 
 
 @dataclass(frozen=True)
