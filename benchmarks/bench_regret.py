@@ -28,7 +28,7 @@ from planner.core.errors import NoFeasiblePlan
 from planner.core.parallel import SCHEDULES
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.load import load_model
-from planner.search.engine import (Pins, Request, _Costs, capacity_bytes, enumerate_configs,
+from planner.search.solver import (Pins, Request, _Costs, capacity_bytes, enumerate_configs,
                                    screen, search)
 
 CASES = [  # (model, gpus, nodes, global batch)

@@ -26,6 +26,7 @@ from pathlib import Path
 # first time re-binds its name on `planner` (see planner/__init__.py).
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.core.parallel import Parallel
+from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.fidelity.cases import DEFAULT_FILES
 from planner.fidelity.published import validate_file
 from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
@@ -41,8 +42,8 @@ from planner.profiling.record import load_profile, save_profile
 from planner.report import frames
 from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
-from planner.search.engine import check_profile_matches, search
-from planner.search.engine import explain as explain_request
+from planner.search.solver import check_profile_matches, search
+from planner.search.solver import explain as explain_request
 from planner.search.space import Pins, Request, parse_refine, tp_rule, validate_pins
 from planner.cost.precision import check_fp8
 from planner.launchers import precision_allows
@@ -283,7 +284,8 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
 
 
 def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int = 1,
-              microbatches: int | None = None, schedule: str = "1f1b", virtual_stages: int = 1,
+              microbatches: int | None = None, schedule: str = DEFAULT_SCHEDULE,
+              virtual_stages: int = 1,
               recompute: str = "full", zero: int = 1, gpu: str | None = None, hardware=None,
               nodes: int | None = None, seq_len: int | None = None, solver: str = "auto",
               stack=None, flash: bool | None = None, overlap: bool | None = None,

@@ -15,7 +15,7 @@ from planner.cost.memory import sharded_params
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.predict.step import model_layer_costs
-from planner.search.engine import _Costs
+from planner.search.solver import _Costs
 from planner.search.space import Request
 from planner.stack import load_stack
 

@@ -4,7 +4,7 @@ from hypothesis import given, strategies as st
 
 from planner.search.advice import BUBBLE_HINT, batch_hint, microbatches_for
 from planner.api import _request, _stack
-from planner.search.engine import search
+from planner.search.solver import search
 from planner.pipeline.simulate import closed_form_bubble
 
 

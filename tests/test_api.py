@@ -105,7 +105,7 @@ def test_api_names_are_functions_whatever_was_imported_first():
     import subprocess
     import sys
 
-    code = ("import planner.partitioning.solve, planner.profiling.profiler, planner.search.engine\n"
+    code = ("import planner.partitioning.solve, planner.profiling.profiler, planner.search.solver\n"
             "from planner import partition, profile, solve\n"
             "assert all(callable(f) for f in (partition, profile, solve))")
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -11,7 +11,7 @@ from hypothesis import given, settings, strategies as st
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.search.bound import relaxed_bound, split_bound, split_fits
-from planner.search.engine import (Request, _Costs, capacity_bytes, enumerate_configs, predict,
+from planner.search.solver import (Request, _Costs, capacity_bytes, enumerate_configs, predict,
                                    screen, search)
 
 MODELS = ["megatron-1.7b", "llama2-7b", "megatron-7.5b"]

@@ -14,7 +14,7 @@ from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.pipeline.simulate import simulate
 from planner.search.chunk_bound import family_rows, interleaved_bound
-from planner.search.engine import Request, _Costs, enumerate_configs, screen, search
+from planner.search.solver import Request, _Costs, enumerate_configs, screen, search
 
 
 def _splits(layers: int, chunks: int):

@@ -7,7 +7,7 @@ from planner.cost.layer import block_forward_flops, layer_cost, model_flops_per_
 from planner.stack import default_stack, load_stack, with_overrides
 from planner.hardware.profiles import load_hardware
 from planner.cost.memory import Shape, activation_bytes, model_state_bytes, working_bytes
-from planner.model.presets import PRESETS, _gpt
+from planner.model.presets import PRESETS, megatron_gpt
 
 
 def table1(published_runs):
@@ -15,7 +15,7 @@ def table1(published_runs):
     for case in published_runs:
         if case["group"] == "megatron2021_table1":
             m = case["model"]
-            spec = _gpt(case["name"], m["layers"], m["hidden"], m["heads"], m["vocab"],
+            spec = megatron_gpt(case["name"], m["layers"], m["hidden"], m["heads"], m["vocab"],
                         m["seq_len"])
             yield (case, spec, case["config"]["global_batch"], m["layers"], m["hidden"],
                    m["seq_len"], m["vocab"])

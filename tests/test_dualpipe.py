@@ -181,7 +181,7 @@ def test_the_search_tries_dualpipe_where_the_stack_runs_it_and_its_bound_holds()
 
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.load import load_model
-    from planner.search.engine import Request, _Costs, enumerate_configs, screen
+    from planner.search.solver import Request, _Costs, enumerate_configs, screen
     from planner.stack import load_stack, with_overrides
 
     model = load_model("profiles/validation/configs/qwen3-30b-a3b.json").with_seq_length(4096)

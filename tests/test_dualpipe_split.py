@@ -155,7 +155,7 @@ def _qwen3_dualpipe_pp4():
 
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.load import load_model
-    from planner.search.engine import Request, _Costs, enumerate_configs, screen
+    from planner.search.solver import Request, _Costs, enumerate_configs, screen
     from planner.stack import load_stack, with_overrides
 
     model = load_model("profiles/validation/configs/qwen3-30b-a3b.json").with_seq_length(4096)
@@ -193,12 +193,12 @@ def test_dualpipe_falls_back_to_the_even_split_when_the_partitioner_fails(monkey
     """A solver that finds no split in its time limit (the boundary MILP on layers that differ)
     leaves DualPipe on Megatron's even split where that fits, labelled, not a false memory
     rejection."""
-    from planner.search import engine
+    from planner.search import solver
 
     def fail(*args, **kwargs):
         raise PartitionError("the highs solver failed (no split within 2 s)")
 
-    monkeypatch.setattr(engine, "best_split", fail)
+    monkeypatch.setattr(solver, "best_split", fail)
     *_, costs, par = _qwen3_dualpipe_pp4()
     plan = costs.refined(par)
     assert plan.notes[-1] == ("stage split: even (the partitioner: the highs solver failed "

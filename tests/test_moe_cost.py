@@ -19,7 +19,7 @@ from planner.layout.ranks import build_layout
 from planner.model.load import model_from_dict
 from planner.predict.memory import state_parts
 from planner.predict.step import evaluate
-from planner.search.engine import search
+from planner.search.solver import search
 from planner.search.space import Pins, Request
 from planner.stack import default_stack, with_overrides
 
@@ -160,7 +160,7 @@ def test_pins_refuse_what_cannot_run(tmp_path):
     etp not dividing the expert FFN; MoE with TP and without SP is a rule, as Megatron asserts."""
     from typer.testing import CliRunner
     from planner.cli import app
-    from planner.search.engine import explain
+    from planner.search.solver import explain
     path = tmp_path / "config.json"
     path.write_text(json.dumps(moe_config("mixtral-8x7b-v0.1")))
     runner = CliRunner()
@@ -251,7 +251,7 @@ def test_bound_is_below_every_refined_moe_step(nodes, batch, seed):
     possibly none): for screened MoE configurations the bound never exceeds the refined step."""
     import random
     from collections import Counter
-    from planner.search.engine import _Costs, enumerate_configs, screen
+    from planner.search.solver import _Costs, enumerate_configs, screen
     req = Request(model=TINY, cluster=make_cluster(H100, 8 * nodes, nodes), global_batch=batch)
     costs = _Costs(req)
     kept = screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
@@ -269,7 +269,7 @@ def test_experts_sync_over_the_expert_dp_group_only():
     """With ep x etp covering a stage's ranks (expert DP of one) the experts' gradients are not
     reduced at all: the step pays what the dense parameters alone cost; with an expert DP of two
     the experts' reduction is added."""
-    from planner.predict.step import _dp_exposed_s
+    from planner.predict.step import dp_exposed_s
     from planner.predict.chunks import ChunkArrays
     import numpy as np
     cluster = make_cluster(H100, 8, 1)
@@ -282,11 +282,11 @@ def test_experts_sync_over_the_expert_dp_group_only():
                            model_flops=z, hardware_flops=z, expert_params=np.array([experts]),
                            a2a_s=z)
     full = Parallel(tp=1, pp=1, dp=8, micro_batch=1, num_microbatches=1, zero=0, ep=8, etp=1)
-    dense_only = _dp_exposed_s(full, cluster, opts, chunk(10e6, 0.0))[0]
+    dense_only = dp_exposed_s(full, cluster, opts, chunk(10e6, 0.0))[0]
     assert dense_only > 0
-    assert _dp_exposed_s(full, cluster, opts, chunk(100e6, 90e6))[0] == pytest.approx(dense_only)
+    assert dp_exposed_s(full, cluster, opts, chunk(100e6, 90e6))[0] == pytest.approx(dense_only)
     half = replace(full, ep=4)  # expert DP of 2: the experts' all-reduce over pairs too
-    assert _dp_exposed_s(half, cluster, opts, chunk(100e6, 90e6))[0] > dense_only * 1.5
+    assert dp_exposed_s(half, cluster, opts, chunk(100e6, 90e6))[0] > dense_only * 1.5
 
 
 def test_profiling_refuses_moe_blocks():

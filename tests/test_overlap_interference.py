@@ -1,5 +1,5 @@
 """Overlapped DP/ZeRO communication is not free: the collective holds SMs the compute beside it
-cannot use (planner/cost/comm.py overlap_interference, planner/predict/step.py _dp_exposed_s)."""
+cannot use (planner/cost/comm.py overlap_interference, planner/predict/step.py dp_exposed_s)."""
 
 from dataclasses import replace
 

@@ -22,7 +22,7 @@ from planner.launchers import torchtitan
 from planner.model.load import load_model
 from planner.predict.stages import allowed_modes
 from planner.predict.step import evaluate
-from planner.search.engine import Pins, Request, enumerate_configs, explain, search
+from planner.search.solver import Pins, Request, enumerate_configs, explain, search
 from planner.search.space import space_size
 from planner.stack import load_stack, with_overrides
 

@@ -15,7 +15,7 @@ from planner.model.presets import PRESETS
 from planner.pipeline.simulate import simulate
 from planner.search.bound import whole_layer_bound
 from planner.search.chunk_bound import interleaved_bound
-from planner.search.engine import Request, _Costs, enumerate_configs, screen
+from planner.search.solver import Request, _Costs, enumerate_configs, screen
 
 
 def _splits(layers: int, chunks: int):

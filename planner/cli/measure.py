@@ -13,6 +13,7 @@ import typer
 
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
+from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.core.text import for_rich
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
 from planner.model.load import load_model
@@ -94,7 +95,7 @@ def simulate(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline ranks."),
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step (M)."),
-    schedule: str = typer.Option("1f1b", "--schedule",
+    schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule",
                                  help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p | dualpipe."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
     stage_times: Optional[str] = typer.Option(None, "--stage-times",

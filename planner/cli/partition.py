@@ -10,6 +10,7 @@ import typer
 from planner.api import compare_partitions
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite
+from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.hardware.profiles import load_hardware
 from planner.pipeline.job import check_sizes
 from planner.predict.stages import METHODS
@@ -30,7 +31,7 @@ def partition(
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step.",
                                                show_default="4 x pp"),
-    schedule: str = typer.Option("1f1b", "--schedule",
+    schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule",
                                  help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p."),
     virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
     recompute: str = typer.Option("full", "--recompute",

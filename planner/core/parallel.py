@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from planner.core.errors import PlanInputError
+from planner.core.schedules import DEFAULT_SCHEDULE, SCHEDULES, Schedule, schedule_traits
 
 RECOMPUTE_MODES = ("none", "selective", "full")
 # Megatron's --recompute-modules the planner prices under "selective" (planner/cost/recompute.py);
@@ -23,9 +24,7 @@ RECOMPUTE_MODES = ("none", "selective", "full")
 # (selective_ac_option = 'op': every second mm and every element-wise op recomputed), priced
 # alone (planner/cost/recompute.py).
 RECOMPUTE_MODULES = ("core_attn", "layernorm", "moe_act", "mla_up_proj", "torchtitan_op")
-# dualpipe: DeepSeek-V3's bidirectional schedule (planner/pipeline/dualpipe.py), last: the search
-# ranks ties by this order, and no built-in stack runs it
-SCHEDULES = ("gpipe", "1f1b", "interleaved", "zb-h1", "zb-2p", "dualpipe")
+__all__ = ["SCHEDULES"]  # the schedule names, re-exported from the registry (core/schedules.py)
 
 
 @dataclass(frozen=True)
@@ -37,7 +36,7 @@ class Parallel:
     dp: int
     micro_batch: int
     num_microbatches: int
-    schedule: str = "1f1b"
+    schedule: str = DEFAULT_SCHEDULE
     virtual_stages: int = 1
     recompute: str = "none"
     zero: int = 1
@@ -69,6 +68,11 @@ class Parallel:
     def schedule_problem(self) -> str | None:
         """Why this pipeline schedule cannot run with these sizes (None when it can)."""
         return schedule_problem(self.schedule, self.pp, self.num_microbatches, self.virtual_stages)
+
+    @property
+    def schedule_traits(self) -> Schedule:
+        """What the schedule is (core/schedules.py): consumers ask it, not the name."""
+        return schedule_traits(self.schedule)
 
     @property
     def gpus(self) -> int:
@@ -117,21 +121,21 @@ def schedule_problem(schedule: str, pp: int, num_microbatches: int, virtual_stag
     interleaved schedule, which needs pp > 1 and (in the releases we price) a microbatch count
     divisible by pp.
     """
-    if virtual_stages > 1 and schedule != "interleaved":
+    traits = schedule_traits(schedule)
+    if virtual_stages > 1 and not traits.takes_virtual_stages:
         return "virtual stages need the interleaved schedule"
-    if schedule == "dualpipe":
+    if traits.mirrored:
         # DeepSeek-V3 report sec. 3.2.1: "DualPipe only requires that the pipeline stages and
         # micro-batches be divisible by 2"; deepseek-ai/DualPipe's step() also asserts
         # "num_chunks >= num_ranks * 2" (at least pp microbatches enter at each end)
         if pp % 2:
-            return f"dualpipe needs an even pp (it pairs rank r with rank pp-1-r), got pp={pp}"
+            return f"{schedule} needs an even pp (it pairs rank r with rank pp-1-r), got pp={pp}"
         if num_microbatches % 2 or num_microbatches < 2 * pp:
-            return (f"dualpipe needs an even microbatch count of at least 2 x pp = {2 * pp} "
+            return (f"{schedule} needs an even microbatch count of at least 2 x pp = {2 * pp} "
                     f"(half enter at each end), got {num_microbatches}")
-    if schedule == "interleaved":
-        if pp == 1:
-            return "interleaved needs pp > 1"
-        if num_microbatches % pp:
-            return (f"interleaved needs the microbatch count ({num_microbatches}) divisible "
-                    f"by pp ({pp}): use {(num_microbatches // pp + 1) * pp} or another schedule")
+    if traits.takes_virtual_stages and pp == 1:
+        return f"{schedule} needs pp > 1"
+    if traits.microbatches_divisible_by_pp and num_microbatches % pp:
+        return (f"{schedule} needs the microbatch count ({num_microbatches}) divisible "
+                f"by pp ({pp}): use {(num_microbatches // pp + 1) * pp} or another schedule")
     return None

@@ -262,4 +262,5 @@ def notes(model, par, opts) -> tuple[str, ...]:
             f"per token (MFU counts active-parameter FLOPs); ep {par.ep}, etp {par.expert_tp}; "
             f"expert load {opts.moe_expert_load:.2f}x the mean (--expert-load); " +
             ("all-to-all hidden in DualPipe's F&B pairs (pipeline/dualpipe.py)"
-             if par.schedule == "dualpipe" else "all-to-all not overlapped with compute"),)
+             if par.schedule_traits.pairs_forward_backward
+             else "all-to-all not overlapped with compute"),)

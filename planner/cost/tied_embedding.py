@@ -58,7 +58,7 @@ def synced(model: ModelSpec, par: Parallel) -> bool:
     the head on different ranks (more than one stage, and not DualPipe)."""
     head = model.layers[-1] if model.layers else None
     copies = model.tie_embeddings or (head is not None and head.mtp_copies_embedding)
-    return copies and par.pp > 1 and par.schedule != "dualpipe"
+    return copies and par.pp > 1 and not par.schedule_traits.mirrored
 
 
 def grad_bytes(model: ModelSpec, par: Parallel, opts: Stack) -> float:

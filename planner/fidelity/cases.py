@@ -15,13 +15,14 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.parallel import Parallel
+from planner.core.schedules import DUALPIPE, INTERLEAVED, ONE_F_ONE_B, ZB_2P, ZB_H1
 from planner.core.units import DATA_DIR
 from planner.fidelity.runs_schema import check_runs_document
 from planner.hardware.power import power_limited
 from planner.hardware.profiles import Cluster, Hardware, load_hardware
 from planner.model.load import load_model
 from planner.model.spec import ModelSpec
-from planner.model.presets import _gpt
+from planner.model.presets import megatron_gpt
 from planner.stack import userbuffers
 from planner.stack import Stack, load_stack, with_overrides
 
@@ -230,16 +231,17 @@ def _group_setup(case: dict, hardware: Hardware | None, stack: Stack | None) -> 
         # Megatron-LM 2021 (Narayanan et al. 2021; README GPT-3 example): unfused softmax
         # attention, DDP all-reduce after the backward, fp32 main grads, no ZeRO, no SP, full
         # recompute (--checkpoint-activations).
-        model = _gpt(name, m["layers"], m["hidden"], m["heads"], vocab=m["vocab"],
+        model = megatron_gpt(name, m["layers"], m["hidden"], m["heads"], vocab=m["vocab"],
                      seq=m["seq_len"], ffn=m["ffn_hidden"])
         mb = int(cf["micro_batch"] or 1)
         if cf["micro_batch"] is None:
             notes.append("micro-batch unpublished: 1 (as the README GPT-3 run)")
-        schedule, v = "1f1b", int(cf.get("virtual_stages") or 1)
+        schedule, v = ONE_F_ONE_B.name, int(cf.get("virtual_stages") or 1)
         sched_text = str(cf["schedule"]).lower()
-        if sched_text.startswith("interleaved") and cf.get("virtual_stages") is None and pp > 1:
+        if (sched_text.startswith(INTERLEAVED.name) and cf.get("virtual_stages") is None
+                and pp > 1):
             v = _megatron_interleave(m["layers"] // pp)
-            schedule = "interleaved" if v > 1 else "1f1b"
+            schedule = INTERLEAVED.name if v > 1 else ONE_F_ONE_B.name
             notes.append(f"virtual stages unpublished: v={v} (smallest interleaving)")
         par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=gb // (mb * dp),
                        schedule=schedule, virtual_stages=v, recompute="full", zero=0,
@@ -258,7 +260,7 @@ def _group_setup(case: dict, hardware: Hardware | None, stack: Stack | None) -> 
                           tie_embeddings=True, embedding_norm=True)
         mb = int(cf["micro_batch"])
         par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=gb // (mb * dp),
-                       schedule="1f1b", virtual_stages=1, recompute="full",
+                       schedule=ONE_F_ONE_B.name, virtual_stages=1, recompute="full",
                        zero=int(cf.get("zero") or 0), sequence_parallel=False)
         bounds = _uniform_bounds(model, pp)
         notes.append("embedding and head each take a layer slot (type:transformer|embedding)")
@@ -279,10 +281,11 @@ def _group_setup(case: dict, hardware: Hardware | None, stack: Stack | None) -> 
         sweep = f"{group}:{m['params_b']}B"
         mb = int(cf["micro_batch"])
         sched = str(cf["schedule"])
-        schedule, v = {"1F1B": ("1f1b", 1), "ZB-1p": ("zb-h1", 1),
-                       "ZB-2p": ("zb-2p", 1)}.get(sched, (None, 1))
+        # the paper's schedule names (Qi et al. 2023's ZB-1p is ZB-H1 run by its scheduler)
+        schedule, v = {"1F1B": (ONE_F_ONE_B.name, 1), "ZB-1p": (ZB_H1.name, 1),
+                       "ZB-2p": (ZB_2P.name, 1)}.get(sched, (None, 1))
         if sched == "1F1B-I":
-            schedule, v = "interleaved", len(model.layers) // pp  # one layer per chunk
+            schedule, v = INTERLEAVED.name, len(model.layers) // pp  # one layer per chunk
             notes.append(f"v={v}: one layer per chunk")
         if schedule is None:
             return CaseSetup(name, group, sweep, None, None, None, None, None, tuple(notes),
@@ -369,7 +372,7 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
     name, group, m, cf = case["name"], case["group"], case["model"], case["config"]
     # DeepSeek-V3 report sec. 3.2.1: bidirectional, each F&B pair's all-to-all hidden behind
     # its compute (planner/pipeline/dualpipe.py)
-    dual = "dualpipe" in str(cf.get("techniques") or "").lower()
+    dual = DUALPIPE.name in str(cf.get("techniques") or "").lower()
     if dual:
         notes.append("DualPipe: two stage copies per rank, all-to-all hidden in F&B pairs")
     if opts.precision == "fp8" and not cluster.hardware.peak_fp8_tflops:
@@ -399,7 +402,8 @@ def _moe_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -> C
     if passes > 1:
         notes.append(f"GA {passes}: {passes} pipeline runs of {per_run // mb} microbatches a step")
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, per_run // mb),
-                   schedule="dualpipe" if dual else "interleaved" if v > 1 else "1f1b",
+                   schedule=(DUALPIPE.name if dual else INTERLEAVED.name if v > 1
+                             else ONE_F_ONE_B.name),
                    virtual_stages=v,
                    recompute=recompute, zero=int(cf.get("zero") or 0),
                    sequence_parallel=tp > 1, ep=int(cf.get("ep") or 1),
@@ -494,14 +498,14 @@ def _modern_setup(case: dict, cluster: Cluster, notes: list[str], opts: Stack) -
         recompute = "full" if count else "none"
         layers = count if 0 < count < model.num_layers else None
         notes.append(f"layer SAC {freq}: {count} of {model.num_layers} blocks recompute")
-    schedule, v = "1f1b", 1
+    schedule, v = ONE_F_ONE_B.name, 1
     sched_text = str(cf.get("schedule") or "").lower()
-    if pp > 1 and sched_text.startswith("interleaved"):
+    if pp > 1 and sched_text.startswith(INTERLEAVED.name):
         v = int(cf.get("virtual_stages") or 0)
         if not v:
             v = _megatron_interleave(-(-model.num_layers // pp))
             notes.append(f"virtual stages unpublished: v={v} (smallest interleaving)")
-        schedule = "interleaved" if v > 1 else "1f1b"
+        schedule = INTERLEAVED.name if v > 1 else ONE_F_ONE_B.name
     zero = int(cf.get("zero") or 0)
     cp = int(cf.get("cp") or 1)  # context parallel (cost/context.py): the stack's cp_comm
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=max(1, gb // (mb * dp)),

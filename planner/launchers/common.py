@@ -15,6 +15,7 @@ from planner.core.errors import PlanInputError
 from planner.launchers.quoting import comment
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
+from planner.core.schedules import find_schedule
 from planner.predict.plan import Plan
 
 
@@ -211,9 +212,10 @@ def schedule_basics(pp: int, schedule: str, virtual_stages: int, sequence_parall
     if sequence_parallel and tp == 1:
         out.append(f"{launcher}: sequence parallelism needs tp > 1 (it splits the TP region's "
                    "activations along the sequence)")
-    if virtual_stages > 1 and schedule != "interleaved" and schedule != "zb-h1":
+    traits = find_schedule(schedule)
+    if virtual_stages > 1 and not (traits and traits.torch_multi_stage):
         out.append(f"{launcher}: virtual_stages={virtual_stages} needs the interleaved schedule, "
                    f"not {schedule}")
-    if schedule == "interleaved" and pp > 1 and virtual_stages < 2:
+    if traits and traits.takes_virtual_stages and pp > 1 and virtual_stages < 2:
         out.append(f"{launcher}: the interleaved schedule needs virtual_stages >= 2")
     return out

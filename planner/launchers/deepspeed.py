@@ -41,6 +41,7 @@ import json
 from planner.launchers.common import (Facts, header, launched_recompute, moe_problems,
                                       recompute_problems, schedule_basics, structure_problems,
                                       tp_divisibility)
+from planner.core.schedules import find_schedule
 from planner.predict.plan import Plan
 
 TARGET = ("DeepSpeed 0.19.8 (deepspeed.initialize config, deepspeed.pipe.PipelineModule, "
@@ -79,7 +80,7 @@ def parallel_rules(f: Facts) -> list[str]:
         out.append(f"{NAME}: with pp > 1 and no ZeRO, DeepSpeed runs BF16_Optimizer, which "
                    "shards the fp32 master and Adam state over DP as ZeRO-1 does; plan with "
                    "--zero 1")
-    if f.pp > 1 and f.schedule != "1f1b":
+    if f.pp > 1 and not getattr(find_schedule(f.schedule), "deepspeed", False):
         out.append(f"{NAME}: the pipeline engine runs its own 1F1B TrainSchedule only; a "
                    f"{f.schedule} plan would run as 1F1B; plan with --schedule 1f1b")
     if f.recompute == "selective":

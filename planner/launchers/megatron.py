@@ -32,6 +32,7 @@ from __future__ import annotations
 import re
 import shlex
 
+from planner.core.schedules import INTERLEAVED, ONE_F_ONE_B, find_schedule
 from planner.cost import context
 from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt,
                                       launched_recompute, recompute_problems, schedule_basics,
@@ -51,17 +52,20 @@ def parallel_rules(f: Facts) -> list[str]:
     """Megatron-LM's rules over plain values; vocab is padded by Megatron, so it is not checked."""
     out = tp_divisibility(f.tp, f.num_heads, f.num_kv_heads, f.ffn, None, NAME)
     out += schedule_basics(f.pp, f.schedule, f.virtual_stages, f.sequence_parallel, f.tp, NAME)
-    if f.pp > 1 and f.schedule == "gpipe":
-        out.append(f"{NAME} has no GPipe schedule (it runs 1F1B or interleaved 1F1B); "
-                   "choose --schedule 1f1b")
-    if f.pp > 1 and f.schedule in ("zb-h1", "zb-2p"):
-        label = {"zb-h1": "ZB-H1", "zb-2p": "ZB-2p"}[f.schedule]
-        out.append(f"{NAME}: zero-bubble {label} is not in stock Megatron-LM; choose 1f1b or "
-                   "interleaved")
-    if f.pp > 1 and f.schedule == "dualpipe":
-        out.append(f"{NAME} has no DualPipe schedule (DeepSeek's bidirectional pipeline runs in "
-                   "deepseek-ai/DualPipe and DeepSeek's own HAI-LLM); choose 1f1b or interleaved")
-    if f.schedule == "interleaved" and f.pp > 1 and f.num_microbatches % f.pp:
+    traits = find_schedule(f.schedule)
+    if f.pp > 1 and traits and not traits.megatron:
+        if traits.split_backward:
+            out.append(f"{NAME}: zero-bubble {traits.title} is not in stock Megatron-LM; choose "
+                       "1f1b or interleaved")
+        elif traits.mirrored:
+            out.append(f"{NAME} has no {traits.title} schedule (DeepSeek's bidirectional "
+                       "pipeline runs in deepseek-ai/DualPipe and DeepSeek's own HAI-LLM); "
+                       "choose 1f1b or interleaved")
+        else:
+            out.append(f"{NAME} has no {traits.title} schedule (it runs 1F1B or interleaved "
+                       "1F1B); choose --schedule 1f1b")
+    if (traits and traits.microbatches_divisible_by_pp and f.pp > 1
+            and f.num_microbatches % f.pp):
         out.append(f"{NAME}: the interleaved schedule needs microbatches ({f.num_microbatches}) "
                    f"divisible by pp ({f.pp})")
     if f.zero >= 2:
@@ -373,7 +377,7 @@ def parse_megatron_args(text: str) -> dict:
         "micro_batch": num("--micro-batch-size"),
         "global_batch": num("--global-batch-size"),
         "sequence_parallel": "--sequence-parallel" in flags,
-        "virtual_stages": v, "schedule": "interleaved" if v > 1 else "1f1b",
+        "virtual_stages": v, "schedule": INTERLEAVED.name if v > 1 else ONE_F_ONE_B.name,
         "recompute": granularity or "none",
         # Megatron's block method: the first N blocks of every stage recompute
         "recompute_layers": (num("--recompute-num-layers")

@@ -23,7 +23,7 @@ from planner.launchers.torchtitan import entry as torchtitan_entry
 from planner.launchers.common import (Facts, is_standard_gpt_model, plan_digest,
                                       structure_problems)
 from planner.model.spec import Layer, ModelSpec
-from planner.predict.plan import Plan, _round
+from planner.predict.plan import Plan, round_6g
 
 SCHEMA_V2 = "plan3d/plan/v2"
 TARGET = f"plan3d plan JSON (schema {SCHEMA_V2})"
@@ -147,9 +147,9 @@ def stages(plan: Plan) -> list[dict]:
              "holds_loss": s.last == n, "recompute": s.recompute,
              **({"recompute_layers": s.recompute_layers} if s.recompute_layers is not None
                 else {}),
-             "fwd_s": _round(s.fwd_s), "bwd_input_s": _round(s.bwd_s - s.wgrad_s),
-             "bwd_weight_s": _round(s.wgrad_s), "send_s": _round(s.send_s),
-             "time_s": _round(s.time_s), "memory_bytes": int(s.memory_bytes)}
+             "fwd_s": round_6g(s.fwd_s), "bwd_input_s": round_6g(s.bwd_s - s.wgrad_s),
+             "bwd_weight_s": round_6g(s.wgrad_s), "send_s": round_6g(s.send_s),
+             "time_s": round_6g(s.time_s), "memory_bytes": int(s.memory_bytes)}
             for s in plan.stages]
 
 

@@ -14,25 +14,30 @@ takes).
 
 from __future__ import annotations
 
+from planner.core.schedules import find_schedule
 from planner.launchers.common import Facts, moe_problems, schedule_basics, structure_problems
 from planner.predict.plan import Plan
 
 TARGET = "torch.distributed.pipelining (torch 2.13)"
 NAME = "torch.distributed.pipelining"
-# plan3d schedule -> (class in torch.distributed.pipelining.schedules, get_schedule_class name)
-SCHEDULES = {"gpipe": ("ScheduleGPipe", "GPipe"), "1f1b": ("Schedule1F1B", "1F1B"),
-             "interleaved": ("ScheduleInterleaved1F1B", "Interleaved1F1B"),
-             "zb-h1": ("ScheduleInterleavedZeroBubble", "InterleavedZeroBubble")}
-SINGLE_STAGE = ("gpipe", "1f1b")
+
+
+def torch_class(schedule: str) -> tuple[str, str] | None:
+    """(class in torch.distributed.pipelining.schedules, its get_schedule_class name) of a
+    plan3d schedule (core/schedules.py Schedule.torch_class); None: torch has none."""
+    traits = find_schedule(schedule)
+    return traits.torch_class if traits else None
 
 
 def schedule_rules(f: Facts, launcher: str = NAME) -> list[str]:
     """The rules of torch's schedule classes, named for ``launcher`` (torchtitan uses them too)."""
-    if f.schedule not in SCHEDULES:
+    classes = torch_class(f.schedule)
+    if classes is None:
         return [f"{launcher}: no torch.distributed.pipelining schedule for '{f.schedule}'"]
     rounds = max(1, f.num_microbatches // f.pp)
-    if f.pp > 1 and f.schedule not in SINGLE_STAGE and f.num_microbatches % rounds:
-        return [f"{launcher}: {SCHEDULES[f.schedule][0]} needs microbatches "
+    multi_stage = find_schedule(f.schedule).torch_multi_stage
+    if f.pp > 1 and multi_stage and f.num_microbatches % rounds:
+        return [f"{launcher}: {classes[0]} needs microbatches "
                 f"({f.num_microbatches}) divisible by max(1, microbatches // pp) = {rounds}"]
     return []
 
@@ -58,7 +63,7 @@ def entry(plan: Plan) -> dict:
     if problems:
         return {"target": TARGET, "supported": False, "rule": problems[0]}
     par = plan.parallel
-    cls, name = SCHEDULES[par.schedule]
+    cls, name = torch_class(par.schedule)
     return {"target": TARGET, "supported": True, "schedule_class": cls, "schedule_name": name,
             "n_microbatches": par.num_microbatches, "microbatch_size": par.micro_batch,
             "stages_per_rank": par.virtual_stages, "stage_to_rank": "loop",

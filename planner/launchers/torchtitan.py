@@ -39,7 +39,8 @@ Rules, each refused with its reason:
 
 from __future__ import annotations
 
-from planner.launchers.torch_pipelining import SCHEDULES as TORCH_SCHEDULES, schedule_rules
+from planner.core.schedules import find_schedule
+from planner.launchers.torch_pipelining import schedule_rules, torch_class
 from planner.launchers.common import (Facts, block_counts, header, is_standard_gpt_model,
                                       launched_recompute, moe_problems, recompute_problems,
                                       schedule_basics, structure_problems, tp_divisibility)
@@ -107,7 +108,8 @@ def parallel_rules(f: Facts) -> list[str]:
     out += sequence_rules(f)
     if f.pp > 1:
         out += schedule_rules(f, NAME)
-        if f.schedule in ("interleaved", "zb-h1") and f.virtual_stages < 2:
+        multi_stage = getattr(find_schedule(f.schedule), "torch_multi_stage", False)
+        if multi_stage and f.virtual_stages < 2:
             out.append(f"{NAME}: {f.schedule} runs a multi-stage schedule class, which torchtitan "
                        f"allows with at least 2 stages per rank (virtual_stages={f.virtual_stages}"
                        "); torch has no single-stage zero-bubble class")
@@ -277,7 +279,7 @@ def _settings(plan: Plan) -> dict:
     if par.dp > 1 and par.zero >= 2:
         p["fsdp_reshard_after_forward"] = reshard_policy(plan)
     if par.pp > 1:
-        p["pipeline_parallel_schedule"] = TORCH_SCHEDULES[par.schedule][1]
+        p["pipeline_parallel_schedule"] = torch_class(par.schedule)[1]
         p["pipeline_parallel_microbatch_size"] = par.micro_batch
     if plan.stack is not None:  # eager element-wise kernels unless the stack compiled them
         settings["compile"] = {"enable": plan.stack.fused_elementwise}

@@ -55,7 +55,7 @@ FAMILIES: dict[str, _Family] = {
                            sliding_window=4096),
 }
 
-# Mixture-of-experts families: model/moe_import.py reads them (on top of _llama_layout) and
+# Mixture-of-experts families: model/moe_import.py reads them (on top of llama_layout) and
 # model/load.py sends them there.
 MOE_FAMILIES = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3")
 
@@ -80,7 +80,7 @@ def huggingface_fields(data: dict, origin: str) -> dict:
             f"{origin}: a multimodal model ({vision[0]}: a vision or audio tower); plan3d plans the "
             "text decoder only: save its text_config as a config.json and plan that")
     if kind in FAMILIES:
-        return _llama_layout(data, origin, kind, FAMILIES[kind])
+        return llama_layout(data, origin, kind, FAMILIES[kind])
     if kind in _OTHERS:
         return _OTHERS[kind](data, origin)
     raise PlanInputError(
@@ -123,7 +123,7 @@ def _refuse_flags(data: dict, origin: str, kind: str, *keys: str) -> None:
                 "\"bias\": true to plan it with every bias")
 
 
-def _llama_layout(data: dict, origin: str, kind: str, fam: _Family) -> dict:
+def llama_layout(data: dict, origin: str, kind: str, fam: _Family) -> dict:
     """Pre-norm decoder blocks with RoPE, a gated MLP (SwiGLU; Gemma's GeGLU has its shapes) and
     RMSNorm, no biases unless the family has them; what each family adds comes from FAMILIES."""
     _refuse_flags(data, origin, kind, "attention_bias", "mlp_bias")

@@ -11,7 +11,7 @@ line naming it: a config is never planned as a dense model, nor with a router we
 from __future__ import annotations
 
 from planner.core.errors import PlanInputError
-from planner.model.huggingface import FAMILIES, MOE_FAMILIES, _llama_layout, require
+from planner.model.huggingface import FAMILIES, MOE_FAMILIES, llama_layout, require
 
 # Keys that do not change what a step computes or stores beyond what is priced: loss weights (the
 # load-balancing weight is still carried to exports, _aux_loss) and the routing rule among the
@@ -49,7 +49,7 @@ def moe_fields(data: dict, origin: str, kind: str) -> dict:
     if kind.startswith("deepseek"):
         return _deepseek(data, origin, kind)
     base_kind = {"mixtral": "mistral", "qwen2_moe": "qwen2", "qwen3_moe": "qwen3"}[kind]
-    fields = _llama_layout(data, origin, kind, FAMILIES[base_kind])
+    fields = llama_layout(data, origin, kind, FAMILIES[base_kind])
     layers = fields["num_layers"]
     if kind == "mixtral":
         # MixtralDecoderLayer: every block's MLP is a MixtralSparseMoeBlock.
@@ -103,7 +103,7 @@ def _deepseek(data: dict, origin: str, kind: str) -> dict:
     mla = {k: _positive(data, origin, k) for k in ("kv_lora_rank", "qk_rope_head_dim",
                                                     "qk_nope_head_dim", "v_head_dim")}
     q_lora = data.get("q_lora_rank") or 0  # null: DeepSeek-V2-Lite projects queries directly
-    fields = _llama_layout({**data, "num_key_value_heads": heads, "head_dim": None}, origin,
+    fields = llama_layout({**data, "num_key_value_heads": heads, "head_dim": None}, origin,
                            kind, FAMILIES["llama"])
     fields.pop("head_dim")
     return {**fields, **mla, "q_lora_rank": q_lora,

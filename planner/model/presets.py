@@ -8,7 +8,7 @@ DEFAULT_MODEL = "llama3-8b"  # what `plan solve` plans without --model
 
 
 
-def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048,
+def megatron_gpt(name: str, layers: int, hidden: int, heads: int, vocab: int = 51200, seq: int = 2048,
          ffn: int | None = None) -> ModelSpec:
     # GPT-style as trained by Megatron-LM: GeLU MLP 4h, LayerNorm with biases, learned positions,
     # tied input/output embeddings, vocabulary padded to 51,200 (Narayanan et al. 2021, Table 1).
@@ -38,25 +38,25 @@ PRESETS: dict[str, ModelSpec] = {
         _llama("llama3-8b", 32, 4096, 32, 8, 14336, 128256, 8192),
         _llama("llama3-70b", 80, 8192, 64, 8, 28672, 128256, 8192),
         _llama("llama3-405b", 126, 16384, 128, 8, 53248, 128256, 8192),
-        _gpt("gpt3-175b", 96, 12288, 96),  # Brown et al. 2020, Table 2.1
+        megatron_gpt("gpt3-175b", 96, 12288, 96),  # Brown et al. 2020, Table 2.1
         # BLOOM: ALiBi (no position table), 250,880-token vocabulary, tied, a LayerNorm after the
         # embedding (Le Scao et al. 2022, §3.2.3): 176,247,271,424 parameters.
         ModelSpec(name="bloom-176b", num_layers=70, hidden_size=14336, num_attention_heads=112,
                   num_kv_heads=112, ffn_hidden_size=4 * 14336, vocab_size=250880, seq_length=2048,
                   mlp="gelu", norm="layernorm", bias=True, tie_embeddings=True,
                   embedding_norm=True),
-        _gpt("mt-nlg-530b", 105, 20480, 128),  # Smith et al. 2022, §3
+        megatron_gpt("mt-nlg-530b", 105, 20480, 128),  # Smith et al. 2022, §3
         # Megatron-LM 2021 GPT family (Narayanan et al. 2021, Table 1).
-        _gpt("megatron-1.7b", 24, 2304, 24),
-        _gpt("megatron-3.6b", 30, 3072, 32),
-        _gpt("megatron-7.5b", 36, 4096, 32),
-        _gpt("megatron-18.4b", 40, 6144, 48),
-        _gpt("megatron-39.1b", 48, 8192, 64),
-        _gpt("megatron-76.1b", 60, 10240, 80),
-        _gpt("megatron-145.6b", 80, 12288, 96),
-        _gpt("megatron-310.1b", 96, 16384, 128),
-        _gpt("megatron-529.6b", 105, 20480, 128),
-        _gpt("megatron-1t", 128, 25600, 160),
+        megatron_gpt("megatron-1.7b", 24, 2304, 24),
+        megatron_gpt("megatron-3.6b", 30, 3072, 32),
+        megatron_gpt("megatron-7.5b", 36, 4096, 32),
+        megatron_gpt("megatron-18.4b", 40, 6144, 48),
+        megatron_gpt("megatron-39.1b", 48, 8192, 64),
+        megatron_gpt("megatron-76.1b", 60, 10240, 80),
+        megatron_gpt("megatron-145.6b", 80, 12288, 96),
+        megatron_gpt("megatron-310.1b", 96, 16384, 128),
+        megatron_gpt("megatron-529.6b", 105, 20480, 128),
+        megatron_gpt("megatron-1t", 128, 25600, 160),
     )
 }
 

@@ -22,7 +22,7 @@ def _resolve_mode(problem: PartitionProblem, recompute: str | int | None) -> int
     return problem.modes.index(recompute)
 
 
-def _fixed_split(prep: Prepared, ends: list[int], recompute: str | int | None, method: str) -> Partition:
+def split_at_ends(prep: Prepared, ends: list[int], recompute: str | int | None, method: str) -> Partition:
     """Evaluate given ends; with recompute=None pick per chunk the fastest mode that fits."""
     mode = _resolve_mode(prep.problem, recompute)
     if mode is not None:
@@ -71,7 +71,7 @@ def fixed_split(problem: PartitionProblem, ends: Sequence[int], p: int,
     """A given split (chunk ends), with ``recompute`` or, for None, each chunk's fastest mode
     that fits: the comparison point for splits users make by hand."""
     prep = prepare(problem, len(ends), p)
-    return _fixed_split(prep, list(ends), recompute, "fixed")
+    return split_at_ends(prep, list(ends), recompute, "fixed")
 
 
 def even_split(problem: PartitionProblem, num_chunks: int, p: int, recompute: str | int | None = None) -> Partition:
@@ -84,7 +84,7 @@ def even_split(problem: PartitionProblem, num_chunks: int, p: int, recompute: st
     prep = prepare(problem, num_chunks, p)
     q, rem = divmod(prep.L, prep.K)
     sizes = [q + (1 if k < rem else 0) for k in range(prep.K)]
-    return _fixed_split(prep, np.cumsum(sizes).tolist(), recompute, "even")
+    return split_at_ends(prep, np.cumsum(sizes).tolist(), recompute, "even")
 
 
 def equal_param_split(
@@ -102,7 +102,7 @@ def equal_param_split(
     w = np.asarray(param_counts, dtype=float).reshape(-1)
     if w.shape[0] != prep.L:
         raise PartitionError(f"param_counts has {w.shape[0]} entries, model has {prep.L} layers")
-    return _fixed_split(prep, _balanced_ends(w, prep.K), recompute, "equal-params")
+    return split_at_ends(prep, _balanced_ends(w, prep.K), recompute, "equal-params")
 
 
 def _heuristic_ends(prep: Prepared) -> list[list[int]]:
@@ -113,14 +113,14 @@ def _heuristic_ends(prep: Prepared) -> list[list[int]]:
     return [_balanced_ends(tmin, prep.K), [int(e) for e in even]]
 
 
-def _upper_bound(prep: Prepared) -> Partition | None:
+def heuristic_upper_bound(prep: Prepared) -> Partition | None:
     """Best memory-feasible heuristic split (each chunk its fastest mode that fits, or every
     chunk its lightest mode), or None: only bounds the MILP's search, never its answer."""
     best = None
     lightest = int(np.argmin(prep.problem.act_bytes.sum(axis=0) - 1e-300 * np.arange(prep.R)))
     for ends in _heuristic_ends(prep):
         for mode in (None, lightest):
-            cand = _fixed_split(prep, ends, mode, "heuristic")
+            cand = split_at_ends(prep, ends, mode, "heuristic")
             if fits(cand) and (best is None or cand.bottleneck_s < best.bottleneck_s):
                 best = cand
     return best

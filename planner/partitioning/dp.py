@@ -33,7 +33,7 @@ from functools import lru_cache
 import numpy as np
 
 from planner.core.units import GIB
-from planner.partitioning.baselines import _upper_bound
+from planner.partitioning.baselines import heuristic_upper_bound
 from planner.partitioning.problem import (
     TIE_RTOL,
     Partition,
@@ -291,7 +291,7 @@ def partition_dp(problem: PartitionProblem, num_chunks: int, p: int) -> Partitio
     """
     prep = prepare(problem, num_chunks, p)
     if prep.K == prep.p:
-        heur = _upper_bound(prep)
+        heur = heuristic_upper_bound(prep)
         b = _bottleneck_v1(prep, INF if heur is None else heur.bottleneck_s)
         sol = None if not math.isfinite(b) else canonical(prep, b, None)
     else:

@@ -22,10 +22,10 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from planner.core.files import scratch_dir
-from planner.partitioning.milp import MAX_BINARIES, BoundaryModel, _Infeasible, _Model, uniform_blocks, windows
+from planner.partitioning.milp import MAX_BINARIES, BoundaryModel, NoChunkFits, MilpModel, uniform_blocks, windows
 from planner.partitioning.largest_chunk import least_largest_chunk
 from planner.partitioning.options import OptionModel, RankModel
-from planner.partitioning.problem import TIE_RTOL, PartitionError, Prepared, _lower_bound, score_split, total_compute_s
+from planner.partitioning.problem import TIE_RTOL, PartitionError, Prepared, simple_lower_bound, score_split, total_compute_s
 
 LEX_RADIX_LIMIT = 1 << 20
 """Largest objective range of one tie-break solve: keeps the weighted keys exact integers well
@@ -45,7 +45,7 @@ O(1) rows); every split it returns is re-checked exactly with ``TIE_RTOL``."""
 
 
 def build(prep: Prepared, ub: float | None, chunk_cap: float | None = None,
-          known_chunk: float | None = None) -> _Model | None:
+          known_chunk: float | None = None) -> MilpModel | None:
     """The formulation for this instance, or None when no split can fit (a chunk has no option
     that fits its mode's capacity). Raises PartitionError when the boundary model would be too
     large to build within a time limit.
@@ -64,7 +64,7 @@ def build(prep: Prepared, ub: float | None, chunk_cap: float | None = None,
             model = OptionModel(prep, ub, chunk_cap)
             model.chunk_cap_s = chunk_cap
             return model
-    except _Infeasible:
+    except NoChunkFits:
         return None
     cap = chunk_cap if chunk_cap is not None else known_chunk if prep.K > prep.p else None
     lo, hi = windows(prep, ub, cap)
@@ -96,7 +96,7 @@ class Outcome:
     kept: bool = False
 
 
-def solve_lexicographic(model: _Model, name: str, deadline: float,
+def solve_lexicographic(model: MilpModel, name: str, deadline: float,
                         keep: tuple[Sequence[int], Sequence[int], float] | None = None,
                         steps: int = 3) -> Outcome:
     """The steps of the tie-break rule, each proven by the solver (see module docstring).
@@ -124,7 +124,7 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
                            kept=True)
         try:  # interleaved: steps 1 and 2 on the per-rank master (same optimum, exact)
             model = RankModel(model)
-        except _Infeasible:
+        except NoChunkFits:
             return Outcome("infeasible")
     status, bound = run_milp(model, name, deadline - time.monotonic())
     if status == "infeasible" and c_star is not None and model.C is not None:
@@ -135,7 +135,7 @@ def solve_lexicographic(model: _Model, name: str, deadline: float,
     ends, modes = model.solution()
     b_star = score_split(prep, ends, modes, method="ilp").bottleneck_s
     if status == "feasible":
-        lb = max(_lower_bound(prep), (bound or 0.0) * model.tscale,
+        lb = max(simple_lower_bound(prep), (bound or 0.0) * model.tscale,
                  getattr(model, "rank_bound_s", 0.0))
         return Outcome("feasible", tuple(ends), tuple(modes), min(lb, b_star))
     if keep is not None and keep[2] <= b_star * (1 + TIE_RTOL) and (
@@ -204,7 +204,7 @@ def _keep_proven(model: OptionModel, keep) -> bool:
             and keep[2] <= model.rank_bound_s * (1 + TIE_RTOL))
 
 
-def _lexicographic_keys(model: _Model, name: str, deadline: float, ends: list[int],
+def _lexicographic_keys(model: MilpModel, name: str, deadline: float, ends: list[int],
                         modes: list[int], b_star: float) -> Outcome:
     """Step 3: fix the chunk keys in order, each window of chunks by one solve of a mixed-radix
     objective; a chunk whose key in the incumbent is already the smallest possible after the
@@ -249,7 +249,7 @@ def _lexicographic_keys(model: _Model, name: str, deadline: float, ends: list[in
 
 
 @contextlib.contextmanager
-def _quiet_stdout():
+def quiet_stdout():
     """Silence C-level stdout (solver banners) for the duration of the block."""
     try:
         fd = sys.stdout.fileno()
@@ -293,7 +293,7 @@ def run_milp(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
         # HiGHS runs in process and writes none (the directory cost ~2.5 ms a solve under the
         # profiler: 0.15 s of gpt3-175b's search on 1,024 GPUs, 60 solves)
         scratch = scratch_dir() if name != "highs" else contextlib.nullcontext(None)
-        with scratch as tmp, _quiet_stdout():  # HiGHS prints a banner before msg=False
+        with scratch as tmp, quiet_stdout():  # HiGHS prints a banner before msg=False
             if tmp is not None:
                 solver.tmpDir = tmp
             model.prob.solve(solver)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.partitioning.problem import PartitionError, Prepared, _lower_bound
+from planner.partitioning.problem import PartitionError, Prepared, simple_lower_bound
 
 MAX_BINARIES = 20_000
 """Above this many binaries PuLP model building alone takes seconds."""
@@ -67,7 +67,7 @@ def uniform_blocks(prep: Prepared) -> bool:
                                             and not pr.blocks[0] and not pr.blocks[-1]))
 
 
-def _lin(pairs):
+def linear_expression(pairs):
     """A linear expression from (variable, coefficient) pairs, repeated variables summed."""
     import pulp
 
@@ -78,7 +78,7 @@ def _lin(pairs):
     return pulp.LpAffineExpression(list(acc.items()))
 
 
-class _Model:
+class MilpModel:
     """What both formulations share: the PuLP problem, the bottleneck variable, scales, the
     chunk end and mode expressions, and the capacity rows."""
 
@@ -126,7 +126,7 @@ class _Model:
         return R * lo, R * hi + R - 1
 
 
-class BoundaryModel(_Model):
+class BoundaryModel(MilpModel):
     """Any layer sequence: binary ``x[k, j] = 1`` iff chunk k ends after layer j, only for j
     inside a window ``[lo_k, hi_k)`` derived from a heuristic upper bound (outside it x is a
     constant); ``x[k, j] >= x[k, j+1]`` (monotone) and ``x[k+1, j+1] >= x[k, j]`` (chunks
@@ -154,7 +154,7 @@ class BoundaryModel(_Model):
         if any(lo[k] > hi[k] for k in range(K)):
             raise PartitionError("internal: empty window")  # ub came from a feasible split
         # time in units of the bound, memory in units of the capacity: O(1) coefficients
-        self.tscale = ts = ub if ub else max(_lower_bound(prep), 1e-12)
+        self.tscale = ts = ub if ub else max(simple_lower_bound(prep), 1e-12)
         ms = prep.cap_max if prep.cap_max > 0 else 1.0
         prob = pulp.LpProblem("partition", pulp.LpMinimize)
         x = {}
@@ -274,7 +274,7 @@ class BoundaryModel(_Model):
 
         if self.prep.R == 1:
             return pulp.LpAffineExpression()
-        return _lin((self.z[k, r], r) for r in range(self.prep.R))
+        return linear_expression((self.z[k, r], r) for r in range(self.prep.R))
 
     def binaries(self) -> int:
         return len(self.x) + len(self.z)
@@ -289,19 +289,19 @@ class BoundaryModel(_Model):
         K, R = self.prep.K, self.prep.R
         ends = []
         for k in range(K):
-            ends.append(sum(int(round(float(_val(self.X(k, j))))) for j in range(self.prep.L)))
+            ends.append(sum(int(round(float(solved_value(self.X(k, j))))) for j in range(self.prep.L)))
         modes = []
         for k in range(K):
             if R == 1:
                 modes.append(0)
             else:
-                modes.append(int(np.argmax([_val(self.z[k, r]) for r in range(R)])))
+                modes.append(int(np.argmax([solved_value(self.z[k, r]) for r in range(R)])))
         return ends, modes
 
 
-class _Infeasible(Exception):
+class NoChunkFits(Exception):
     """No option of some chunk fits: the instance has no split."""
 
 
-def _val(v) -> float:
+def solved_value(v) -> float:
     return float(v) if isinstance(v, (int, float)) else float(v.varValue or 0.0)

@@ -15,8 +15,8 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.partitioning.milp import _Infeasible, _lin, _Model, _val
-from planner.partitioning.problem import TIE_RTOL, Prepared, _lower_bound
+from planner.partitioning.milp import NoChunkFits, linear_expression, MilpModel, solved_value
+from planner.partitioning.problem import TIE_RTOL, Prepared, simple_lower_bound
 
 def chunk_options(prep: Prepared, ub: float | None, chunk_cap: float | None = None
                   ) -> tuple[dict[tuple[int, int, int], tuple[float, float]],
@@ -170,7 +170,7 @@ def rank_tables(prep: Prepared, cost: dict, by_chunk: list) -> tuple[np.ndarray,
     return np.array(tau), patterns
 
 
-class OptionModel(_Model):
+class OptionModel(MilpModel):
     """Embedding + N identical blocks + head: binary ``y[k, n, r]`` = chunk k holds n blocks
     under option r (chunk 0 also the embedding, chunk K-1 also the head; middle chunks at least
     one block; an option is a mode, or with partial recompute r = R + c - 1: the first c of the
@@ -186,33 +186,33 @@ class OptionModel(_Model):
         self.prep = prep
         K, p, L = prep.K, prep.p, prep.L
         N = L - 2
-        self.tscale = ts = ub if ub else max(_lower_bound(prep), 1e-12)
+        self.tscale = ts = ub if ub else max(simple_lower_bound(prep), 1e-12)
         ms = prep.cap_max if prep.cap_max > 0 else 1.0
         prob = pulp.LpProblem("partition_options", pulp.LpMinimize)
         self.B = prob.add_variable("B", lowBound=0)
         self.cost, self.by_chunk, self.tau, self.patterns = rank_options(prep, ub, chunk_cap)
         self.y = {o: prob.add_variable(f"y_{o[0]}_{o[1]}_{o[2]}", cat="Binary") for o in self.cost}
         if self.tau is None:  # a chunk with no option
-            raise _Infeasible
+            raise NoChunkFits
         for k in range(K):
             prob += pulp.lpSum(self.y[o] for o in self.by_chunk[k]) == 1
-        prob += _lin((self.y[o], o[1]) for o in self.y) == N
+        prob += linear_expression((self.y[o], o[1]) for o in self.y) == N
         for rho in range(p):
             ks = prep.chunks_of(rho)
             opts = [o for k in ks for o in self.by_chunk[k]]
-            prob += _lin([(self.y[o], self.cost[o][0] / ts) for o in opts] + [(self.B, -1.0)]) <= 0
+            prob += linear_expression([(self.y[o], self.cost[o][0] / ts) for o in opts] + [(self.B, -1.0)]) <= 0
             if len(ks) == 1:
                 continue  # one chunk: its options already fit its mode's capacity
             mem = [(self.y[o], self.cost[o][1] / ms) for o in opts]
             room = (prep.cap_max - prep.extra[rho]) / ms
             worst = sum(max(self.cost[o][1] for o in self.by_chunk[k]) for k in ks)
             if worst + prep.extra[rho] > prep.cap.min():
-                prob += _lin(mem) <= room
+                prob += linear_expression(mem) <= room
                 for k in ks:
                     for level in sorted({prep.option_cap(o[2]) for o in self.by_chunk[k]}):
                         short = (prep.cap_max - level) / ms
                         if short > 0:  # an option of this capacity lowers the rank's
-                            prob += _lin(mem + [(self.y[o], short) for o in self.by_chunk[k]
+                            prob += linear_expression(mem + [(self.y[o], short) for o in self.by_chunk[k]
                                                 if prep.option_cap(o[2]) == level]) <= room
         if ub is not None:
             self.B.upBound = ub * (1 + 1e-7) / ts
@@ -260,21 +260,21 @@ class OptionModel(_Model):
 
     def compute_time(self):
         ts = self.tscale
-        return _lin((v, (self.cost[o][0] - self.prep.bnd[o[0]]) / ts) for o, v in self.y.items())
+        return linear_expression((v, (self.cost[o][0] - self.prep.bnd[o[0]]) / ts) for o, v in self.y.items())
 
     def end(self, k: int):
         if k == self.prep.K - 1:
-            return _lin([]) + self.prep.L
-        return _lin((self.y[o], o[1]) for j in range(k + 1) for o in self.by_chunk[j]) + 1
+            return linear_expression([]) + self.prep.L
+        return linear_expression((self.y[o], o[1]) for j in range(k + 1) for o in self.by_chunk[j]) + 1
 
     def mode(self, k: int):
-        return _lin((self.y[o], o[2]) for o in self.by_chunk[k])
+        return linear_expression((self.y[o], o[2]) for o in self.by_chunk[k])
 
     def _edges(self, k: int) -> int:
         return int(k == 0) + int(k == self.prep.K - 1)
 
     def count(self, k: int):
-        return _lin((self.y[o], o[1]) for o in self.by_chunk[k]) + self._edges(k)
+        return linear_expression((self.y[o], o[1]) for o in self.by_chunk[k]) + self._edges(k)
 
     def count_range(self, k: int) -> tuple[int, int]:
         ns = [o[1] for o in self.by_chunk[k]]
@@ -287,7 +287,7 @@ class OptionModel(_Model):
         K, L = self.prep.K, self.prep.L
         ends, modes, end = [], [], 1
         for k in range(K):
-            o = max(self.by_chunk[k], key=lambda o: _val(self.y[o]))
+            o = max(self.by_chunk[k], key=lambda o: solved_value(self.y[o]))
             end += o[1]
             ends.append(L if k == K - 1 else end)
             modes.append(o[2])
@@ -317,7 +317,7 @@ def _pareto(states: np.ndarray) -> np.ndarray:
     return s[keep]
 
 
-class RankModel(_Model):
+class RankModel(MilpModel):
     """The interleaved master over the decomposition of :meth:`OptionModel._rank_bound`: binary
     ``u[rho, c]`` = rank rho holds c blocks, at its least time tau_rho(c) (its chunks arranged
     as the Pareto recursion found, within the rank's memory). ``sum_c u[rho, c] = 1``,
@@ -347,11 +347,11 @@ class RankModel(_Model):
         for rho in range(p):
             mine = [(v, c) for (r, c), v in self.u.items() if r == rho]
             if not mine:
-                raise _Infeasible
+                raise NoChunkFits
             prob += pulp.lpSum(v for v, _ in mine) == 1
-            prob += _lin([(v, om.tau[rho, c] / ts) for v, c in mine] + [(self.B, -1.0)]) <= 0
-        prob += _lin((v, c) for (_, c), v in self.u.items()) == N
-        self._compute = _lin((v, (om.tau[rho, c] - bnd[rho]) / ts) for (rho, c), v in self.u.items())
+            prob += linear_expression([(v, om.tau[rho, c] / ts) for v, c in mine] + [(self.B, -1.0)]) <= 0
+        prob += linear_expression((v, c) for (_, c), v in self.u.items()) == N
+        self._compute = linear_expression((v, (om.tau[rho, c] - bnd[rho]) / ts) for (rho, c), v in self.u.items())
         prob += self.B
         self.prob = prob
         self.end_lo, self.end_hi = om.end_lo, om.end_hi
@@ -364,7 +364,7 @@ class RankModel(_Model):
         K, L = prep.K, prep.L
         n, modes = [0] * K, [0] * K  # chunk k holds n[k] blocks
         for (rho, c), v in self.u.items():
-            if _val(v) > 0.5:
+            if solved_value(v) > 0.5:
                 for k, (nk, rk) in zip(prep.chunks_of(rho), self.om.patterns[rho][c]):
                     n[k], modes[k] = nk, rk
         ends, end = [], 1

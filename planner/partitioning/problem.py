@@ -509,11 +509,11 @@ def total_compute_s(prep: Prepared, ends: Sequence[int], modes: Sequence[int]) -
 # ---------------------------------------------------------------- bounds
 
 
-def _lower_bound(prep: Prepared) -> float:
+def simple_lower_bound(prep: Prepared) -> float:
     """Simple valid lower bound on the bottleneck (for the reported gap)."""
     tmin = prep.problem.time_s.min(axis=1)
     return max((float(tmin.sum()) + float(prep.bnd.sum())) / prep.p, float(tmin.max()))
 
 
-def _gap(value: float, lower: float) -> float:
+def relative_gap(value: float, lower: float) -> float:
     return max(0.0, (value - lower) / value) if value > 0 else 0.0

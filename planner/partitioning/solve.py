@@ -10,8 +10,8 @@ from typing import Sequence
 from planner.core.fileset import output_error
 from planner.partitioning import lexicographic
 from planner.partitioning.dp import infeasible_error, partition_dp
-from planner.partitioning.baselines import _fixed_split, _upper_bound
-from planner.partitioning.problem import (Partition, PartitionError, PartitionProblem, _gap, fits,
+from planner.partitioning.baselines import split_at_ends, heuristic_upper_bound
+from planner.partitioning.problem import (Partition, PartitionError, PartitionProblem, relative_gap, fits,
                                        option_indices, prepare, score_split)
 
 
@@ -86,10 +86,10 @@ def partition(
         raise PartitionError(f"the {name} solver failed ({reason}) and no split is known; "
                              "try a longer time limit")
 
-    heur = _upper_bound(prep)
+    heur = heuristic_upper_bound(prep)
     kept = None
     if prefer is not None:
-        kept = _fixed_split(prep, [int(e) for e in prefer], None, "even")
+        kept = split_at_ends(prep, [int(e) for e in prefer], None, "even")
         if not fits(kept):
             kept = None
         elif heur is None or kept.bottleneck_s < heur.bottleneck_s:
@@ -136,7 +136,7 @@ def partition(
         if prep.K == prep.p:
             return fallback(f"not proven optimal within {time_limit_s:g} s")
         # v > 1: the exhaustive reference is out of reach at this size; say how far off it may be
-        return replace(res, gap=_gap(res.bottleneck_s, out.bound_s),
+        return replace(res, gap=relative_gap(res.bottleneck_s, out.bound_s),
                        note=f"not proven optimal within {time_limit_s:g} s")
     return res
 

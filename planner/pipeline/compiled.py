@@ -21,6 +21,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from planner.core.schedules import schedule_traits
 from planner.pipeline import graph, periodic
 from planner.pipeline.schedule import build_schedule
 
@@ -50,7 +51,7 @@ def compile_run(name: str, p: int, m: int, v: int) -> Run | None:
     op waits on one that never runs: the op-by-op simulator then says which)."""
     chunks = p * v
     prog = graph.program(build_schedule(name, p, m, v), chunks)
-    g = graph.build(prog, chunks, name == "dualpipe")
+    g = graph.build(prog, chunks, schedule_traits(name).mirrored)
     if g is None:
         return None
     # activations are freed by W where the backward is split, else by B; always by a BW

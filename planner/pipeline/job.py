@@ -11,6 +11,7 @@ from planner.core.files import read_json
 from planner.core.fileset import verify_set
 from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.core.plan_schema import check_plan_document
+from planner.core.schedules import schedule_traits
 from planner.pipeline.blocking import blocking_charges
 from planner.pipeline.schedule import ScheduleError
 from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
@@ -86,7 +87,7 @@ def stack_note(job: SimulationJob, stack: Stack) -> str | None:
     """What of ``stack`` this op-by-op chart does not draw, in one line (None: nothing): an
     engine that runs interleaved 1F1B in lockstep time steps (Stack.pipeline_timesteps) is
     priced so by `plan solve` and `plan validate` (planner/pipeline/timestep.py), not drawn."""
-    if stack.pipeline_timesteps and job.schedule == "interleaved" and job.p > 1:
+    if stack.pipeline_timesteps and schedule_traits(job.schedule).takes_virtual_stages and job.p > 1:
         return (f"the {stack.name} stack runs interleaved 1F1B in lockstep time steps (torch "
                 "<= 2.6); this chart draws it run as data arrives, while `plan solve` prices "
                 "the time steps (planner/pipeline/timestep.py)")

@@ -29,6 +29,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from planner.core.parallel import SCHEDULES, schedule_problem
+from planner.core.schedules import (DUALPIPE, GPIPE, INTERLEAVED, ONE_F_ONE_B, ZB_2P, ZB_H1,
+                                    schedule_traits)
 from planner.pipeline import dualpipe
 from planner.pipeline.ops import Op  # defined apart so dualpipe.py builds ops without a cycle
 COMPUTE_KINDS = ("F", "B", "W", "BW")
@@ -50,7 +52,8 @@ def check_args(name: str, p: int, m: int, v: int) -> None:
     if not isinstance(v, int) or v < 1:
         raise ScheduleError(f"virtual stages (v) must be an integer >= 1, got {v!r}")
     problem = schedule_problem(name, p, m, v)
-    if problem and not (name == "interleaved" and p == 1):  # p = 1 interleaving runs, as a plain loop
+    # p = 1 interleaving runs, as a plain loop
+    if problem and not (schedule_traits(name).takes_virtual_stages and p == 1):
         raise ScheduleError(f"{problem}; got {name} with p={p}, m={m}, v={v}")
 
 
@@ -85,7 +88,7 @@ def _zb_h1(p: int, m: int, r: int) -> list[Op]:
     return ops
 
 
-ZB_2P_LIMIT = 2  # zb-2p holds at most 2p microbatches' activations (F run, W not yet) per rank
+ZB_2P_LIMIT = ZB_2P.inflight_limit  # at most 2p microbatches' activations (F run, W not yet) a rank
 
 
 def _zb_2p(p: int, m: int, r: int) -> list[Op]:
@@ -155,12 +158,16 @@ def build_schedule(name: str, p: int, m: int, v: int = 1) -> tuple[tuple[Op, ...
     outside interleaved, interleaved with m not divisible by p).
     """
     check_args(name, p, m, v)
-    if name == "dualpipe":
-        return tuple(tuple(dualpipe.rank_order(p, m, r)) for r in range(p))
-    if name == "interleaved":
-        return tuple(tuple(interleaved_order(p, m, v, r)) for r in range(p))
-    make = {"gpipe": _gpipe, "1f1b": _one_f_one_b, "zb-h1": _zb_h1, "zb-2p": _zb_2p}[name]
-    return tuple(tuple(make(p, m, r)) for r in range(p))
+    return tuple(tuple(_BUILDERS[name](p, m, v, r)) for r in range(p))
+
+
+# each schedule's op order of rank r: (p, m, v, r) -> its ops
+_BUILDERS = {GPIPE.name: lambda p, m, v, r: _gpipe(p, m, r),
+             ONE_F_ONE_B.name: lambda p, m, v, r: _one_f_one_b(p, m, r),
+             INTERLEAVED.name: interleaved_order,
+             ZB_H1.name: lambda p, m, v, r: _zb_h1(p, m, r),
+             ZB_2P.name: lambda p, m, v, r: _zb_2p(p, m, r),
+             DUALPIPE.name: lambda p, m, v, r: dualpipe.rank_order(p, m, r)}
 
 
 def _placement(compute_ops: tuple[tuple[Op, ...], ...]):

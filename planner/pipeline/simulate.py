@@ -34,6 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
+from planner.core.schedules import GPIPE, schedule_traits
 from planner.pipeline import compiled, dualpipe, graph, periodic
 from planner.pipeline.schedule import Op, ScheduleError, build_schedule, check_args
 
@@ -86,13 +87,10 @@ def closed_form_bubble(name: str, p: int, m: int, v: int = 1) -> float:
     dualpipe with F = B = W and no overlap: every rank idles the report's (p/2-1)(F&B+B-3W) =
     (p-2)F beside 3mF of work, (p-2)/(3m+p-2) (tests/test_dualpipe.py).
     """
-    if name == "interleaved":
-        return (p - 1) / (v * m + p - 1)
-    if name == "dualpipe":  # (p/2 - 1)(F&B + B - 3W) idle with F&B = F + B = 3, B = 2, W = 1
+    traits = schedule_traits(name)
+    if traits.mirrored:  # (p/2 - 1)(F&B + B - 3W) idle with F&B = F + B = 3, B = 2, W = 1
         return (p - 2) / (3 * m + p - 2)
-    if name in SPLIT_BACKWARD:
-        return (p - 1) / (3 * m + p - 1)
-    return (p - 1) / (m + p - 1)
+    return (p - 1) / (traits.fill_divisor(v) * m + p - 1)
 
 
 def _per_chunk(value: PerChunk | None, n: int, what: str) -> list[float] | None:
@@ -144,21 +142,22 @@ def simulate(
     if method not in ("auto", "full"):
         raise ScheduleError(f"unknown simulation method {method!r}; choose auto or full")
     check_args(name, p, m, v)
-    fwd_s, bwd_s, wgrad_s = charge_actions(name in SPLIT_BACKWARD or name == "dualpipe", p * v,
+    traits = schedule_traits(name)
+    fwd_s, bwd_s, wgrad_s = charge_actions(traits.weight_grad_ops, p * v,
                                            fwd_s, bwd_s, wgrad_s, action_s, split_backward)
     args = dict(fwd_s=fwd_s, bwd_s=bwd_s, wgrad_s=wgrad_s, comm_s=comm_s, act_bytes=act_bytes)
     overlap = (overlap_fwd_s, overlap_bwd_s, interference)
     if method == "auto" and m > FULL_UP_TO:
-        if name == "gpipe" and m > _gpipe_drawn(p):
+        if not traits.periodic and m > _gpipe_drawn(p):
             return _gpipe(p, m, timeline, **args)
-        if name != "gpipe" and m > 2 * _first_short_run(name, p, v):
+        if traits.periodic and m > 2 * _first_short_run(name, p, v):
             fast = _extrapolated(name, p, m, v, timeline, overlap, **args)
             if fast is not None:
                 return fast
     run = _compiled_run(name, p, m, v) if method == "auto" else None
     if run is not None:
         table = _Times(name, p * v, args, overlap).table(run.graph)
-        comm = graph.comm_table(_effective_comm(comm_s, p, v), name == "dualpipe")
+        comm = graph.comm_table(_effective_comm(comm_s, p, v), traits.mirrored)
         return _timed(run, name, p, m, v, table, comm, act_bytes, timeline)[1]
     return _simulate_ops(build_schedule(name, p, m, v), name, p, m, v, timeline=timeline,
                          overlap=overlap, **args)[0]
@@ -174,9 +173,8 @@ def _first_short_run(name: str, p: int, v: int) -> int:
     on (checked for p = 2 to 64 in tests/test_periodic.py): its run is half as long as 2p + 4,
     and the cut found there is as exact as any (planner/pipeline/periodic.py checks it, not
     assumes it)."""
-    if name == "dualpipe":
-        return 2 * p + 8
-    return 6 * p if name == "interleaved" else p + 2 if name == "1f1b" else 2 * p + 4
+    per_rank, extra = schedule_traits(name).short_run
+    return per_rank * p + extra
 
 
 def _gpipe_drawn(p: int) -> int:
@@ -188,10 +186,6 @@ def _effective_comm(comm_s: PerChunk, p: int, v: int) -> list[float]:
     chunks = p * v
     comm = _per_chunk(comm_s, chunks - 1, "comm_s") if chunks > 1 else []
     return [0.0 if k % p == (k + 1) % p else c for k, c in enumerate(comm)]
-
-
-# schedules whose backward runs as B (input gradient) and W (weight gradient) actions
-SPLIT_BACKWARD = ("zb-h1", "zb-2p")
 
 
 def charge_actions(split: bool, chunks: int, fwd_s: PerChunk, bwd_s: PerChunk,
@@ -230,7 +224,7 @@ def _op_times(split: bool, chunks: int, fwd_s, bwd_s, wgrad_s) -> tuple[list[flo
 
 def _group(name: str, p: int) -> int:
     """Microbatches of one period: p for interleaved, one of each direction for DualPipe."""
-    return p if name == "interleaved" else 2 if name == "dualpipe" else 1
+    return schedule_traits(name).period_microbatches(p)
 
 
 def _extrapolated(name, p, m, v, keep_timeline, overlap, **args) -> SimResult | None:
@@ -258,7 +252,7 @@ def _steady_cut(name, p, v, short, group):
     keys = periodic.cut_keys(ops, labels, p, v, group)
     if keys is None:
         return None
-    release = ("W",) if name in SPLIT_BACKWARD else ("W", "BW") if name == "dualpipe" else ("B",)
+    release = schedule_traits(name).releases
     cuts = periodic.steady_cuts(ops, build_schedule(name, p, short + group, v), labels, keys,
                                 group, release)
     # the last one: the fewest ops left to time symbolically after it
@@ -272,7 +266,8 @@ def _periodic_parts(name, p, v, short, group) -> compiled.Periodic | None:
     if run is None:
         return None
     _, labels, cut, keys = _steady_cut(name, p, v, short, group)
-    return compiled.periodic_parts(run, labels, cut, keys, p, v, group, name == "dualpipe")
+    return compiled.periodic_parts(run, labels, cut, keys, p, v, group,
+                                   schedule_traits(name).mirrored)
 
 
 def _repeated(name, p, m, v, short, group, parts: compiled.Periodic, keep_timeline, args,
@@ -281,7 +276,7 @@ def _repeated(name, p, m, v, short, group, parts: compiled.Periodic, keep_timeli
     periods and the cool-down after them (compiled.extend, planner/pipeline/periodic.py)."""
     run = compiled.compile_run(name, p, short, v)
     table = _Times(name, p * v, args, overlap).table(run.graph)  # the parts index it too
-    comm = graph.comm_table(_effective_comm(args["comm_s"], p, v), name == "dualpipe")
+    comm = graph.comm_table(_effective_comm(args["comm_s"], p, v), schedule_traits(name).mirrored)
     timed, short_run = _timed(run, name, p, short, v, table, comm, args["act_bytes"],
                               keep_timeline)
     k = (m - short) // group
@@ -298,7 +293,7 @@ class _Times:
     """A configuration's op times as the duration table of a compiled run (graph.durations)."""
 
     def __init__(self, name, chunks, args, overlap):
-        split = name in SPLIT_BACKWARD or name == "dualpipe"
+        split = schedule_traits(name).weight_grad_ops
         self.fwd, self.bgrad, self.wgrad = _op_times(split, chunks, args["fwd_s"],
                                                      args["bwd_s"], args["wgrad_s"])
         self.full = _per_chunk(args["bwd_s"], chunks, "bwd_s")
@@ -361,9 +356,9 @@ def _gpipe(p, m, keep_timeline, *, fwd_s, bwd_s, wgrad_s, comm_s, act_bytes) -> 
     makespan = periodic.gpipe_makespan(fwd, bwd, _effective_comm(comm_s, p, 1), m)
     drawn = None
     if keep_timeline:
-        drawn = simulate_ops(build_schedule("gpipe", p, _gpipe_drawn(p), 1), "gpipe", p,
+        drawn = simulate_ops(build_schedule(GPIPE.name, p, _gpipe_drawn(p), 1), GPIPE.name, p,
                              _gpipe_drawn(p), fwd_s=fwd, bwd_s=bwd, comm_s=comm_s)
-    return _result("gpipe", p, m, 1, drawn.timeline if drawn else (), makespan,
+    return _result(GPIPE.name, p, m, 1, drawn.timeline if drawn else (), makespan,
                    [m * (f + b) for f, b in zip(fwd, bwd)], (m,) * p, tuple(m * a for a in act),
                    timeline_m=_gpipe_drawn(p) if drawn else None)
 
@@ -432,7 +427,7 @@ def _simulate_ops(ops, name, p, m, v, *, fwd_s, bwd_s, wgrad_s, comm_s, act_byte
     full = _per_chunk(bwd_s, chunks, "bwd_s")
     comm = _effective_comm(comm_s, p, v)
     act = _per_chunk(act_bytes, chunks, "act_bytes") or [0.0] * chunks
-    cf, cb = _comm_by_op(comm, chunks, m, name == "dualpipe")
+    cf, cb = _comm_by_op(comm, chunks, m, schedule_traits(name).mirrored)
     o_fwd = _per_chunk(overlap[0], chunks, "overlap_fwd_s")
     o_bwd = _per_chunk(overlap[1], chunks, "overlap_bwd_s")
 

@@ -101,17 +101,17 @@ class Plan:
                         "recompute": s.recompute,
                         **({"recompute_layers": s.recompute_layers}
                            if s.recompute_layers is not None else {}),
-                        "time_s": _round(s.time_s),
-                        "fwd_s": _round(s.fwd_s), "bwd_s": _round(s.bwd_s),
-                        "wgrad_s": _round(s.wgrad_s), "send_s": _round(s.send_s),
-                        **({"a2a_s": _round(s.a2a_s)} if self.model.is_moe else {}),
+                        "time_s": round_6g(s.time_s),
+                        "fwd_s": round_6g(s.fwd_s), "bwd_s": round_6g(s.bwd_s),
+                        "wgrad_s": round_6g(s.wgrad_s), "send_s": round_6g(s.send_s),
+                        **({"a2a_s": round_6g(s.a2a_s)} if self.model.is_moe else {}),
                         "memory_bytes": int(s.memory_bytes)}
                        for s in self.stages],
-            "metrics": {"step_time_s": _round(self.metrics.step_time_s),
-                        "tokens_per_s": _round(self.metrics.tokens_per_s),
-                        "tflops_per_gpu": _round(self.metrics.tflops_per_gpu),
-                        "mfu": _round(self.metrics.mfu), "hfu": _round(self.metrics.hfu),
-                        "bubble_fraction": _round(self.metrics.bubble_fraction),
+            "metrics": {"step_time_s": round_6g(self.metrics.step_time_s),
+                        "tokens_per_s": round_6g(self.metrics.tokens_per_s),
+                        "tflops_per_gpu": round_6g(self.metrics.tflops_per_gpu),
+                        "mfu": round_6g(self.metrics.mfu), "hfu": round_6g(self.metrics.hfu),
+                        "bubble_fraction": round_6g(self.metrics.bubble_fraction),
                         "peak_memory_bytes": int(self.metrics.peak_memory_bytes)},
             "layout": build_layout(par.tp, par.pp, par.dp, cl.gpus_per_node, cp=par.cp,
                                    ep=par.ep, etp=par.etp,
@@ -122,6 +122,6 @@ class Plan:
         }
 
 
-def _round(x: float) -> float:
+def round_6g(x: float) -> float:
     """Six significant digits: stable JSON across platforms, far finer than the model's accuracy."""
     return float(f"{x:.6g}")

@@ -171,7 +171,7 @@ def partial_modes(model: ModelSpec, par: Parallel, modes: tuple[str, ...], time_
     uniform = (blocks[1:-1].all() and not blocks[0] and not blocks[-1]
                and bool((time_s[blocks] == time_s[blocks][0]).all())
                and bool((act[blocks] == act[blocks][0]).all()))
-    one_chunk_a_rank = par.virtual_stages == 1 and par.schedule != "dualpipe"
+    one_chunk_a_rank = par.schedule_traits.chunks_per_rank(par.virtual_stages) == 1
     return (b, f) if one_chunk_a_rank or uniform else None
 
 
@@ -215,7 +215,7 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     """The compute-balanced split under memory, interleaved chunks included: with v > 1 the
     chunks of a rank may differ in size (every launcher that runs the interleaved schedule takes
     uneven chunks: Megatron's --pipeline-model-parallel-layout, torchtitan's split points)."""
-    several = par.virtual_stages > 1 or par.schedule == "dualpipe"  # chunks a rank
+    several = par.schedule_traits.chunks_per_rank(par.virtual_stages) > 1  # chunks a rank
     ranks = ranks_of(par)
     if method == "auto":
         method = "ilp" if several or lp_path is not None else "dp"
@@ -285,7 +285,7 @@ def megatron_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stac
 def ranks_of(par: Parallel) -> int:
     """The ranks the partitioner places chunks on: pp, or pp / 2 for DualPipe, whose ranks r
     and pp - 1 - r hold the same two stages (:func:`placed`)."""
-    return par.pp // 2 if par.schedule == "dualpipe" else par.pp
+    return par.pp // 2 if par.schedule_traits.mirrored else par.pp
 
 
 def placed(problem: PartitionProblem, par: Parallel) -> PartitionProblem:
@@ -296,7 +296,7 @@ def placed(problem: PartitionProblem, par: Parallel) -> PartitionProblem:
     on pp / 2 ranks (partitioning/problem.py mirrored_ranks), a rank's time per microbatch pair
     and its memory those of both stages, the stage outputs it keeps (extra bytes, per stage
     here) of both summed."""
-    if par.schedule != "dualpipe":
+    if not par.schedule_traits.mirrored:
         return problem
     extra = problem.extra_bytes
     if extra is not None:

@@ -26,11 +26,11 @@ from planner.layout.ranks import blocks_cross, dp_group_crosses_nodes, stage_hop
 from planner.cost.memory import ACT_BYTES, Shape, sp_gathered_bytes
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
+from planner.core.schedules import HOLDS_ALL, HOLDS_BOTH_DIRECTIONS, HOLDS_LIMIT, schedule_traits
 from planner.predict.plan import Metrics, Plan, Stage
 from planner.pipeline import dualpipe, timestep
-from planner.pipeline.schedule import ZB_2P_LIMIT
 from planner.pipeline.blocking import blocking_charges
-from planner.pipeline.simulate import SPLIT_BACKWARD, charge_actions, simulate
+from planner.pipeline.simulate import charge_actions, simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import (chunk_gather_bytes, memory_parts, side_stream_bytes,
                                     state_bytes)
@@ -111,15 +111,14 @@ def _inflight_closed_form(schedule: str, p: int, m: int, v: int) -> tuple[int, .
     """:func:`inflight_closed_form` as a tuple, cached: a pure function of four integers that
     the screen asks for every configuration (the ZeRO and recompute variants of a shape share
     it)."""
-    if schedule == "gpipe":
+    traits = schedule_traits(schedule)
+    if traits.holds == HOLDS_ALL:
         return (m,) * (p * v)
-    if schedule == "dualpipe":  # per stage, on each of its two ranks (pipeline/dualpipe.py)
+    if traits.holds == HOLDS_BOTH_DIRECTIONS:  # per stage, on each of its two ranks (dualpipe.py)
         return tuple(dualpipe.held_at_peak(p, m))
-    if schedule == "zb-h1":
-        return (min(p, m),) * p
-    if schedule == "zb-2p":  # every rank fills up to its limit (pipeline/schedule.py _zb_2p)
-        return (min(ZB_2P_LIMIT * p, m),) * p
-    if schedule == "interleaved" and v > 1:
+    if traits.holds == HOLDS_LIMIT:  # ZB-H1: p; ZB-2p fills up to 2p (pipeline/schedule.py)
+        return (min(traits.inflight_limit * p, m),) * p
+    if traits.takes_virtual_stages and v > 1:
         out = []
         for k in range(p * v):
             rank = k % p
@@ -167,12 +166,13 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     the schedule runs op by op (planner/simulate.py): step time, bubble and the activations each
     rank holds come from the simulation instead of the closed forms."""
     hw, p = cluster.hardware, par.pp
-    if par.schedule == "dualpipe":  # rank r also holds stage p - 1 - r: every per-rank sum
+    if par.schedule_traits.mirrored:  # rank r also holds stage p - 1 - r: every per-rank sum
         stages = mirrored(stages)  # counts both (pipeline/dualpipe.py)
     p2p = np.array(stage_transfer_s(model, par, cluster, opts) + [0.0])
     fwd_s, bwd_s, dependency = stages.fwd_s, stages.bwd_s, p2p
     # transfers inside both ranks' ops (pipeline/blocking.py); DualPipe's paired F&B is its own
-    if opts.p2p_blocking and par.num_chunks > 1 and par.schedule != "dualpipe":
+    if (opts.p2p_blocking and par.num_chunks > 1
+            and not par.schedule_traits.pairs_forward_backward):
         add_fwd, add_bwd = blocking_charges(p2p[:-1], par.num_chunks)
         fwd_s, bwd_s, dependency = fwd_s + add_fwd, bwd_s + add_bwd, np.zeros_like(p2p)
     inflight = np.array(_inflight_closed_form(par.schedule, p, par.num_microbatches,
@@ -180,7 +180,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     # the pipeline engine's own costs; with one stage no pipeline engine runs (a plain loop)
     engine = ((opts.pipeline_action_overhead_s, opts.split_backward_overhead) if p > 1
               else (0.0, 0.0))
-    charged = charge_actions(par.schedule in SPLIT_BACKWARD or par.schedule == "dualpipe",
+    charged = charge_actions(par.schedule_traits.weight_grad_ops,
                              par.num_chunks, fwd_s, bwd_s, stages.bwd_weight_s,
                              *engine)  # the engine's costs
     rank_time = stages.by_rank(np.add(charged[0], charged[1]) + 2 * dependency, p)
@@ -208,7 +208,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
         pipeline_s = _pipeline_closed_form(par, rank_time, stages)
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
-    if opts.pipeline_timesteps and par.schedule == "interleaved" and p > 1:
+    if opts.pipeline_timesteps and par.schedule_traits.takes_virtual_stages and p > 1:
         pipeline_s, bubble = _timestep_pipeline(par, stages, p2p, engine[0])
 
     states = state_bytes(stages.params, par, opts, stages.expert_params) + \
@@ -220,7 +220,7 @@ def predict(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
     # (cost/tied_embedding.py)
     tied = np.zeros(p)
     tied[[0, -1]] = tied_embedding.sync_s(model, par, cluster, opts)
-    dp_exposed = float((_dp_exposed_s(par, cluster, opts, stages, model) + tied).max())
+    dp_exposed = float((dp_exposed_s(par, cluster, opts, stages, model) + tied).max())
     # Each rank steps its shard: dense parameters over the DP x CP ranks, experts over expert DP
     # (state_parts).
     owned = (stages.by_rank(stages.params - stages.expert_params, p)
@@ -343,7 +343,7 @@ def _pair_overlap(par: Parallel, hw, stages: ChunkArrays) -> tuple:
     and of its full backward (a full-recompute chunk's backward repeats the forward's: layer
     cost's a2a_s is 2 or 3 times a forward's), and the share of compute hiding it costs; zeros
     for other schedules, which overlap nothing."""
-    if par.schedule != "dualpipe":
+    if not par.schedule_traits.pairs_forward_backward:
         return (0.0, 0.0, 0.0)
     per_fwd = np.array([3.0 if mode == "full" else 2.0 for mode in stages.recompute])
     fwd = stages.a2a_s / per_fwd
@@ -359,15 +359,15 @@ def _pipeline_closed_form(par: Parallel, rank_time: np.ndarray,
     of each direction per M/2 steps (rank_time counts both of its stages), plus the report's
     bubble (PP/2-1)(F&B + B - 3W) taken at F&B = F + B (no overlap: an upper bound)."""
     m, v = par.num_microbatches, par.virtual_stages
-    if par.schedule == "dualpipe" and stages is not None:
+    if par.schedule_traits.mirrored and stages is not None:
         bubble = float((stages.fwd_s + 2 * stages.bwd_s - 3 * stages.bwd_weight_s).max())
         return m / 2 * float(rank_time.max()) + (par.pp / 2 - 1) * bubble
     slowest = float(rank_time.max())
     fill = float(rank_time.sum())
-    if par.schedule == "interleaved" and v > 1:
-        fill = slowest + (fill - slowest) / v
-    elif par.schedule in SPLIT_BACKWARD:  # zb-2p: no closed form of its own, zb-h1's
-        fill = slowest + (fill - slowest) / 3
+    # interleaving: / v; a split backward (zb-2p: no closed form of its own, zb-h1's): / 3
+    divisor = par.schedule_traits.fill_divisor(v)
+    if divisor > 1:
+        fill = slowest + (fill - slowest) / divisor
     return (m - 1) * slowest + fill
 
 
@@ -417,7 +417,7 @@ def _rank_hops_s(seq_length: int, hidden_size: int, cluster: Cluster, scatter_ga
     return tuple(hops)
 
 
-def _dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
+def dp_exposed_s(par: Parallel, cluster: Cluster, opts: Stack,
                   stages: ChunkArrays, model: ModelSpec | None = None) -> np.ndarray:
     """Gradient synchronisation each rank cannot hide. ZeRO-0: all-reduce of the gradients;
     ZeRO-1/distributed optimizer: reduce-scatter gradients (all-reduce where the stack's

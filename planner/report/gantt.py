@@ -20,7 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from planner.pipeline.simulate import SPLIT_BACKWARD, SimResult, closed_form_bubble
+from planner.core.schedules import ONE_F_ONE_B, schedule_traits
+from planner.pipeline.simulate import SimResult, closed_form_bubble
 
 # BW: a backward of both gradients (DualPipe); a paired one shares its F's span and is drawn
 # over it, labelled "&"
@@ -118,15 +119,16 @@ def gantt_rows(result: SimResult, width: int) -> list[Text]:
 
 def _closed_form_note(result: SimResult) -> str:
     p, m, v = result.p, result.m, result.v
-    if result.schedule == "interleaved":
-        return f"(p-1)/(vM+p-1) = {closed_form_bubble('interleaved', p, m, v):.1%}"
-    if result.schedule == "dualpipe":
-        return (f"(p-2)/(3M+p-2) = {closed_form_bubble('dualpipe', p, m):.1%} when F = B = W "
+    traits = schedule_traits(result.schedule)
+    if traits.takes_virtual_stages:
+        return f"(p-1)/(vM+p-1) = {closed_form_bubble(result.schedule, p, m, v):.1%}"
+    if traits.mirrored:
+        return (f"(p-2)/(3M+p-2) = {closed_form_bubble(result.schedule, p, m):.1%} when F = B = W "
                 "without overlap (report: (PP/2-1)(F&B+B-3W) idle per rank)")
-    if result.schedule in SPLIT_BACKWARD:
+    if traits.split_backward:
+        one_f_one_b = closed_form_bubble(ONE_F_ONE_B.name, p, m)
         return (f"(p-1)/(3M+p-1) = {closed_form_bubble(result.schedule, p, m):.1%} when F = B = W: "
-                f"idle time about a third of 1F1B's (1F1B: {closed_form_bubble('1f1b', p, m):.1%} "
-                "of its step)")
+                f"idle time about a third of 1F1B's (1F1B: {one_f_one_b:.1%} of its step)")
     return f"(p-1)/(M+p-1) = {closed_form_bubble(result.schedule, p, m):.1%}"
 
 
@@ -147,10 +149,10 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     for r, text in enumerate(gantt_rows(result, width)):
         console.print(Text(f"rank {r}".ljust(label_w)) + text + Text("|"), no_wrap=True, overflow="crop")
     legend = Text("legend: ")
-    split = result.schedule in SPLIT_BACKWARD or result.schedule == "dualpipe"
+    traits = schedule_traits(result.schedule)
     for kind, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"),
                        ("BW", "both grads (&: overlapped with the F before it)")):
-        if (kind != "W" or split) and (kind != "BW" or result.schedule == "dualpipe"):
+        if (kind != "W" or traits.weight_grad_ops) and (kind != "BW" or traits.mirrored):
             legend.append(f"{kind}3{MARK[kind] * 2}", style=STYLE[kind]).append(f" {name}  ")
     legend.append("(of microbatch 3); blank: idle")
     console.print(legend)
@@ -160,9 +162,9 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     table.add_column("closed form")
     table.add_row("idle share of step", f"{result.bubble_fraction:.1%}", _closed_form_note(result))
     ratio_form = (result.p - 1) / (result.v * result.m)
-    if result.schedule == "dualpipe":
+    if traits.mirrored:
         ratio_note = f"(p-2)/(3M) = {(result.p - 2) / (3 * result.m):.1%} when F = B = W"
-    elif result.schedule in SPLIT_BACKWARD:
+    elif traits.split_backward:
         ratio_note = f"(p-1)/(3M) = {ratio_form / 3:.1%} when F = B = W"
     else:
         ratio_note = f"(p-1)/(vM) = {ratio_form:.1%}"

@@ -133,11 +133,11 @@ def _split_table(title: str, plan: Plan, capacity: float) -> Table:
                 "of bottleneck", "memory GiB"):
         table.add_column(col, justify="right")
     bottleneck = max(s.time_s for s in plan.stages)
-    pp, dualpipe = plan.parallel.pp, plan.parallel.schedule == "dualpipe"
+    pp, mirrored = plan.parallel.pp, plan.parallel.schedule_traits.mirrored
     for s in plan.stages:
         blocks = sum(1 for layer in plan.model.layers[s.first:s.last] if layer.kind == "block")
         # DualPipe holds each stage on two ranks, r and its mirror pp - 1 - r
-        ranks = sorted({s.rank, pp - 1 - s.rank}) if dualpipe else [s.rank]
+        ranks = sorted({s.rank, pp - 1 - s.rank}) if mirrored else [s.rank]
         table.add_row(str(s.stage), ", ".join(map(str, ranks)), f"[{s.first},{s.last})", str(blocks),
                       s.recompute_label, f"{s.time_s * 1e3:.2f}", f"{s.time_s / bottleneck:.0%}",
                       f"{plan.rank_memory_bytes[s.rank] / GIB:.1f}")

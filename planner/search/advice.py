@@ -15,7 +15,8 @@ from dataclasses import replace
 
 from planner.core.errors import NoFeasiblePlan
 from planner.predict.plan import Plan
-from planner.pipeline.simulate import SPLIT_BACKWARD, closed_form_bubble
+from planner.core.schedules import schedule_traits
+from planner.pipeline.simulate import closed_form_bubble
 
 # Hint when the best plan idles more than this share of its step. A judgement, not a fitted or
 # published number: Narayanan et al. 2021 size M so the bubble is small next to the compute, and
@@ -30,7 +31,7 @@ def microbatches_for(schedule: str, p: int, v: int, bubble: float) -> int:
     if p <= 1:
         return 1
     # (p-1)/(k*M + p-1) <= b  <=>  M >= (p-1)(1-b) / (k*b), k = 1 (1F1B, GPipe), v or 3 (ZB-H1)
-    k = v if schedule == "interleaved" else 3 if schedule in SPLIT_BACKWARD else 1
+    k = schedule_traits(schedule).fill_divisor(v)
     m = max(1, math.ceil((p - 1) * (1 - bubble) / (k * bubble) - 1e-9))
     while closed_form_bubble(schedule, p, m, v) > bubble:  # guard the float rounding
         m += 1
@@ -50,7 +51,7 @@ def batch_hint(req, plan: Plan, search) -> str | None:
     if m.bubble_fraction <= BUBBLE_HINT or par.pp == 1 or req.batch_range is not None:
         return None
     need = microbatches_for(par.schedule, par.pp, par.virtual_stages, BUBBLE_HINT)
-    if par.schedule == "interleaved":  # Megatron: M divisible by pp
+    if par.schedule_traits.microbatches_divisible_by_pp:  # Megatron's interleaved schedule
         need = math.ceil(need / par.pp) * par.pp
     need = max(need, par.num_microbatches + 1)
     for _ in range(MAX_TRIES):

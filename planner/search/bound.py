@@ -41,8 +41,8 @@ import numpy as np
 from planner.core.parallel import Parallel
 from planner.cost import constants
 from planner.partitioning.problem import TIE_RTOL
-from planner.pipeline.simulate import SPLIT_BACKWARD
-from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, _dp_exposed_s
+from planner.core.schedules import schedule_traits
+from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, dp_exposed_s
 from planner.predict.chunks import CostTable, ChunkArrays
 
 
@@ -110,10 +110,11 @@ def families_of(schedule: str, p: int, m: int, layers: "LayerTimes") -> list:
     the B of chunks r-1..0: (F + B, m·(F + B) + max(0, m - r - 1)·W); ZB-2p the same chain
     without counting any W (its W ops fall anywhere)."""
     t, f, fb, w = layers.time_s, layers.fwd_s, layers.fb_s, layers.w_s
-    if schedule not in SPLIT_BACKWARD:
+    traits = schedule_traits(schedule)
+    if not traits.split_backward:
         return [(t, np.tile(m * t, (p, 1)))]
     # zb-2p: rank r's last B still follows all its F and B; count none of its W before it
-    lag = np.maximum(0, m - np.arange(p) - 1)[:, None] if schedule == "zb-h1" else \
+    lag = np.maximum(0, m - np.arange(p) - 1)[:, None] if traits.defers_w_by_rank else \
         np.zeros((p, 1))
     return [(f, np.tile(m * t, (p, 1))), (fb, m * fb[None, :] + lag * w[None, :])]
 
@@ -284,7 +285,7 @@ def dp_bound(par: Parallel, cluster, opts, params: float) -> float:
                    bwd_input_s=unbounded, bwd_weight_s=zeros, params=np.full(n, params / n),
                    act_bytes=zeros, work_bytes=zeros, model_flops=zeros, hardware_flops=zeros,
                    expert_params=zeros, a2a_s=zeros)
-    return float(_dp_exposed_s(par, cluster, opts, ideal).max())
+    return float(dp_exposed_s(par, cluster, opts, ideal).max())
 
 
 @dataclass(frozen=True)
@@ -330,13 +331,13 @@ def step_bound(par: Parallel, cluster, opts, layers: LayerTimes, problem=None) -
     # with optimizer post-validation a step costs the longest rank span, which need not hold
     # the forwards before a rank starts: only the rank-local terms above stay true
     if par.virtual_stages == 1 and not opts.optimizer_post_validation:
-        a = layers.forward_share if par.schedule in SPLIT_BACKWARD else 1.0
+        split = par.schedule_traits.split_backward
+        a = layers.forward_share if split else 1.0
         pipeline = max(pipeline, relaxed_bound(a, p, m, total))
         families = families_of(par.schedule, p, m, layers)
         if problem is not None:
-            families += memory_families(problem, m, layers.fwd_s if par.schedule in SPLIT_BACKWARD
-                                        else layers.time_s)
-    elif par.schedule == "interleaved" and not opts.optimizer_post_validation:
+            families += memory_families(problem, m, layers.fwd_s if split else layers.time_s)
+    elif par.schedule_traits.takes_virtual_stages and not opts.optimizer_post_validation:
         comm = None if problem is None else np.asarray(problem.boundary_s, dtype=float) / 2
         pipeline = max(pipeline, whole_layer_bound(p, par.virtual_stages, m, layers.time_s,
                                                    total, comm) * (1 - WHOLE_LAYER_SAFETY))

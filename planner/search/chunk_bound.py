@@ -93,7 +93,7 @@ def interleaved_bound(p: int, v: int, m: int, fwd: np.ndarray, bwd: np.ndarray, 
     answer is just above ``cutoff``, which is all the search needs to know."""
     import highspy
 
-    from planner.partitioning.lexicographic import _quiet_stdout
+    from planner.partitioning.lexicographic import quiet_stdout
 
     L, R = fwd.shape
     K = p * v
@@ -143,7 +143,7 @@ def interleaved_bound(p: int, v: int, m: int, fwd: np.ndarray, bwd: np.ndarray, 
     lower = np.concatenate(([lo for _, lo, _ in dense], consts))
     upper = np.concatenate(([hi for _, _, hi in dense], np.full(len(fam), np.inf)))
 
-    with _quiet_stdout():  # HiGHS prints a banner at its first construction
+    with quiet_stdout():  # HiGHS prints a banner at its first construction
         h = highspy.Highs()
     h.setOptionValue("output_flag", False)
     # one thread, as the partitioner runs HiGHS (partitioning/lexicographic.py): HiGHS's task

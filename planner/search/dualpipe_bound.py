@@ -1,4 +1,4 @@
-"""A lower bound on DualPipe's pipeline for any stage split (planner/search/engine.py
+"""A lower bound on DualPipe's pipeline for any stage split (planner/search/solver.py
 _dualpipe_bound): the partitioner splits DualPipe's stages (predict/stages.py placed), so the
 bound may not assume Megatron's even split."""
 

@@ -23,6 +23,7 @@ from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.predict.stages import BLOCK_PIN
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
+from planner.core.schedules import DEFAULT_SCHEDULE, schedule_traits
 from planner.predict.stages import METHODS
 from planner.stack import Stack, default_stack
 
@@ -142,7 +143,8 @@ def validate_pins(req: Request) -> None:
     expert_pin_problem(req.model, pins)
     if pins.sequence_parallel and pins.tp == 1:
         raise PlanInputError("--sequence-parallel needs --tp > 1 (it shards what TP replicates)")
-    if pins.virtual_stages and pins.virtual_stages > 1 and pins.schedule != "interleaved":
+    if pins.virtual_stages and pins.virtual_stages > 1 and not (
+            pins.schedule and schedule_traits(pins.schedule).takes_virtual_stages):
         raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved (the schedule "
                              "with virtual stages); add it")
     if req.global_batch is not None and req.global_batch < 1:
@@ -368,7 +370,7 @@ def _choices(req: Request, tp: int, pp: int):
     """(schedules, virtual stages of one schedule, recomputes, ZeRO stages, SP) the pins allow."""
     pins = req.pins
     schedules = [pins.schedule] if pins.schedule else (
-        ["1f1b"] if pp == 1 else [s for s in SCHEDULES if s in req.options.schedules])
+        [DEFAULT_SCHEDULE] if pp == 1 else [s for s in SCHEDULES if s in req.options.schedules])
     recomputes = [pinned_recompute(pins.recompute)] if pins.recompute else [
         r for r in RECOMPUTE_MODES if not (
             r == "selective" and selective_discards_nothing(req.model, req.options))]
@@ -377,7 +379,7 @@ def _choices(req: Request, tp: int, pp: int):
         [True, False] if tp > 1 else [False])
 
     def vs(schedule: str) -> list[int]:
-        if schedule != "interleaved":
+        if not schedule_traits(schedule).takes_virtual_stages:
             return [1]
         return [pins.virtual_stages] if pins.virtual_stages else list(VIRTUAL_STAGES)
 

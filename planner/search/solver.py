@@ -26,6 +26,7 @@ from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.partitioning.problem import PartitionError, fits
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
+from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.predict.plan import Plan
 from planner.search.bound import Bound, layer_times, step_bound
 from planner.search.chunk_bound import chunk_bound
@@ -116,7 +117,7 @@ class _Costs:
                 self.layer_times[times_key] = layer_times({m: self.table(par, m) for m in modes})
             bound = step_bound(par, r.cluster, r.options, self.layer_times[times_key],
                                self.problem(par) if with_memory else None)
-            if par.schedule == "dualpipe":
+            if par.schedule_traits.mirrored:
                 bound = self._dualpipe_bound(par, bound)
             self.bounds[key] = bound
         return self.bounds[key]
@@ -144,7 +145,7 @@ class _Costs:
         """Whether the chunks' bound (planner/search/chunk_bound.py: its linear relaxation,
         then, unless ``linear_only``, the mixed-integer program; interleaved and 1F1B) proves
         every split of ``par`` slower than ``value``."""
-        if par.schedule not in ("interleaved", "1f1b") or value == float("inf"):
+        if not par.schedule_traits.steady_one_f_one_b or value == float("inf"):
             return False
         rest = self.bound(par).rest_s
         for whole in (False, True)[:2 if par.num_chunks <= MILP_CHUNKS and not linear_only else 1]:
@@ -199,7 +200,7 @@ class _Costs:
         try:
             split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
         except PartitionError as exc:
-            if par.schedule != "dualpipe":
+            if not par.schedule_traits.mirrored:
                 return "memory (no stage split fits)"
             # DualPipe's stages of a model whose layers differ (the boundary MILP) may find no
             # split in the time limit: Megatron's even split where it fits, labelled so
@@ -211,7 +212,7 @@ class _Costs:
         split = self._launchable(split)
         plan = self._simulated(par, split, known)
         label = split.how
-        several = par.virtual_stages > 1 or par.schedule == "dualpipe"  # chunks a rank
+        several = par.schedule_traits.chunks_per_rank(par.virtual_stages) > 1  # chunks a rank
         if several and split.partition.method != "even":
             # The partitioner ranks interleaved splits by their largest chunk, then their busiest
             # rank; the schedule's steady state also stalls on chunks that differ in size, which
@@ -546,7 +547,7 @@ def explain(req: Request) -> Explanation:
         rule = rule or f"global batch {req.batch} is not a multiple of micro-batch x dp = {mb * dp}"
         m = 1
     par = Parallel(tp=tp, pp=pp, dp=dp, micro_batch=mb, num_microbatches=m,
-                   schedule=pins.schedule or "1f1b", virtual_stages=pins.virtual_stages or 1,
+                   schedule=pins.schedule or DEFAULT_SCHEDULE, virtual_stages=pins.virtual_stages or 1,
                    recompute=pinned_recompute(pins.recompute) or "none",
                    zero=1 if pins.zero is None else pins.zero,
                    sequence_parallel=tp > 1 if pins.sequence_parallel is None
