@@ -24,11 +24,13 @@ from pathlib import Path
 # Every sub-package is imported here, not inside the functions: `planner.partitioning` and
 # `planner.profiling` are both sub-packages and API functions, and importing a sub-package for the
 # first time re-binds its name on `planner` (see planner/__init__.py).
+from planner.core import arguments as arg
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.core.parallel import Parallel
 from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.fidelity.cases import DEFAULT_FILES
 from planner.fidelity.published import validate_file
+from planner.hardware.power import power_limited
 from planner.hardware.profiles import Cluster, Hardware, load_hardware, make_cluster
 from planner.launchers import refuse_unbuildable
 from planner.model.spec import ModelSpec
@@ -38,7 +40,7 @@ from planner.pipeline.schedule import ScheduleError
 from planner.predict.plan import Plan
 from planner.predict.stages import METHODS
 from planner.profiling.profiler import profile_model
-from planner.profiling.record import load_profile, save_profile
+from planner.profiling.record import Profile, load_profile, save_profile
 from planner.report import frames
 from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
@@ -47,7 +49,7 @@ from planner.search.solver import explain as explain_request
 from planner.search.space import Pins, Request, parse_refine, tp_rule, validate_pins
 from planner.cost.precision import check_fp8
 from planner.launchers import precision_allows
-from planner.stack import Stack, resolve_stack
+from planner.stack import Stack, resolve_stack, with_overrides
 from planner.sweeping import DEFAULT_MAX_POINTS, SweepResult, run_sweep
 
 __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
@@ -178,23 +180,53 @@ class Profiled:
 
 
 def _model(model, seq_len: int | None = None) -> ModelSpec:
+    arg.source("model", model, (ModelSpec,), "a preset name or a model file path")
+    arg.whole("seq_len", seq_len)
     spec = model if isinstance(model, ModelSpec) else load_model(model)
     return spec.with_seq_length(seq_len)
 
 
-def _hardware(gpu: str | None, hardware) -> Hardware:
-    if isinstance(hardware, Hardware):
-        return hardware
-    return load_hardware(gpu, hardware)
+def _hardware(gpu: str | None, hardware, power_limit: float | None = None) -> Hardware:
+    arg.text("gpu", gpu)
+    arg.source("hardware", hardware, (Hardware,), "a hardware JSON path")
+    if gpu is not None and hardware is not None:
+        raise PlanInputError("give gpu (a bundled GPU's name) or hardware (a file or Hardware), "
+                             "not both")
+    hw = hardware if isinstance(hardware, Hardware) else load_hardware(gpu, hardware)
+    if power_limit is not None:
+        hw = power_limited(hw, arg.number("power_limit", power_limit, low=0, low_open=True))
+    return hw
 
 
-def _cluster(gpus: int, nodes: int, gpu: str | None, hardware) -> Cluster:
-    return make_cluster(_hardware(gpu, hardware), gpus, nodes)
+def _cluster(gpus: int, nodes: int, gpu: str | None, hardware,
+             power_limit: float | None = None) -> Cluster:
+    arg.whole("gpus", gpus, optional=False)
+    arg.whole("nodes", nodes, optional=False)
+    return make_cluster(_hardware(gpu, hardware, power_limit), gpus, nodes)
+
+
+def _check_pins(pins: dict) -> dict:
+    """The pins by kind: degrees and counts whole and positive, zero a stage from 0, schedule and
+    recompute names, sequence_parallel a real bool."""
+    for key, value in pins.items():
+        if key in ("schedule", "recompute"):
+            arg.text(key, value)
+        elif key == "sequence_parallel":
+            arg.flag(key, value)
+        else:
+            arg.whole(key, value, low=0 if key == "zero" else 1)
+    return pins
 
 
 def _stack(stack, launcher=None, flash=None, overlap=None, tp_overlap=None,
            grad_dtype=None, precision=None) -> Stack:
     """A Stack as given, or resolved like the CLI's --stack and its override flags."""
+    arg.source("stack", stack, (Stack,), "a stack name or file path")
+    arg.text("launcher", launcher)
+    for name, value in (("flash", flash), ("overlap", overlap), ("tp_overlap", tp_overlap)):
+        arg.flag(name, value)  # flash='no' is truthy: it planned flash attention
+    arg.text("grad_dtype", grad_dtype)
+    arg.text("precision", precision)
     if isinstance(stack, Stack):
         overrides = (flash, overlap, tp_overlap, grad_dtype, precision)
         if any(x is not None for x in overrides):
@@ -205,10 +237,27 @@ def _stack(stack, launcher=None, flash=None, overlap=None, tp_overlap=None,
     return resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision)
 
 
+def _with_expert_load(stack: Stack, expert_load: float | None) -> Stack:
+    """``expert_load`` (MoE: the busiest GPU's routed tokens over the mean) over the stack's."""
+    if expert_load is None:
+        return stack
+    arg.number("expert_load", expert_load, low=0, low_open=True)
+    return with_overrides(stack, "expert_load", moe_expert_load=expert_load)
+
+
 def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
              max_bubble, top, refine, launcher, partition_solver, profile, stack: Stack,
-             pins: dict):
+             pins: dict, power_limit: float | None = None):
 
+    arg.whole("global_batch", global_batch)
+    arg.number("max_bubble", max_bubble)
+    arg.whole("top", top, optional=False)
+    if not isinstance(refine, str):
+        arg.whole("refine", refine, optional=False)
+    arg.text("partition", partition_solver, optional=False)
+    arg.source("profile", profile, (Profile,), "a profile file path")
+    batch_range = arg.pair("global_batch_range", global_batch_range)
+    _check_pins(pins)
     spec = _model(model, seq_len)
     refuse_unbuildable(launcher, spec)  # e.g. torchtitan builds only its own flavors
     measured = profile
@@ -217,8 +266,7 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
         measured = load_profile(profile)
     if measured is not None:
         check_profile_matches(measured, spec)
-    batch_range = tuple(global_batch_range) if global_batch_range is not None else None
-    cluster = _cluster(gpus, nodes, gpu, hardware)
+    cluster = _cluster(gpus, nodes, gpu, hardware, power_limit)
     check_fp8(cluster.hardware, stack)  # FP8 on a GPU without FP8: one line
     rule = precision_allows(launcher, spec, stack)  # e.g. DeepSpeed has no FP8
     if rule:
@@ -242,18 +290,23 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
           schedule: str | None = None, virtual_stages: int | None = None,
           recompute: str | None = None, zero: int | None = None,
           sequence_parallel: bool | None = None, cp: int | None = None,
-          ep: int | None = None, etp: int | None = None, progress=None) -> Solution:
+          ep: int | None = None, etp: int | None = None, power_limit: float | None = None,
+          expert_load: float | None = None, progress=None) -> Solution:
     """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
     return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension; ``stack``
     is a stack name, file or Stack (default: the launcher's, else megatron-core), ``flash`` ...
-    ``grad_dtype``, ``precision`` override its fields; ``progress(done, total)`` is called while screening."""
+    ``grad_dtype``, ``precision``, ``expert_load`` override its fields; ``power_limit`` (watts)
+    caps the board power; ``progress(done, total)`` is called while screening. A wrong type or
+    value of any argument raises PlanInputError."""
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                 sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
+    arg.callback("progress", progress)
+    run_stack = _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
                    max_bubble, top, refine, launcher, partition, profile,
-                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)
+                   _with_expert_load(run_stack, expert_load), pins, power_limit)
     result = search(req, progress)
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
@@ -270,15 +323,17 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
             virtual_stages: int | None = None, recompute: str | None = None,
             zero: int | None = None, sequence_parallel: bool | None = None,
             cp: int | None = None, ep: int | None = None,
-            etp: int | None = None) -> Explanation:
+            etp: int | None = None, power_limit: float | None = None,
+            expert_load: float | None = None) -> Explanation:
     """Predict one pinned configuration (`plan solve --explain`): fits or not, by how much."""
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                 sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
+    run_stack = _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision)
     req = _request(gpus, nodes, model, gpu, hardware, global_batch, None, seq_len, None, 10, 20,
-                   launcher, "auto", None,
-                   _stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), pins)
+                   launcher, "auto", None, _with_expert_load(run_stack, expert_load), pins,
+                   power_limit)
     exp = explain_request(req)
     return Explanation(exp.parallel, exp.plan, exp.capacity_bytes, exp.rule)
 
@@ -295,9 +350,16 @@ def partition(model=None, *, pp: int, tp: int = 1, dp: int = 1, micro_batch: int
     beside the even and the equal-parameter split. ``microbatches`` defaults to 4 x pp; the
     tp·pp·dp GPUs sit on ``nodes`` nodes, by default as `plan partition` places them
     (``Partition.placement`` says how)."""
+    _check_pins(dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+                     virtual_stages=virtual_stages, recompute=recompute, zero=zero))
+    arg.whole("microbatches", microbatches)
+    arg.whole("nodes", nodes)
+    for name, value in (("pp", pp), ("schedule", schedule), ("recompute", recompute)):
+        if value is None:
+            raise PlanInputError(f"{name} is required")
     spec = _model(model, seq_len)
     run_stack = _stack(stack, None, flash, overlap, tp_overlap, grad_dtype, precision)
-    if solver not in METHODS:
+    if not isinstance(solver, str) or solver not in METHODS:
         raise PlanInputError(f"solver must be one of {', '.join(METHODS)}, got {solver!r}")
     cmp, placement = compare_partitions(
         spec, _hardware(gpu, hardware), run_stack, tp=tp, pp=pp, dp=dp, micro_batch=micro_batch,
@@ -338,7 +400,14 @@ def compare_partitions(spec, hw, run_stack, *, tp: int, pp: int, dp: int, micro_
 def validate(file=None, progress=None) -> Validation:
     """Predict the bundled published runs (or those of ``file``) and compare (`plan validate`)."""
 
-    rows, summary = validate_file(file or DEFAULT_FILES, progress=progress)
+    arg.callback("progress", progress)
+    if file is not None and not isinstance(file, (str, Path)):
+        files = file if isinstance(file, (list, tuple)) else None
+        if not files or not all(isinstance(f, (str, Path)) for f in files):
+            # {} or [] is falsy: it validated the bundled runs without a word
+            raise PlanInputError(f"file must be a runs-file path or a non-empty list of them, "
+                                 f"got {file!r:.60}")
+    rows, summary = validate_file(DEFAULT_FILES if file is None else file, progress=progress)
     return Validation(rows, summary)
 
 
@@ -346,6 +415,12 @@ def profile(model=None, *, device: str = "cpu", tp: int = 1, micro_batch: int = 
             seq_len: int | None = None, budget_s: float = 10.0, repeats: int = 5,
             progress=None) -> Profiled:
     """Measure every distinct layer's passes on this machine (`plan profile`)."""
+    arg.text("device", device, optional=False)
+    arg.whole("tp", tp, optional=False)
+    arg.whole("micro_batch", micro_batch, optional=False)
+    arg.whole("repeats", repeats, optional=False)
+    arg.number("budget_s", budget_s, low=0, low_open=True, optional=False)
+    arg.callback("progress", progress)
 
     return Profiled(profile_model(_model(model), device=device, tp=tp, micro_batch=micro_batch,
                                   seq_len=seq_len, budget_s=budget_s, repeats=repeats,

@@ -612,13 +612,16 @@ def _plan(name: str, gpu_name: str = "a100-80gb", launcher: str = "megatron"):
     from planner.stack import load_stack
 
     spec = replace(PRESETS["llama3-8b"], name=name)
-    hw = replace(load_hardware("a100-80gb"), name=gpu_name)
+    # Hardware refuses such a name in its constructor (the first defence); set past it, to test
+    # the second: every exporter writes a name as data
+    cluster = make_cluster(load_hardware("a100-80gb"), 16, 2)
+    object.__setattr__(cluster.hardware, "name", gpu_name)
     # FSDP2 has no ZeRO-1 (torchtitan's exporter refuses it): torchtitan plans shard at ZeRO-2
     # DeepSpeed runs no TP (its exporter refuses tp > 1): its plans are pp2 x dp8
     tp = 1 if launcher == "deepspeed" else 2
     pins = Pins(tp=tp, pp=2, dp=8 // tp, micro_batch=1, schedule="1f1b", recompute="full",
                 zero=2 if launcher == "torchtitan" else 1, sequence_parallel=tp > 1)
-    req = Request(model=spec, cluster=make_cluster(hw, 16, 2), pins=pins, refine=1, top=1,
+    req = Request(model=spec, cluster=cluster, pins=pins, refine=1, top=1,
                   launcher=launcher, options=load_stack(None, launcher))
     return search(req).plans[0]
 

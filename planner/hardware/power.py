@@ -40,8 +40,10 @@ POWER_EXPONENT = (math.log(H100_SXM_POINT[1] / H100_NVL_POINT[1])
 
 def clock_fraction(rated_w: float, limit_w: float) -> float:
     """The share of its rated tensor peak a part keeps when capped at ``limit_w`` watts."""
-    if limit_w <= 0:
-        raise PlanInputError(f"power limit must be positive watts, got {limit_w:g}")
+    if isinstance(limit_w, bool) or not isinstance(limit_w, (int, float)):
+        raise PlanInputError(f"power limit must be a number of watts, got {limit_w!r}")
+    if not math.isfinite(limit_w) or limit_w <= 0:  # nan would read as full power (min(1, nan))
+        raise PlanInputError(f"power limit must be positive, finite watts, got {limit_w:g}")
     return min(1.0, limit_w / rated_w) ** POWER_EXPONENT
 
 

@@ -9,8 +9,8 @@ from planner.core.limits import MAX_GPUS
 from planner.core.units import DATA_DIR, GIB
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
-from planner.core.schema import suggestion
-from planner.hardware.schema import check_hardware_document
+from planner.core.schema import check_value, suggestion
+from planner.hardware.schema import HARDWARE_JSON, MAX_GPUS_PER_NODE, check_hardware_document
 
 HARDWARE_DIR = DATA_DIR / "hardware"
 DEFAULT_GPU = "a100-80gb"
@@ -66,6 +66,19 @@ class Hardware:
     # Board power (W) the datasheet peaks are quoted at; a lower power limit lowers the tensor
     # clock (hardware/power.py). None: unstated, and a power limit is refused.
     tdp_w: float | None = None
+
+    def __post_init__(self):
+        """Every field checked against the hardware schema (hardware/schema.py), one line naming
+        the field: Hardware(peak_tflops=0) would divide by zero in every cost, -1 would plan a
+        negative time, "989" would be a string compared with numbers."""
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if value is None and f.default is None:
+                continue
+            check_value(value, HARDWARE_JSON[f.name], f"Hardware '{f.name}'")
+        if (self.nics_per_node is None) != (self.nic_gbps is None):
+            raise PlanInputError("Hardware: 'nics_per_node' and 'nic_gbps' describe the node's "
+                                 "NICs together; give both or neither")
 
     @property
     def peak_flops(self) -> float:
@@ -156,7 +169,12 @@ def load_hardware(name: str | None = None, file: str | Path | None = None) -> Ha
 
 def make_cluster(hardware: Hardware, gpus: int, nodes: int) -> Cluster:
     """Check the GPU count against the node count; the node size comes from gpus / nodes."""
+    if not isinstance(hardware, Hardware):
+        raise PlanInputError(f"hardware must be a Hardware (or a hardware JSON path), got "
+                             f"{type(hardware).__name__}")
     for label, value in (("--gpus", gpus), ("--nodes", nodes)):
+        if isinstance(value, bool) or not isinstance(value, int):  # True would plan 1 GPU
+            raise PlanInputError(f"{label} must be a whole number, got {value!r}")
         if value <= 0:
             raise PlanInputError(f"{label} must be positive, got {value}")
     if gpus > MAX_GPUS:
@@ -165,6 +183,9 @@ def make_cluster(hardware: Hardware, gpus: int, nodes: int) -> Cluster:
         raise PlanInputError(f"--gpus {gpus} is not divisible by --nodes {nodes}; "
                              "every node must hold the same number of GPUs")
     per_node = gpus // nodes
+    if per_node > MAX_GPUS_PER_NODE:
+        raise PlanInputError(f"--gpus {gpus} on --nodes {nodes} puts {per_node} GPUs in one node; "
+                             f"a node holds at most {MAX_GPUS_PER_NODE}")
     if per_node != hardware.gpus_per_node:
         hardware = replace(hardware, gpus_per_node=per_node)
     return Cluster(hardware=hardware, nodes=nodes, gpus_per_node=per_node)
