@@ -14,9 +14,9 @@ from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
 from planner.hardware.power import power_limited
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import (explain_refusal, export_plan, implied_launcher, output_refusal,
-                               parse_targets, plan_document, precision_allows, refuse_unbuildable,
-                               stack_refusal)
+from planner.launchers import (expert_load_refusal, explain_refusal, export_plan,
+                               implied_launcher, output_refusal, parse_targets, plan_document,
+                               precision_allows, refuse_unbuildable, stack_refusal)
 from planner.profiling.record import load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
@@ -186,7 +186,8 @@ def solve(
                                               else {"moe_expert_load": expert_load})))
         check_fp8(cluster.hardware, req.options)
         rule = (stack_refusal(req.options, launcher, asked or f"--export {launcher}")
-                or precision_allows(launcher, spec, req.options))
+                or precision_allows(launcher, spec, req.options)
+                or expert_load_refusal(spec, req.options))
         if rule:  # no configuration changes the stack or precision: refused before the search
             raise PlanInputError(rule)
         if explain_it:

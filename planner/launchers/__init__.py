@@ -18,8 +18,8 @@ from planner.core.errors import PlanInputError
 from planner.core.fileset import OutFile, write_set
 from planner.launchers import deepspeed, megatron, plan_json, torchrun, torchtitan
 from planner.launchers.common import ExportError, Facts, plan_digest
-from planner.launchers.conflicts import (explain_refusal, output_refusal, runs_on_stack,
-                                         stack_refusal)
+from planner.launchers.conflicts import (expert_load_refusal, explain_refusal, output_refusal,
+                                         runs_on_stack, stack_refusal)
 from planner.launchers.megatron import parse_megatron_args
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
@@ -35,10 +35,11 @@ EXPORTERS: dict[str, ModuleType] = {
 }
 LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
-__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "explain_refusal", "export_plan",
-           "implied_launcher", "launcher_allows", "model_problems", "output_refusal",
-           "parse_megatron_args", "parse_targets", "plan_document", "precision_allows",
-           "refuse_unbuildable", "render_all", "runs_on_stack", "stack_refusal"]
+__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "expert_load_refusal",
+           "explain_refusal", "export_plan", "implied_launcher", "launcher_allows",
+           "model_problems", "output_refusal", "parse_megatron_args", "parse_targets",
+           "plan_document", "precision_allows", "refuse_unbuildable", "render_all",
+           "runs_on_stack", "stack_refusal"]
 
 
 def _exporter(target: str) -> ModuleType:

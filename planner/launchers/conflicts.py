@@ -74,3 +74,14 @@ def explain_refusal(explain: bool, **search_only) -> str | None:
         return None
     return (f"--explain with {' and '.join(given)}: --explain prices one pinned configuration, "
             f"not a search; drop {' and '.join(given)}, or --explain to search")
+
+
+def expert_load_refusal(model, stack: Stack) -> str | None:
+    """--expert-load on a dense model: it weighs the busiest GPU's routed tokens, and a dense
+    model routes none, so the plans would be the same without it. Read from the stack's
+    overrides (what a flag or argument changed), not its value: a stack file shared by dense
+    and MoE models may set it."""
+    if model.is_moe or "moe_expert_load" not in dict(stack.overrides):
+        return None
+    return (f"--expert-load weighs the routed experts; {model.name} is a dense model (no "
+            "num_experts): drop it")
