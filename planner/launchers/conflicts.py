@@ -32,7 +32,7 @@ def stack_refusal(stack: Stack, launcher: str | None, asked: str | None = None) 
     if stack.launcher is None:  # a user's stack that names no launcher
         return (f"{asked} with --stack {stack.name}: that stack names no launcher, so "
                 f"{launcher} would not run its plans as priced; set \"launcher\": "
-                f"\"{launcher}\" in the stack file (or \"base\": \"{own}\"), or drop --stack")
+                f"\"{launcher}\" in the stack file, or drop --stack")
     return (f"{asked} with --stack {stack.name}: that stack runs on {stack.launcher}, not "
             f"{launcher}, so {launcher} would not run its plans as priced; drop --stack "
             f"({launcher} plans on {own}) or plan for {stack.launcher}")
@@ -41,8 +41,8 @@ def stack_refusal(stack: Stack, launcher: str | None, asked: str | None = None) 
 def output_refusal(*, explain: bool = False, targets=(), out_dir=None, csv_file=None,
                    force: bool = False, as_json: bool = False, wide: bool = False) -> str | None:
     """Output flags of `plan solve` that would do nothing. --explain prints one pinned
-    configuration and returns: it writes no export and no CSV (drop --explain: the same pins
-    make the search find that plan, and export it)."""
+    configuration and returns: it writes no export and no CSV (drop --explain: the search
+    keeps the pins, so with every dimension pinned it finds that plan, and exports it)."""
     if explain:
         given = [flag for flag, on in (("--export", bool(targets)), ("--csv", csv_file is not None),
                                        ("--out", out_dir is not None)) if on]
