@@ -48,7 +48,7 @@ from planner.search.solver import check_profile_matches, search
 from planner.search.solver import explain as explain_request
 from planner.search.space import Pins, Request, parse_refine, tp_rule, validate_pins
 from planner.cost.precision import check_fp8
-from planner.launchers import precision_allows
+from planner.launchers import expert_load_refusal, precision_allows, stack_refusal
 from planner.stack import Stack, resolve_stack, with_overrides
 from planner.sweeping import DEFAULT_MAX_POINTS, SweepResult, run_sweep
 
@@ -268,7 +268,10 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
         check_profile_matches(measured, spec)
     cluster = _cluster(gpus, nodes, gpu, hardware, power_limit)
     check_fp8(cluster.hardware, stack)  # FP8 on a GPU without FP8: one line
-    rule = precision_allows(launcher, spec, stack)  # e.g. DeepSpeed has no FP8
+    # the CLI's rules: a stack another launcher runs (its plans would not run as priced), a
+    # precision the launcher lacks (DeepSpeed has no FP8)
+    rule = (stack_refusal(stack, launcher) or precision_allows(launcher, spec, stack)
+            or expert_load_refusal(spec, stack))  # dense: nothing routed to weigh
     if rule:
         raise PlanInputError(rule)
     return Request(model=spec, cluster=cluster,

@@ -14,8 +14,9 @@ from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
 from planner.hardware.power import power_limited
 from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import (export_plan, implied_launcher, parse_targets, plan_document,
-                               precision_allows, refuse_unbuildable)
+from planner.launchers import (expert_load_refusal, explain_refusal, export_plan,
+                               implied_launcher, output_refusal, parse_targets, plan_document,
+                               precision_allows, refuse_unbuildable, stack_refusal)
 from planner.profiling.record import load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
@@ -154,6 +155,12 @@ def solve(
         if gpu is not None and hardware is not None:
             raise PlanInputError("give --gpu NAME or --hardware FILE, not both")
         targets = parse_targets(export)
+        # flags that would be ignored: refused before anything is loaded or searched
+        problem = output_refusal(explain=explain_it, targets=targets, out_dir=out_dir,
+                                 csv_file=csv_file, force=force, as_json=as_json, wide=wide) or \
+            explain_refusal(explain_it, max_bubble=max_bubble)
+        if problem:
+            raise PlanInputError(problem)
         spec = planned_model(model, seq_len)
         gpu_kind = load_hardware(gpu, hardware)
         if power_limit is not None:
@@ -162,10 +169,9 @@ def solve(
         pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
+        asked = f"--launcher {launcher}" if launcher else None  # else, if any, --export's
         launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
         refuse_unbuildable(launcher, spec)
-        if targets and out_dir is None:
-            raise PlanInputError("--export needs --out DIR for the files")
         measured = load_profile(profile_file) if profile_file is not None else None
         if measured is not None:
             check_profile_matches(measured, spec)
@@ -179,8 +185,10 @@ def solve(
                           "--expert-load", **({} if expert_load is None
                                               else {"moe_expert_load": expert_load})))
         check_fp8(cluster.hardware, req.options)
-        rule = precision_allows(launcher, spec, req.options)
-        if rule:  # no configuration changes the precision: refused before the search
+        rule = (stack_refusal(req.options, launcher, asked or f"--export {launcher}")
+                or precision_allows(launcher, spec, req.options)
+                or expert_load_refusal(spec, req.options))
+        if rule:  # no configuration changes the stack or precision: refused before the search
             raise PlanInputError(rule)
         if explain_it:
             explanation = explain(req)

@@ -18,6 +18,8 @@ from planner.core.errors import PlanInputError
 from planner.core.fileset import OutFile, write_set
 from planner.launchers import deepspeed, megatron, plan_json, torchrun, torchtitan
 from planner.launchers.common import ExportError, Facts, plan_digest
+from planner.launchers.conflicts import (expert_load_refusal, explain_refusal, output_refusal,
+                                         runs_on_stack, stack_refusal)
 from planner.launchers.megatron import parse_megatron_args
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
@@ -33,9 +35,11 @@ EXPORTERS: dict[str, ModuleType] = {
 }
 LAUNCHERS = ("megatron", "deepspeed", "torchtitan")
 
-__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "export_plan", "implied_launcher",
-           "launcher_allows", "model_problems", "parse_megatron_args", "parse_targets",
-           "plan_document", "precision_allows", "refuse_unbuildable", "render_all"]
+__all__ = ["EXPORTERS", "LAUNCHERS", "ExportError", "Facts", "expert_load_refusal",
+           "explain_refusal", "export_plan", "implied_launcher", "launcher_allows",
+           "model_problems", "output_refusal", "parse_megatron_args", "parse_targets",
+           "plan_document", "precision_allows", "refuse_unbuildable", "render_all",
+           "runs_on_stack", "stack_refusal"]
 
 
 def _exporter(target: str) -> ModuleType:
@@ -101,7 +105,7 @@ def stack_problems(plan: Plan, target: str) -> list[str]:
     """A launcher export of a plan priced on another launcher's stack would not run what was
     priced: refused, with the stack to solve on instead."""
     stack = plan.stack
-    if target not in LAUNCHERS or stack is None or stack.launcher == target:
+    if target not in LAUNCHERS or stack is None or runs_on_stack(stack, target):
         return []
     return [f"the plan was priced on the {stack.name} stack, which runs on "
             f"{stack.launcher or 'no bundled launcher'}, not {target}; solve again with "
