@@ -61,6 +61,16 @@ def number(name: str, value, low: float | None = None, low_open: bool = False,
     return value
 
 
+def finite(name: str, value: float, advice: str) -> float:
+    """A computed number about to reach a table, JSON or SVG: itself when finite, else one
+    PlanInputError line naming it and ``advice`` (what input to change). The inputs' caps
+    (core/limits.py) keep results finite; this is the guard behind them, so inf or NaN is never
+    printed as a step time or drawn as a coordinate."""
+    if not math.isfinite(value):
+        raise PlanInputError(f"{name} came out as {value}, not a finite number; {advice}")
+    return value
+
+
 def flag(name: str, value, optional: bool = True):
     """A real bool: True or False (None: the default)."""
     if _missing(name, value, optional):
@@ -105,4 +115,4 @@ def pair(name: str, value, low: int = 1):
     return tuple(value)
 
 
-__all__ = ["whole", "number", "flag", "text", "source", "callback", "pair"]
+__all__ = ["whole", "number", "finite", "flag", "text", "source", "callback", "pair"]
