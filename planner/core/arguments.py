@@ -54,7 +54,8 @@ def number(name: str, value, low: float | None = None, low_open: bool = False,
     if not math.isfinite(value):
         raise PlanInputError(f"{name} must be a finite number, got {_shown(value)}")
     if low is not None and (value <= low if low_open else value < low):
-        bound = f"above {low:g}" if low_open else f"at least {low:g}"
+        bound = (f"above {low:g}" if low_open else
+                 "non-negative" if low == 0 else f"at least {low:g}")
         raise PlanInputError(f"{name} must be {bound}, got {value:g}")
     if high is not None and value > high:
         raise PlanInputError(f"{name} must be at most {high:g}, got {value:g}")

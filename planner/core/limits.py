@@ -41,6 +41,10 @@ MIN_PASS_S = 1e-9
 # over 10^6 tokens is 2 x 8e9 x 1e6 = 1.6e16 FLOPs; 10^20 leaves four orders of room, and a sum
 # over 1,024 layers stays finite.
 MAX_PASS_FLOPS = 1e20
+# The slowest rate a profiled pass may claim (its FLOPs / its seconds): a megaflop per second, a
+# 1990s PC's. The planner scales a pass to the planned shape as seconds x FLOPs now / FLOPs then,
+# so 10^-300 FLOPs in 10^6 s scaled to inf; at this floor a 10^20-FLOP pass is 10^14 s, finite.
+MIN_PASS_RATE = 1e6
 # `plan profile --budget-s`: the seconds spent measuring one distinct layer. A model has a few
 # distinct layers (embedding, block, head), so an hour each is a profile of hours, the longest
 # anyone waits; the default is 10 s. Past it (10^308) the repeat count overflowed an int.
