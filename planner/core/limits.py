@@ -1,8 +1,10 @@
-"""Every cap on the size of the work plan3d accepts, in one place, each with its reason.
+"""Every cap on the size of the work plan3d accepts, and on the seconds and FLOPs it computes with,
+in one place, each with its reason.
 
-Inputs beyond these are no real training run but a typo or an attack; each would make a command
-run for minutes or hours. Past a cap the command stops at once with one line naming the cap (exit
-2). benchmarks/bench_worst_case.py times each dimension at its cap.
+Inputs beyond these are no real training run but a typo or an attack; a size beyond its cap would
+make a command run for minutes or hours, a number beyond its cap would turn into inf or NaN in a
+table, a JSON or a chart. Past a cap the command stops at once with one line naming the input
+(exit 2). benchmarks/bench_worst_case.py times each dimension at its cap.
 """
 
 from __future__ import annotations
