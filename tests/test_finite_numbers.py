@@ -188,7 +188,7 @@ def test_flags_beside_a_saved_plan_are_refused(saved_plan, flags, named):
     assert "drop" in line
 
 
-# --- the guard behind the caps ----------------------------------------------------------------------
+# --- the guard behind the caps -----------------------------------------------------------------
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])
 def test_finite_names_the_number_and_what_to_do(value):

@@ -106,8 +106,9 @@ def simulate(
                                                    "(backward = 2x); default all 1."),
     comm_time: Optional[float] = typer.Option(None, "--comm-time", show_default="0",
                                               help="Transfer time per boundary (seconds)."),
-    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Draw a saved plan.json (it fixes the "
-                                                           "schedule, sizes and times)."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan",
+                                             help="Draw a saved plan.json (it fixes the "
+                                                  "schedule, sizes and times)."),
     as_json: bool = _flag(False, "--json", "Print the summary as JSON."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Also write the chart as SVG."),
     force: bool = _flag(False, "--force", "Overwrite the SVG file."),

@@ -18,7 +18,8 @@ from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
 from planner.stack import Stack
 from planner.stack.spec import check_value
 
-__all__ = ["SimulationJob", "simulation_job", "refuse_flags_with_plan", "on_stack", "run_simulation", "simulation_summary"]
+__all__ = ["SimulationJob", "simulation_job", "refuse_flags_with_plan", "on_stack",
+           "run_simulation", "simulation_summary"]
 
 
 @dataclass(frozen=True)
