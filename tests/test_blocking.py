@@ -138,7 +138,7 @@ def test_simulate_plan_blocks_where_the_plans_stack_does(tmp_path):
         replace(s, fwd_s=0.01, bwd_s=0.03, wgrad_s=0.01, send_s=0.002) for s in base.stages))
     path = tmp_path / "plan.json"
     path.write_text(json.dumps(plan_json.document(plan)))
-    job = simulation_job(None, None, "1f1b", 1, None, 0.0, path)
+    job = simulation_job(None, None, None, None, None, None, path)
     assert job.p2p_blocking and job.p > 1
     chunks = job.p * job.v
     add_f, add_b = blocking_charges(np.array(job.comm_s), chunks)

@@ -45,7 +45,7 @@ def _plan_file(tmp_path, stack):
 def test_simulate_plan_charges_the_costs_of_the_plans_stack(tmp_path):
     titan = load_stack("torchtitan")
     path = _plan_file(tmp_path, titan)
-    job = simulation_job(None, None, "1f1b", 1, None, 0.0, path)
+    job = simulation_job(None, None, None, None, None, None, path)
     assert (job.action_s, job.split_backward) == (titan.pipeline_action_overhead_s,
                                                   titan.split_backward_overhead)
     plain = run_simulation(replace(job, action_s=0.0, split_backward=0.0)).makespan_s
@@ -66,7 +66,7 @@ def test_a_hostile_stack_value_in_plan_json_is_one_line(tmp_path, value):
     assert text != json.dumps(doc)
     path.write_text(text)
     with pytest.raises(PlanInputError, match="pipeline_action_overhead_s"):
-        simulation_job(None, None, "1f1b", 1, None, 0.0, path)
+        simulation_job(None, None, None, None, None, None, path)
     result = CliRunner().invoke(app, ["simulate", "--plan", str(path)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert len(result.output.strip().splitlines()) == 1

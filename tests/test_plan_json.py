@@ -144,8 +144,8 @@ def test_simulate_reads_v1_and_v2_alike(tmp_path):
     v1 = tmp_path / "v1.json"
     v1.write_text(json.dumps(plan.to_dict()))
     assert plan.to_dict()["schema"] == "plan3d/plan/v1"
-    job1 = simulation_job(None, None, "1f1b", 1, None, 0.0, v1)
-    job2 = simulation_job(None, None, "1f1b", 1, None, 0.0, v2)
+    job1 = simulation_job(None, None, None, None, None, None, v1)
+    job2 = simulation_job(None, None, None, None, None, None, v2)
     assert job1.bwd_s == pytest.approx(job2.bwd_s) and job1.wgrad_s == job2.wgrad_s
     assert job1 == replace(job2, bwd_s=job1.bwd_s)
 
@@ -155,6 +155,6 @@ def test_simulate_refuses_other_versions(tmp_path):
     path = tmp_path / "v9.json"
     path.write_text(json.dumps({**doc, "schema": "plan3d/plan/v9"}))
     with pytest.raises(PlanInputError, match="plan3d/plan/v9"):
-        simulation_job(None, None, "1f1b", 1, None, 0.0, path)
+        simulation_job(None, None, None, None, None, None, path)
     result = CliRunner().invoke(app, ["simulate", "--plan", str(path)])
     assert result.exit_code == 2 and "plan3d/plan/v9" in result.output

@@ -6,13 +6,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 import json
-import math
 import sys
 
 import typer
 
+from planner.core.arguments import number
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
+from planner.core.limits import MAX_BUDGET_S
 from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.core.text import for_rich
 from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
@@ -59,8 +60,7 @@ def profile(
     with user_errors():
         if device not in ("cpu", "gpu"):
             raise PlanInputError(f"--device must be cpu or gpu, got {device!r}")
-        if not (math.isfinite(budget_s) and budget_s > 0):
-            raise PlanInputError(f"--budget-s must be a positive number of seconds, got {budget_s}")
+        number("--budget-s", budget_s, low=0, low_open=True, high=MAX_BUDGET_S)
         if calibrate_it:
             with progress_bar("calibrating") as progress:
                 hw = calibrate(device, progress=_three(progress))
@@ -95,14 +95,20 @@ def simulate(
     pp: Optional[int] = typer.Option(None, "--pp", help="Pipeline ranks."),
     microbatches: Optional[int] = typer.Option(None, "--microbatches", "-M",
                                                help="Microbatches per step (M)."),
-    schedule: str = typer.Option(DEFAULT_SCHEDULE, "--schedule",
-                                 help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p | dualpipe."),
-    virtual_stages: int = typer.Option(1, "--virtual-stages", help="Chunks per rank."),
+    # None where a flag has a default: given beside --plan it is refused, not silently ignored
+    schedule: Optional[str] = typer.Option(None, "--schedule", show_default=DEFAULT_SCHEDULE,
+                                           help="gpipe | 1f1b | interleaved | zb-h1 | zb-2p | "
+                                                "dualpipe."),
+    virtual_stages: Optional[int] = typer.Option(None, "--virtual-stages", show_default="1",
+                                                 help="Chunks per rank."),
     stage_times: Optional[str] = typer.Option(None, "--stage-times",
                                               help="Forward time per chunk, comma list "
                                                    "(backward = 2x); default all 1."),
-    comm_time: float = typer.Option(0.0, "--comm-time", help="Transfer time per boundary."),
-    plan_file: Optional[Path] = typer.Option(None, "--plan", help="Draw a saved plan.json."),
+    comm_time: Optional[float] = typer.Option(None, "--comm-time", show_default="0",
+                                              help="Transfer time per boundary (seconds)."),
+    plan_file: Optional[Path] = typer.Option(None, "--plan",
+                                             help="Draw a saved plan.json (it fixes the "
+                                                  "schedule, sizes and times)."),
     as_json: bool = _flag(False, "--json", "Print the summary as JSON."),
     svg: Optional[Path] = typer.Option(None, "--svg", help="Also write the chart as SVG."),
     force: bool = _flag(False, "--force", "Overwrite the SVG file."),

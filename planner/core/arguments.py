@@ -54,10 +54,21 @@ def number(name: str, value, low: float | None = None, low_open: bool = False,
     if not math.isfinite(value):
         raise PlanInputError(f"{name} must be a finite number, got {_shown(value)}")
     if low is not None and (value <= low if low_open else value < low):
-        bound = f"above {low:g}" if low_open else f"at least {low:g}"
+        bound = (f"above {low:g}" if low_open else
+                 "non-negative" if low == 0 else f"at least {low:g}")
         raise PlanInputError(f"{name} must be {bound}, got {value:g}")
     if high is not None and value > high:
         raise PlanInputError(f"{name} must be at most {high:g}, got {value:g}")
+    return value
+
+
+def finite(name: str, value: float, advice: str) -> float:
+    """A computed number about to reach a table, JSON or SVG: itself when finite, else one
+    PlanInputError line naming it and ``advice`` (what input to change). The inputs' caps
+    (core/limits.py) keep results finite; this is the guard behind them, so inf or NaN is never
+    printed as a step time or drawn as a coordinate."""
+    if not math.isfinite(value):
+        raise PlanInputError(f"{name} came out as {value}, not a finite number; {advice}")
     return value
 
 
@@ -105,4 +116,4 @@ def pair(name: str, value, low: int = 1):
     return tuple(value)
 
 
-__all__ = ["whole", "number", "flag", "text", "source", "callback", "pair"]
+__all__ = ["whole", "number", "finite", "flag", "text", "source", "callback", "pair"]

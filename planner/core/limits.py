@@ -1,8 +1,10 @@
-"""Every cap on the size of the work plan3d accepts, in one place, each with its reason.
+"""Every cap on the size of the work plan3d accepts, and on the seconds and FLOPs it computes with,
+in one place, each with its reason.
 
-Inputs beyond these are no real training run but a typo or an attack; each would make a command
-run for minutes or hours. Past a cap the command stops at once with one line naming the cap (exit
-2). benchmarks/bench_worst_case.py times each dimension at its cap.
+Inputs beyond these are no real training run but a typo or an attack; a size beyond its cap would
+make a command run for minutes or hours, a number beyond its cap would turn into inf or NaN in a
+table, a JSON or a chart. Past a cap the command stops at once with one line naming the input
+(exit 2). benchmarks/bench_worst_case.py times each dimension at its cap.
 """
 
 from __future__ import annotations
@@ -27,3 +29,25 @@ MAX_FILE_BYTES = 16 * 2**20
 MAX_JSON_DEPTH = 32
 # Names (model, GPU, run): longer than any in use, shorter than a terminal line twice over.
 MAX_NAME = 256
+
+# Seconds of one pass of one pipeline chunk or layer for one microbatch (`plan simulate
+# --stage-times`, a profile's per-layer times) and of one transfer (`--comm-time`). Measured ones
+# are milliseconds to seconds; a 405B block at 8K tokens on a 2-core CPU takes ~10^3 s. 10^6 s
+# (11.6 days) is three orders beyond, and keeps every sum the simulator and the search form
+# finite: x 256 chunks x 10^6 microbatches x 3 passes is < 10^15 s, where 10^308 was inf.
+MAX_PASS_S = 1e6
+# The shortest such pass: a nanosecond, below one GPU kernel launch (~5 us), so no real pass.
+# Below it the chart's scale (pixels per second of the step) overflows: 5e-324 s drew NaN.
+MIN_PASS_S = 1e-9
+# FLOPs and bytes of one layer pass in a profile. A 1T-parameter model's block (~8e9 parameters)
+# over 10^6 tokens is 2 x 8e9 x 1e6 = 1.6e16 FLOPs; 10^20 leaves four orders of room, and a sum
+# over 1,024 layers stays finite.
+MAX_PASS_FLOPS = 1e20
+# The slowest rate a profiled pass may claim (its FLOPs / its seconds): a megaflop per second, a
+# 1990s PC's. The planner scales a pass to the planned shape as seconds x FLOPs now / FLOPs then,
+# so 10^-300 FLOPs in 10^6 s scaled to inf; at this floor a 10^20-FLOP pass is 10^14 s, finite.
+MIN_PASS_RATE = 1e6
+# `plan profile --budget-s`: the seconds spent measuring one distinct layer. A model has a few
+# distinct layers (embedding, block, head), so an hour each is a profile of hours, the longest
+# anyone waits; the default is 10 s. Past it (10^308) the repeat count overflowed an int.
+MAX_BUDGET_S = 3600.0

@@ -30,6 +30,7 @@ from planner.cost import tp_overlap
 from planner.hardware.profiles import Hardware
 from planner.cost.memory import (ACT_BYTES, Shape, activation_bytes, sharded_params,
                             working_bytes)
+from planner.core.arguments import finite
 from planner.core.errors import PlanInputError
 from planner.model.spec import Layer
 from planner.stack import Stack, default_stack
@@ -333,7 +334,10 @@ def _context_comm_s(layer: Layer, shape: Shape, hw: Hardware, opts: Stack, attn_
 def _scaled_by_profile(measured, w: _Work, fwd_flops: float) -> tuple[float, float, float]:
     """Measured seconds scaled to this shape by FLOPs: the achieved rate is kept per phase."""
     def scale(seconds: float, flops_then: float, flops_now: float) -> float:
-        return seconds * flops_now / flops_then if flops_then > 0 else seconds
+        scaled = seconds * flops_now / flops_then if flops_then > 0 else seconds
+        # the profile's caps (core/limits.py) keep this finite; the guard names it if not
+        return finite("a profiled pass scaled to the planned shape", scaled,
+                      "re-create the profile with `plan profile` at a shape nearer this plan's")
 
     bwd_w_now = w.gemm_flops
     bwd_in_now = max(2 * fwd_flops - bwd_w_now, 0.0)

@@ -44,6 +44,14 @@ FACTORS = {
 # multiplier is not identified by the runs (numerical noise of the closed form is ~1e-12).
 IDENTIFIABLE = 1e-4
 _STEP = 1e-4  # forward-difference step, in log multiplier
+# A run this many times slower or faster than its uncalibrated prediction is refused before the
+# fit: factors are efficiencies (at most 1) and the bundled runs are predicted within about +-30%,
+# so a 100x gap is a unit slip (milliseconds as seconds) or another configuration, not a rate.
+MAX_RUN_GAP = 100.0
+# The log multipliers the fit may try, +-ln(10^6): a rate moved a million-fold is no
+# calibration, and Levenberg-Marquardt's trial steps past it overflowed exp() (a run's step
+# time of 1e-300 s). Fits that matter end within a few units of 0.
+_MAX_LOG_MULT = math.log(1e6)
 
 
 @dataclass(frozen=True)
@@ -92,7 +100,8 @@ def _with(hw: Hardware, factors: Sequence[str], log_mult: np.ndarray) -> Hardwar
     values = {}
     for name, x in zip(factors, log_mult):
         field, default = FACTORS[name]
-        values[field] = min(1.0, (getattr(hw, field) or default) * math.exp(float(x)))
+        x = min(max(float(x), -_MAX_LOG_MULT), _MAX_LOG_MULT)
+        values[field] = min(1.0, (getattr(hw, field) or default) * math.exp(x))
     return replace(hw, **values)
 
 
@@ -158,6 +167,8 @@ def calibrate_to_runs(cases: Sequence[dict], factors: Sequence[str] = tuple(FACT
         raise PlanInputError(f"the runs are on several GPU kinds ({', '.join(profiles)}); "
                              "calibrate one kind at a time (one runs file per GPU)")
     base = load_hardware(profiles[0])
+    before = _residuals(usable, base, factors)(np.zeros(len(factors)))
+    _refuse_far_runs(usable, before)
     total = len(usable) + 1
     x, identified = _fit(_residuals(usable, base, factors), len(factors))
     if progress:
@@ -169,7 +180,6 @@ def calibrate_to_runs(cases: Sequence[dict], factors: Sequence[str] = tuple(FACT
         loo.append(_residuals([usable[i]], base, factors)(xi)[0])
         if progress:
             progress(i + 2, total)
-    before = _residuals(usable, base, factors)(np.zeros(len(factors)))
     after = _residuals(usable, base, factors)(x)
     return Calibration(
         profile=base, fitted=_with(base, factors, x), factors=factors,
@@ -178,6 +188,19 @@ def calibrate_to_runs(cases: Sequence[dict], factors: Sequence[str] = tuple(FACT
         errors_before=tuple(math.expm1(e) for e in before),
         errors_after=tuple(math.expm1(e) for e in after),
         loo_errors_after=tuple(math.expm1(e) for e in loo))
+
+
+def _refuse_far_runs(cases: Sequence[dict], log_errors: np.ndarray) -> None:
+    """One line naming the first run more than MAX_RUN_GAP times off its prediction."""
+    for case, e in zip(cases, log_errors):
+        if not abs(e) <= math.log(MAX_RUN_GAP):  # also NaN
+            e = min(max(float(e), -700.0), 700.0)  # exp() of it stays a float
+            measured = float(case["measured"]["step_time_s"])
+            raise PlanInputError(
+                f"run '{case['name']}': measured step_time_s {measured:.3g} s, predicted "
+                f"{measured * math.exp(e):.3g} s: {math.exp(abs(e)):.3g}x apart, more than "
+                f"{MAX_RUN_GAP:g}x; check it is seconds per step of this configuration, or "
+                "leave the run out")
 
 
 def calibrated_profile(cal: Calibration, source: str) -> dict:

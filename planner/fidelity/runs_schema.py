@@ -68,8 +68,14 @@ CONFIG = {
     "stage_blocks": Free(),
 }
 
+# A measured step's seconds. At least 100 us: a training step (forward, backward, optimizer)
+# launches hundreds of kernels of a few us each, so no real one is shorter; the bundled runs take
+# 0.85-160 s. Calibration fits log(predicted / measured): at 1e-300 s the fit overflowed exp().
+# At most 10^9 s (32 years).
+MIN_STEP_S = 1e-4
+
 MEASURED = {
-    "step_time_s": Num(0, 1e9, low_open=True, required=True),
+    "step_time_s": Num(MIN_STEP_S, 1e9, required=True),
     "tokens_per_s": Num(0, _RATE, low_open=True, nullable=True),
     "tokens_per_s_per_gpu": Num(0, _RATE, low_open=True, nullable=True),
     "samples_per_s": Num(0, _RATE, low_open=True, nullable=True),

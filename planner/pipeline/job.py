@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.fileset import verify_set
-from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
+from planner.core.arguments import finite, number
+from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES, MAX_PASS_S, MIN_PASS_S
 from planner.core.plan_schema import check_plan_document
-from planner.core.schedules import schedule_traits
+from planner.core.schedules import DEFAULT_SCHEDULE, schedule_traits
 from planner.pipeline.blocking import blocking_charges
 from planner.pipeline.schedule import ScheduleError
 from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
 from planner.stack import Stack
 from planner.stack.spec import check_value
 
-__all__ = ["SimulationJob", "simulation_job", "on_stack", "run_simulation", "simulation_summary"]
+__all__ = ["SimulationJob", "simulation_job", "refuse_flags_with_plan", "on_stack",
+           "run_simulation", "simulation_summary"]
 
 
 @dataclass(frozen=True)
@@ -40,23 +41,39 @@ class SimulationJob:
 
 def simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
                    plan_file) -> SimulationJob:
-    """From a plan.json (its schedule, stage and transfer times) or from the flags."""
+    """From a plan.json (its schedule, stage and transfer times) or from the flags (None: the
+    flag's default); a flag given with a plan is refused, since the plan fixes all of them."""
     if plan_file is not None:
+        refuse_flags_with_plan({"--pp": pp, "--microbatches/-M": microbatches,
+                                "--schedule": schedule, "--virtual-stages": virtual_stages,
+                                "--stage-times": stage_times, "--comm-time": comm_time})
         return _from_plan(Path(plan_file))
     if pp is None or microbatches is None:
         raise PlanInputError("give --pp and --microbatches, or --plan plan.json")
+    schedule = DEFAULT_SCHEDULE if schedule is None else schedule
+    virtual_stages = 1 if virtual_stages is None else virtual_stages
     for name, value in (("--pp", pp), ("--microbatches", microbatches),
                         ("--virtual-stages", virtual_stages)):
         if value < 1:
             raise PlanInputError(f"{name} must be positive, got {value}")
-    if not math.isfinite(comm_time) or comm_time < 0:
-        raise PlanInputError(f"--comm-time must be a finite number >= 0, got {comm_time}")
+    comm_time = 0.0 if comm_time is None else comm_time
+    number("--comm-time", comm_time, low=0, high=MAX_PASS_S)
     check_sizes(pp, microbatches, virtual_stages)
     chunks = pp * virtual_stages
     fwd = _times(stage_times, chunks) if stage_times else (1.0,) * chunks
     return SimulationJob(schedule=schedule, p=pp, m=microbatches, v=virtual_stages, fwd_s=fwd,
                          bwd_s=tuple(2 * f for f in fwd), wgrad_s=tuple(f for f in fwd),
                          comm_s=comm_time)
+
+
+def refuse_flags_with_plan(flags: dict) -> None:
+    """The flags given (not None) beside --plan: the plan fixes the schedule, its sizes and its
+    times, so a flag there would be silently ignored; one line names them instead."""
+    given = [name for name, value in flags.items() if value is not None]
+    if given:
+        verb, them = ("contradicts", "it") if len(given) == 1 else ("contradict", "them")
+        raise PlanInputError(f"{', '.join(given)} {verb} --plan, which fixes the schedule, its "
+                             f"sizes and times; drop {them} or drop --plan")
 
 
 def check_sizes(pp: int, microbatches: int, virtual_stages: int) -> None:
@@ -99,9 +116,11 @@ def _times(text: str, chunks: int) -> tuple[float, ...]:
         values = tuple(float(x) for x in text.split(","))
     except ValueError:
         raise PlanInputError(f"--stage-times must be numbers separated by commas, got {text!r}")
-    if len(values) != chunks or not all(math.isfinite(x) and x > 0 for x in values):
-        raise PlanInputError(f"--stage-times needs {chunks} positive values (one per chunk: "
+    if len(values) != chunks:
+        raise PlanInputError(f"--stage-times needs {chunks} values in seconds (one per chunk: "
                              f"pp x virtual stages), got {len(values)}")
+    for i, x in enumerate(values):  # backward = 2x forward: the cap keeps that finite too
+        number(f"--stage-times value {i + 1}", x, low=MIN_PASS_S, high=MAX_PASS_S)
     return values
 
 
@@ -151,11 +170,14 @@ def run_simulation(job: SimulationJob) -> SimResult:
         bwd = tuple(b + a for b, a in zip(bwd, add_b))
         comm = 0.0
     try:
-        return simulate(job.schedule, job.p, job.m, job.v, fwd_s=fwd, bwd_s=bwd,
-                        wgrad_s=job.wgrad_s, comm_s=comm, action_s=job.action_s,
-                        split_backward=job.split_backward)
+        result = simulate(job.schedule, job.p, job.m, job.v, fwd_s=fwd, bwd_s=bwd,
+                          wgrad_s=job.wgrad_s, comm_s=comm, action_s=job.action_s,
+                          split_backward=job.split_backward)
     except ScheduleError as e:
         raise PlanInputError(str(e)) from None
+    # every time drawn or printed is at most the step's, so a finite step is a finite chart
+    finite("the simulated step time", result.makespan_s, "lower the stage and transfer times")
+    return result
 
 
 def simulation_summary(result: SimResult) -> dict:

@@ -50,7 +50,9 @@ from typing import Callable
 
 import numpy as np
 
+from planner.core.arguments import number
 from planner.core.errors import PlanInputError
+from planner.core.limits import MAX_BUDGET_S
 from planner.profiling.executors import (PHASES, AttentionExecutor, PhaseCosts, attention_costs,
                                 build_executor, layer_costs, shard_dims, working_set_bytes)
 from planner.model.spec import Layer, ModelSpec
@@ -389,8 +391,9 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", tp: int = 1, micro_ba
                         ("repeats", repeats)):
         if value < 1:
             raise PlanInputError(f"{name} must be at least 1, got {value}")
-    if warmup < 0 or budget_s <= 0:
-        raise PlanInputError("warmup must be >= 0 and budget_s > 0")
+    if warmup < 0:
+        raise PlanInputError(f"warmup must be >= 0, got {warmup}")
+    number("budget_s", budget_s, low=0, low_open=True, high=MAX_BUDGET_S)
     for layer in dict.fromkeys(spec.layers):
         shard_dims(layer, tp)  # fail on a bad --tp before measuring anything
     report = progress or (lambda done, total, label: None)

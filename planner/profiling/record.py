@@ -4,12 +4,13 @@ JSON file (`plan profile --out`, read back by `plan solve --profile`)."""
 from __future__ import annotations
 
 import json
-import math
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
+from planner.core.arguments import number
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json, write_text
+from planner.core.limits import MAX_PASS_FLOPS, MAX_PASS_S, MIN_PASS_RATE
 from planner.profiling.schema import check_profile_document
 
 
@@ -173,10 +174,25 @@ def _timing_from_dict(t, where: str) -> LayerTiming:
         if name in ("kind", "measured_at", "shape"):
             if not isinstance(value, str):
                 raise PlanInputError(f"{where}: '{name}' must be a string")
-        elif (isinstance(value, bool) or not isinstance(value, (int, float))
-              or not math.isfinite(value) or value < 0):
-            raise PlanInputError(f"{where}: '{name}' must be a non-negative number, got {value!r}")
+        else:  # capped so every sum over layers and microbatches stays finite (core/limits.py)
+            number(f"{where}: '{name}'", value, low=0, high=_timing_cap(name), optional=False)
+    for phase in ("fwd", "bwd_input", "bwd_weight", "attention_fwd", "attention_bwd_input"):
+        _check_rate(t.get(f"{phase}_flops", 0.0), t.get(f"{phase}_s", 0.0), phase, where)
     return LayerTiming(**t)
+
+
+def _check_rate(flops: float, seconds: float, phase: str, where: str) -> None:
+    """A pass with work and time runs at MIN_PASS_RATE or faster (core/limits.py)."""
+    if flops > 0 and seconds > 0 and flops / seconds < MIN_PASS_RATE:
+        raise PlanInputError(f"{where}: '{phase}_flops' / '{phase}_s' is {flops / seconds:.3g} "
+                             f"FLOP/s, below any device ({MIN_PASS_RATE:g}); re-create the "
+                             "profile with `plan profile`")
+
+
+def _timing_cap(name: str) -> float:
+    """The most a timing field may hold: seconds of one pass, FLOPs or bytes of one pass, or the
+    FLOP ratio a reduced shape was scaled by (at most the pass's FLOPs over one)."""
+    return MAX_PASS_S if name.endswith("_s") else MAX_PASS_FLOPS
 
 
 def save_profile(profile: Profile, path: str | Path, force: bool = False) -> Path:

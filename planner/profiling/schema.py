@@ -4,7 +4,8 @@ fields and non-finite or negative numbers)."""
 
 from __future__ import annotations
 
-from planner.core.schema import Free, Int, Name, OneOf, Text, check_list, check_object
+from planner.core.limits import MIN_PASS_RATE
+from planner.core.schema import Free, Int, Name, Num, OneOf, Text, check_list, check_object
 from planner.model.schema import MAX_LAYERS, MAX_SEQ
 
 PROFILE_JSON = {
@@ -22,8 +23,21 @@ PROFILE_JSON = {
 }
 
 
+# The environment's measured matmul peak, the one number of it the planner computes with (MFU is
+# FLOPs / step / peak). From MIN_PASS_RATE (10^-6 TFLOP/s) to 10^6 TFLOP/s, far above any chip
+# (a B200 runs ~10^4 dense FP4): 10^-300 made an MFU of 10^298. ``drift`` is end / start - 1.
+PEAK = {
+    "matmul_tflops": Num(MIN_PASS_RATE / 1e12, 1e6, nullable=True),
+    "drift": Num(-1, 1e6, nullable=True),
+}
+
+
 def check_profile_document(data, origin: str) -> None:
     """Refuse a profile JSON whose keys, types or ranges are wrong: one line, exit 2."""
     check_object(data, PROFILE_JSON, origin, "profile")
     check_list(data["timings"], f"{origin}: 'timings'", "timing objects", MAX_LAYERS)
     check_list(data["layer_timing"], f"{origin}: 'layer_timing'", "indices", MAX_LAYERS)
+    environment = data["environment"]
+    if isinstance(environment, dict) and environment.get("peak") is not None:
+        check_object(environment["peak"], PEAK, f"{origin}: environment.peak", "peak",
+                     tolerant=True)  # its other keys (source) are documentation

@@ -20,6 +20,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from planner.core.arguments import finite
+from planner.core.limits import MIN_PASS_S
 from planner.core.schedules import ONE_F_ONE_B, schedule_traits
 from planner.pipeline.simulate import SimResult, closed_form_bubble
 
@@ -190,6 +192,9 @@ def to_svg(result: SimResult, width_px: int = 1000, row_px: int = 28) -> str:
     height = pad * 2 + row_px * result.p + 20
     span = drawn_span_s(result)
     scale = plot_w / span if span > 0 else 0.0
+    finite("the SVG's scale (pixels per second)", scale,  # a denormal step: plot_w / span = inf
+           f"the step ({span:.3g} s) is too short to draw; give stage times of at least "
+           f"{MIN_PASS_S:g} s")
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width_px}" height="{height}" '
         f'viewBox="0 0 {width_px} {height}" font-family="monospace" font-size="11">',
