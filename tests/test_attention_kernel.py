@@ -18,7 +18,7 @@ from planner.fidelity.cases import MODERN_FILE, case_setup, load_cases
 from planner.hardware.profiles import load_hardware
 from planner.model.presets import PRESETS
 from planner.predict.step import predict_plan
-from planner.stack import default_stack, load_stack, with_overrides
+from planner.stack import default_stack, load_component, load_stack, with_overrides
 from planner.stack.spec import ATTENTION_KERNELS
 
 BLOCK = PRESETS["llama3-8b"].layers[1]
@@ -137,7 +137,8 @@ def _foundry_cases():
 
 
 def test_every_llmfoundry_row_runs_the_triton_kernel_and_is_slower_for_it():
-    """MPT's attn_impl triton (submit_benchmarks.py's default): all 14 rows name flash_triton,
+    """MPT's attn_impl triton (submit_benchmarks.py's default): all 14 rows run the llm-foundry
+    component, whose flash_triton
     quote the paper's figure, and predict a longer step than on FlashAttention-2 by less than
     the whole of their attention's extra time could give (the kernel adds at most 2x to any
     attention time: a bound, not a pin)."""
@@ -146,8 +147,8 @@ def test_every_llmfoundry_row_runs_the_triton_kernel_and_is_slower_for_it():
     for case in cases:
         setup = case_setup(case)
         assert setup.options.attention_kernel == "flash_triton", case["name"]
-        assert "attention_kernel=flash_triton" in setup.options.label()
-        quote = case["provenance"]["stack"]["stack_overrides.attention_kernel"]
+        assert "llm-foundry" in case["components"] and "llm-foundry" in setup.options.label()
+        quote = dict(load_component("llm-foundry").sources)["attention_kernel"]
         assert ("FlashAttention-2 is around 1.3-1.5× faster than FlashAttention in Triton in "
                 "the forward pass and around 2× faster in the backward pass.") in quote
         assert "default='triton'" in quote

@@ -67,8 +67,8 @@ def test_fsdp2_over_bf16_parameters_holds_bf16_gradients_and_reduces_fp32():
 def test_the_automodel_qwen3_30b_run_fits_as_it_ran():
     """NeMo Automodel's Qwen3-30B-A3B benchmark (8 H100s, ep 8, FSDP 8, local batch 4) ran.
     Priced on its own stack's dtypes (bf16 parameters with torch.optim.Adam states on them,
-    bf16 gradients, a bf16 loss: the case's stack_overrides and their sources) it fits in 80 GiB;
-    on fp32 states and an fp32 loss it would not (112 GiB). The model states are by hand: every
+    bf16 gradients, a bf16 loss: the case's automodel-te-deepep component and its sources) it
+    fits in 80 GiB; on fp32 states and an fp32 loss it would not (112 GiB). The model states are by hand: every
     GPU holds 1/8 of the parameters (dense ones sharded over FSDP 8, experts over EP 8), 6 bytes
     of optimizer state and 2 of gradient each."""
     case = next(c for c in load_cases(MOE_FILE) if c["name"] ==

@@ -55,7 +55,7 @@ def test_the_megatron_rows_load_is_the_long_context_tables():
     assert max(loads) - min(loads) < 0.08
     mean = sum(loads) / len(loads)
     for case in MEGATRON:
-        assert case["stack_overrides"]["moe_expert_load"] == pytest.approx(mean, abs=0.01)
+        assert case["config"]["expert_load"] == pytest.approx(mean, abs=0.01)
 
 
 def test_the_automodel_rows_route_balanced():

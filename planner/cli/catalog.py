@@ -10,8 +10,9 @@ from planner.model.presets import PRESETS
 from planner.model.template import model_template
 from planner.report.models import template_table
 from planner.report.plans import (hardware_dict, hardware_sources_lines, hardware_table,
-                                  models_table, stacks_dict, stacks_table)
-from planner.stack import bundled_stacks
+                                  models_table)
+from planner.report.stacks import components_dict, components_table, stacks_dict, stacks_table
+from planner.stack import bundled_components, bundled_stacks
 from planner.cli.common import _flag, app, out, print_json, user_errors
 
 
@@ -52,14 +53,20 @@ def models_show(
 
 
 @app.command("stacks")
-def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its source, as JSON.")):
-    """List the bundled software stacks (plan solve --stack NAME, or --stack FILE)."""
-    with user_errors():
-        stacks = bundled_stacks()
+def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its source, as JSON."),
+               components: bool = _flag(False, "--components",
+                                        "The named components that run over the stacks "
+                                        "(a stack file's \"components\").")):
+    """List the bundled software stacks (plan solve --stack NAME, or --stack FILE).
+
+    Examples: plan stacks; plan stacks --json; plan stacks --components
+    """
+    with user_errors(as_json):
+        found = bundled_components() if components else bundled_stacks()
         if as_json:
-            print_json(stacks_dict(stacks))
+            print_json((components_dict if components else stacks_dict)(found))
         else:
-            out.print(stacks_table(stacks))
+            out.print((components_table if components else stacks_table)(found))
 
 
 @app.command("hardware")

@@ -23,7 +23,8 @@ micro-batch at high TP slower than its FLOPs say: the work per kernel halves whi
 per kernel stays (BLOOM's TP8 micro-batch-2 runs, chronicles-prequel "Rebalancing layers").
 
 The bundled stacks leave it at 0 (asynchronous launches); a run that sets CUDA_LAUNCH_BLOCKING=1
-carries its measured value (the BLOOM cases' stack_overrides, tests/test_host_overhead.py).
+carries its measured value (BLOOM's: the bigscience-tr11 component, profiles/components/;
+tests/test_host_overhead.py).
 
 What is and is not known. The form (a fixed time per block and pass, independent of width and
 micro-batch) is what BLOOM's sweep shows: with one value it brings 11 of the 12 out-of-set rows of

@@ -2,7 +2,8 @@
 cluster, the PUBLISHED parallel configuration and the software stack its source documents.
 
 Every case of a published-runs file (profiles/validation/published_runs.json; its README describes
-the fields) names its bundled stack (``stack``, profiles/stacks/) and any ``stack_overrides``;
+the fields) names its bundled stack (``stack``, profiles/stacks/), the named components its source
+ran over it (``components``, profiles/components/) and any ``stack_overrides`` (launch flags);
 nothing is tuned per case. planner/fidelity/published.py evaluates the cases and compares.
 """
 
@@ -24,7 +25,7 @@ from planner.model.load import load_model
 from planner.model.spec import ModelSpec
 from planner.model.presets import megatron_gpt
 from planner.stack import userbuffers
-from planner.stack import Stack, load_stack, with_overrides
+from planner.stack import Stack, load_stack, with_components, with_overrides
 
 VALIDATION_DIR = DATA_DIR / "validation"
 # The 2020-23 runs (unfused attention, Megatron-LM / Megatron-DeepSpeed) and the modern stacks
@@ -179,8 +180,9 @@ def _megatron_interleave(layers_per_stage: int) -> int:
 
 
 def case_stack(case: dict, stack: Stack | None = None) -> Stack:
-    """The case's own stack (its bundled ``stack`` with its ``stack_overrides``), or ``stack``
-    for every case when given."""
+    """The case's own stack (its bundled ``stack`` running its ``components``, with its
+    ``stack_overrides``: launch flags its source quotes), or ``stack`` for every case when
+    given."""
     name = case.get("name", "a case")
     if stack is None:
         if "stack" not in case:
@@ -189,16 +191,24 @@ def case_stack(case: dict, stack: Stack | None = None) -> Stack:
         overrides = case.get("stack_overrides") or {}
         if not isinstance(overrides, dict):
             raise PlanInputError(f"{name}: 'stack_overrides' must be an object of stack fields")
-        stack = with_overrides(load_stack(case["stack"]), f"{name}: stack_overrides", **overrides)
+        stack = with_components(load_stack(case["stack"]), case.get("components") or [],
+                                f"{name}: components")
+        stack = with_overrides(stack, f"{name}: stack_overrides", **overrides)
     return with_overrides(stack, f"{name}: config", **run_options(case))
 
 
 def run_options(case: dict) -> dict:
     """Stack fields the run's own configuration sets, whatever stack it is priced on: FP8
     linears where its ``precision`` names fp8 or Float8 (Transformer Engine under NeMo, torchao
-    Float8 under torchtitan), each priced with its stack's recipe (cost/precision.py)."""
-    precision = str((case.get("config") or {}).get("precision") or "").lower()
-    return {"precision": "fp8"} if "fp8" in precision or "float8" in precision else {}
+    Float8 under torchtitan), each priced with its stack's recipe (cost/precision.py); the
+    routed load of its busiest GPU where it states one (``expert_load``: a property of the
+    model's routing on its data, as `plan solve --expert-load`, not of the software)."""
+    config = case.get("config") or {}
+    precision = str(config.get("precision") or "").lower()
+    options = {"precision": "fp8"} if "fp8" in precision or "float8" in precision else {}
+    if config.get("expert_load") is not None:
+        options["moe_expert_load"] = config["expert_load"]
+    return options
 
 
 def case_setup(case: dict, hardware: Hardware | None = None,

@@ -63,6 +63,9 @@ CONFIG = {
     "overlap": Text(nullable=True),
     "precision": Text(nullable=True),
     "techniques": Text(nullable=True),
+    # MoE: routed tokens on the busiest GPU over the mean, where the source states or measures
+    # it (the stack field moe_expert_load's range, planner/stack/spec.py)
+    "expert_load": Num(1.0, 64.0, nullable=True),
     # blocks per pipeline stage where the source gives the split (MoE cases, cases.py
     # stage_bounds); the embedding joins the first stage and the head the last
     "stage_blocks": Free(),
@@ -106,6 +109,7 @@ CASE = {
     "config": Free(required=True),
     "measured": Free(required=True),
     "stack": Name(nullable=True),  # a bundled stack or stack file (planner/stack)
+    "components": Free(),  # checked by stack.with_components
     "stack_overrides": Free(),  # checked field by field by stack.with_overrides
 }
 

@@ -281,36 +281,6 @@ def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool
 
 
 
-def stacks_table(stacks: dict[str, Stack]) -> Table:
-    """The bundled stacks, one row each, the options that differ most between frameworks."""
-    table = Table(title="Software stacks (plan solve --stack NAME|FILE; --launcher X picks X's)",
-                  title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False,
-                  padding=(0, 1, 0, 1), collapse_padding=True)
-    for col in ("name", "version", "launcher", "attention", "grads", "DP overlap", "TP ovl",
-                "p2p", "elementwise", "schedules"):
-        table.add_column(col)
-    for name, st in stacks.items():
-        grads = st.grad_dtype + (f"+fp32@ZeRO{','.join(map(str, st.fp32_grad_accumulation_zero))}"
-                                 if st.fp32_grad_accumulation_zero else "")
-        overlap = "+".join(k for k, on in (("reduce", st.overlap_grad_reduce),
-                                           ("gather", st.overlap_param_gather)) if on) or "off"
-        table.add_row(name, st.version, st.launcher or "-", st.attention, grads, overlap,
-                      "on" if st.tp_comm_overlap else "off",
-                      ("scatter" if st.p2p_scatter_gather else "whole")
-                      + (",blocking" if st.p2p_blocking else ""),
-                      "fused" if st.fused_elementwise else "eager", ",".join(st.schedules))
-    table.caption = ("every field and its source: plan stacks --json; files in profiles/stacks/")
-    table.caption_justify = "left"
-    return table
-
-
-def stacks_dict(stacks: dict[str, Stack]) -> dict:
-    """``plan stacks --json``: each stack's description, values and sources."""
-    return {name: {"version": st.version, "description": st.description,
-                   "values": st.values(), "sources": dict(st.sources)}
-            for name, st in stacks.items()}
-
-
 def explanation_dict(exp) -> dict:
     """``--explain --json``: the verdict, the plan, and each rank's memory by part."""
     plan = exp.plan

@@ -16,6 +16,7 @@ from planner.core.files import read_json
 from planner.core.schema import suggestion
 from planner.core.units import DATA_DIR
 import planner.stack.userbuffers as userbuffers
+from planner.stack.components import load_component, with_components
 from planner.stack.spec import OPTION_FIELDS, REQUIRED_FIELDS, Stack, check_value
 
 STACKS_DIR = DATA_DIR / "stacks"
@@ -36,13 +37,17 @@ def stack_from_dict(data, origin: str, need_sources: bool = False) -> Stack:
 
     A user's file either gives every field, or names a bundled stack as ``base`` and gives only
     what differs (plus name, version and description): every field is still stated somewhere,
-    and such a file keeps working when a later release adds fields to the bundled stacks."""
+    and such a file keeps working when a later release adds fields to the bundled stacks. It
+    may also list ``components`` (profiles/components/) that run over its base: their fields
+    are not repeated in the file, and a field both set is refused as a contradiction."""
     if not isinstance(data, dict):
         raise PlanInputError(f"{origin}: expected a JSON object describing the stack")
-    allowed = REQUIRED_FIELDS + ("sources", "base")
+    allowed = REQUIRED_FIELDS + ("sources", "base", "components")
     for key in data:
         if key not in allowed:
             raise _unknown(key, allowed, origin, "stack fields")
+    if "components" in data:
+        return _with_file_components(data, origin, need_sources)
     if "base" in data:
         data = _on_base(data, origin)
     for key in REQUIRED_FIELDS:
@@ -64,6 +69,25 @@ def stack_from_dict(data, origin: str, need_sources: bool = False) -> Stack:
             if key not in sources:
                 raise PlanInputError(f"{origin}: sources has no entry for '{key}'")
     return Stack(**values, sources=tuple((k, sources[k]) for k in OPTION_FIELDS if k in sources))
+
+
+def _with_file_components(data: dict, origin: str, need_sources: bool) -> Stack:
+    """A stack file's stack with the components it lists run over it (its base's name is what a
+    component's ``over`` is checked against)."""
+    names = data["components"]
+    if "base" not in data:
+        raise PlanInputError(f"{origin}: a stack file that lists 'components' names the bundled "
+                             "stack they run over as \"base\"")
+    rest = {k: v for k, v in data.items() if k != "components"}
+    plain = stack_from_dict(rest, origin, need_sources)
+    set_by_file = set(rest) & set(OPTION_FIELDS)
+    for name in names if isinstance(names, list) else ():
+        for key, _ in load_component(name).fields if isinstance(name, str) else ():
+            if key in set_by_file:
+                raise PlanInputError(f"{origin}: '{key}' is set both by the file and by "
+                                     f"component {name}; drop one")
+    over = replace(plain, name=str(rest["base"]).lower().strip())
+    return replace(with_components(over, names, origin), name=plain.name)
 
 
 def _on_base(data: dict, origin: str) -> dict:

@@ -207,6 +207,8 @@ class Stack:
     grad_reduce_dtype: str | None
     # where each value comes from, by field name
     sources: tuple[tuple[str, str], ...] = ()
+    # named components run over the stack (planner/stack/components.py), "name version" each
+    components: tuple[str, ...] = ()
     # fields changed from the named stack by flags or a case ("field", "value" as text)
     overrides: tuple[tuple[str, str], ...] = ()
 
@@ -272,19 +274,22 @@ class Stack:
         return out
 
     def to_dict(self) -> dict:
-        """What plan.json records: name, version, overrides and every resolved value."""
-        return {"name": self.name, "version": self.version,
+        """What plan.json records: name, version, any components, overrides and every
+        resolved value."""
+        named = {"components": list(self.components)} if self.components else {}
+        return {"name": self.name, "version": self.version, **named,
                 "overrides": dict(self.overrides), "values": self.values()}
 
     def label(self) -> str:
-        """``megatron-core 2025.06`` plus the overrides, for footers and notes."""
-        text = f"{self.name} {self.version}"
+        """``megatron-core 2025.06`` plus its components and overrides, for footers and notes:
+        ``torchtitan 2025.12 + llm-foundry 061f2c7 with grad_reduce_dtype=bf16``."""
+        text = " + ".join((f"{self.name} {self.version}",) + self.components)
         if self.overrides:
             text += " with " + ", ".join(f"{k}={v}" for k, v in self.overrides)
         return text
 
 
-_META = ("name", "version", "description", "sources", "overrides")
+_META = ("name", "version", "description", "sources", "components", "overrides")
 OPTION_FIELDS = tuple(f.name for f in fields(Stack) if f.name not in _META)
 REQUIRED_FIELDS = ("name", "version", "description") + OPTION_FIELDS
 
