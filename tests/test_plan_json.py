@@ -31,6 +31,16 @@ def test_schema_is_a_valid_draft_2020_12_schema():
     jsonschema.Draft202012Validator.check_schema(plan_json.schema())
 
 
+def test_the_schemas_schedules_and_recompute_modes_are_the_registrys():
+    """The schema's enums are the planner's own lists, so a new schedule (dualpipe was missing)
+    cannot be planned and exported yet refused by the schema that describes the export."""
+    from planner.core.parallel import RECOMPUTE_MODES
+    from planner.core.schedules import SCHEDULES
+    parallel = plan_json.schema()["properties"]["parallel"]["properties"]
+    assert tuple(parallel["schedule"]["enum"]) == SCHEDULES
+    assert tuple(parallel["recompute"]["enum"]) == RECOMPUTE_MODES
+
+
 VARIANTS = [
     dict(),
     dict(schedule="gpipe", zero=0),
