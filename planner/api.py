@@ -40,7 +40,7 @@ from planner.pipeline.schedule import ScheduleError
 from planner.predict.plan import Plan
 from planner.predict.stages import METHODS
 from planner.profiling.profiler import profile_model
-from planner.profiling.record import Profile, load_profile, save_profile
+from planner.profiling.record import Profile, device_mismatch, load_profile, save_profile
 from planner.report import frames
 from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
@@ -268,9 +268,9 @@ def _request(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range
         check_profile_matches(measured, spec)
     cluster = _cluster(gpus, nodes, gpu, hardware, power_limit)
     check_fp8(cluster.hardware, stack)  # FP8 on a GPU without FP8: one line
-    # the CLI's rules: a stack another launcher runs (its plans would not run as priced), a
-    # precision the launcher lacks (DeepSpeed has no FP8)
-    rule = (stack_refusal(stack, launcher) or precision_allows(launcher, spec, stack)
+    # the CLI's rules: a profile of another device, a stack another launcher runs (its plans
+    # would not run as priced), a precision the launcher lacks (DeepSpeed has no FP8)
+    rule = (device_mismatch(measured, cluster.hardware) or stack_refusal(stack, launcher) or precision_allows(launcher, spec, stack)
             or expert_load_refusal(spec, stack))  # dense: nothing routed to weigh
     if rule:
         raise PlanInputError(rule)

@@ -5,6 +5,9 @@ import pytest
 from typer.testing import CliRunner
 
 from cli import app
+import planner
+from planner.core.errors import PlanInputError
+from planner.hardware.profiles import HARDWARE_DIR
 from planner.launchers import plan_json
 
 VALIDATOR = jsonschema.Draft202012Validator(plan_json.schema())
@@ -207,8 +210,22 @@ def test_profile_then_solve_from_it(tmp_path):
     assert "block" in result.output and prof.exists()
     again = run("profile", str(model), "--out", str(prof))
     assert again.exit_code == 2 and "--force" in again.output
+    # a CPU's layer times are not an A100's: refused before the search, in one line
+    on_a100 = run("solve", "--gpus", "8", "--nodes", "1", "--model", str(model),
+                  "--global-batch", "64", "--profile", str(prof))
+    assert on_a100.exit_code == 2 and "not on a100-80gb" in on_a100.output
+    assert len(on_a100.output.strip().splitlines()) == 1
+    with pytest.raises(PlanInputError, match="not on a100-80gb"):  # the API's front door too
+        planner.solve(gpus=8, nodes=1, model=str(model), global_batch=64, profile=str(prof))
+    # planned for a cluster of the profiled device (its measured peak): priced from the profile
+    peak = json.loads(prof.read_text())["environment"]["peak"]["matmul_tflops"]
+    gpu = json.loads((HARDWARE_DIR / "a100-80gb.json").read_text())
+    gpu.update(name="this-cpu", peak_tflops=peak)
+    gpu.pop("sources", None)
+    hardware = tmp_path / "this-cpu.json"
+    hardware.write_text(json.dumps(gpu))
     solved = run("solve", "--gpus", "8", "--nodes", "1", "--model", str(model), "--global-batch",
-                 "64", "--profile", str(prof))
+                 "64", "--profile", str(prof), "--hardware", str(hardware))
     assert solved.exit_code == 0, solved.output
     assert "from the measured profile" in solved.output and "analytical model" in solved.output
     wrong = run("solve", "--gpus", "8", "--nodes", "1", "--profile", str(prof))
@@ -343,3 +360,19 @@ def test_unparseable_flags_with_json_still_print_json(capsys):
     assert main(["solve", "--gpus", "abc", "--nodes", "2", "--json"]) == 2
     doc = json.loads(capsys.readouterr().out)
     assert doc["plans"] == [] and doc["error"]["kind"] == "usage"
+
+
+def test_a_profile_stands_for_a_gpu_only_near_its_peak():
+    """device_mismatch: a measured matmul peak from a quarter to 1.5x the GPU's peak is that GPU
+    (or one of its speed); a CPU's, or an H100's for an A100, is another device."""
+    from types import SimpleNamespace
+
+    from planner.profiling.record import device_mismatch
+    a100 = SimpleNamespace(name="a100-80gb", peak_tflops=312.0, peak_flops=312e12)
+
+    def measured(tflops):
+        return SimpleNamespace(peak_flops=tflops * 1e12, device_name="a device")
+    assert device_mismatch(measured(270), a100) is None
+    assert device_mismatch(measured(0.2), a100) and device_mismatch(measured(700), a100)
+    assert device_mismatch(None, a100) is None
+    assert device_mismatch(SimpleNamespace(peak_flops=None, device_name="old"), a100) is None

@@ -17,7 +17,7 @@ from planner.hardware.profiles import load_hardware, make_cluster
 from planner.launchers import (expert_load_refusal, explain_refusal, export_plan,
                                implied_launcher, output_refusal, parse_targets, plan_document,
                                precision_allows, refuse_unbuildable, stack_refusal)
-from planner.profiling.record import load_profile
+from planner.profiling.record import device_mismatch, load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
 from planner.search.advice import batch_hint
@@ -185,7 +185,8 @@ def solve(
                           "--expert-load", **({} if expert_load is None
                                               else {"moe_expert_load": expert_load})))
         check_fp8(cluster.hardware, req.options)
-        rule = (stack_refusal(req.options, launcher, asked or f"--export {launcher}")
+        rule = (device_mismatch(measured, req.cluster.hardware)
+                or stack_refusal(req.options, launcher, asked or f"--export {launcher}")
                 or precision_allows(launcher, spec, req.options)
                 or expert_load_refusal(spec, req.options))
         if rule:  # no configuration changes the stack or precision: refused before the search

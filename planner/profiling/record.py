@@ -205,3 +205,32 @@ def load_profile(path: str | Path) -> Profile:
     data = read_json(path, "profile", f"create one with `plan profile MODEL --out {path}`")
     check_profile_document(data, str(path))  # top-level keys, types, ranges: profile/schema.py
     return Profile.from_dict(data, str(path))
+
+
+# How far a profile's measured matmul peak may sit from the cluster GPU's peak and still be that
+# GPU. Below a quarter: another, slower device (a GPU's large fp16 matmuls reach 0.7-0.9 of its
+# datasheet peak; a CPU profile applied to A100s is 100x off and printed an MFU over 200%). Above
+# 1.5x: another, faster device (each GPU generation is 2-3x its predecessor: A100 312, H100 989
+# TFLOP/s); the margin over 1 is for a hardware file of `plan profile --calibrate`, an achieved
+# peak that a later profile on a shared machine may beat by ~30% (issue #19's spread). Both bounds
+# are judgements, not fitted.
+SAME_DEVICE_PEAK_RANGE = (0.25, 1.5)
+
+
+def device_mismatch(profile: Profile | None, hardware) -> str | None:
+    """Why ``profile`` cannot stand for ``hardware``'s GPUs (one line), or None (also when there
+    is no profile). Told by the
+    measured matmul peak against the hardware's peak: a profile's compute times are its device's,
+    so planned on another GPU they would price a cluster that is not the one asked for. A profile
+    with no measured peak (written before it was recorded) cannot be told and is let through."""
+    peak = profile.peak_flops if profile is not None else None
+    if peak is None:
+        return None
+    low, high = SAME_DEVICE_PEAK_RANGE
+    share = peak / hardware.peak_flops
+    if low <= share <= high:
+        return None
+    return (f"the profile was measured on {profile.device_name} (matmul peak {peak / 1e12:.3g} "
+            f"TFLOP/s), not on {hardware.name} ({hardware.peak_tflops:g} TFLOP/s): its layer "
+            f"times would price another device; profile on a {hardware.name}, or plan that "
+            "device with --hardware FILE from `plan profile --calibrate` run on it")
