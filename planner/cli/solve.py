@@ -17,6 +17,7 @@ from planner.hardware.profiles import load_hardware, make_cluster
 from planner.launchers import (expert_load_refusal, explain_refusal, export_plan,
                                implied_launcher, output_refusal, parse_targets, plan_document,
                                precision_allows, refuse_unbuildable, stack_refusal)
+from planner.predict.economics import cost_of, training_budget
 from planner.profiling.record import device_mismatch, load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
@@ -137,6 +138,14 @@ def solve(
                                          help="Write the best plan for: json, megatron, "
                                               "deepspeed, torchtitan, torchrun (comma list).",
                                          rich_help_panel=OUTPUT),
+    train_tokens: Optional[str] = typer.Option(None, "--train-tokens", metavar="TOKENS",
+                                               help="Print plan 1's days, GPU-hours and energy "
+                                                    "to train this many tokens (15T, 300B).",
+                                               rich_help_panel=OUTPUT),
+    gpu_hour_price: Optional[float] = typer.Option(None, "--gpu-hour-price", metavar="DOLLARS",
+                                                   help="With --train-tokens: the cost at this "
+                                                        "price per GPU-hour.",
+                                                   rich_help_panel=OUTPUT),
     out_dir: Optional[Path] = typer.Option(None, "--out", "-o", help="Directory for --export.",
                                            rich_help_panel=OUTPUT),
     force: bool = _flag(False, "--force", "Overwrite exported files.", OUTPUT),
@@ -148,6 +157,7 @@ def solve(
       plan solve --model gpt3-175b --gpus 1024 --nodes 128 --global-batch 1536\n
       plan solve --model llama3-70b --gpus 64 --nodes 8 --gpu h100 --tp 8 --json\n
       plan solve --model llama3-8b --gpus 8 --nodes 1 --gpu h100 --power-limit 500\n
+      plan solve --model llama3-70b --gpus 512 --nodes 64 --train-tokens 15T --gpu-hour-price 2.5\n
       plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/\n
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
@@ -161,6 +171,7 @@ def solve(
             explain_refusal(explain_it, max_bubble=max_bubble)
         if problem:
             raise PlanInputError(problem)
+        budget = training_budget(train_tokens, gpu_hour_price)
         spec = planned_model(model, seq_len)
         gpu_kind = load_hardware(gpu, hardware)
         if power_limit is not None:
@@ -211,6 +222,8 @@ def solve(
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
             doc = {"plans": [plan_document(p) for p in result.plans],  # plan.json v2 each
+                   **({"training": cost_of(result.plans[0], cluster, budget).to_dict()}
+                      if budget else {}),
                    "rejected": result.rejected,
                    "search": {"considered": result.considered, "screened": result.screened,
                               "not_refined": result.not_refined, "feasible": result.feasible,
@@ -218,5 +231,8 @@ def solve(
             print_json(doc)
         else:
             print_search(out, result, spec, cluster, wide=wide, hint=hint)
+            if budget:
+                out.print(cost_of(result.plans[0], cluster, budget).line(budget[1]),
+                          highlight=False)
             if measured is not None:
                 out.print(for_rich(analytical_comparison(req, result.plans[0])), highlight=False)

@@ -3,29 +3,22 @@
 
 from __future__ import annotations
 
+from planner.predict.economics import training_cost
 from planner.sweeping.evaluate import OK, OUTCOME_COLUMNS
 from planner.sweeping.points import INPUT_COLUMNS, Point, extra_columns
 from planner.sweeping.spec import SweepSpec
 
-SECONDS_PER_HOUR = 3600.0
-
 
 def economics(tokens_per_s: float, gpus: int, train_tokens: float | None,
               price: float | None) -> dict:
-    """Time, GPU-hours and cost of training ``train_tokens`` tokens at the plan's throughput:
-
-        time_to_train_s = train_tokens / tokens_per_s
-        gpu_hours       = time_to_train_s / 3600 x gpus
-        cost            = gpu_hours x gpu_hour_price
-
-    (no allowance for restarts, evaluation or a warm-up at a smaller batch: a lower bound)."""
+    """Time, GPU-hours and cost of training ``train_tokens`` tokens at the plan's throughput
+    (planner/predict/economics.py: steady throughput, a lower bound)."""
     if train_tokens is None or not tokens_per_s:
         return {}
-    seconds = train_tokens / tokens_per_s
-    gpu_hours = seconds / SECONDS_PER_HOUR * gpus
-    out = {"time_to_train_s": seconds, "gpu_hours": gpu_hours}
+    cost = training_cost(tokens_per_s, gpus, train_tokens, price=price)
+    out = {"time_to_train_s": cost.time_to_train_s, "gpu_hours": cost.gpu_hours}
     if price is not None:
-        out["cost"] = gpu_hours * price
+        out["cost"] = cost.cost
     return out
 
 
