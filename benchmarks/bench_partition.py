@@ -21,7 +21,8 @@ import numpy as np
 from planner.core.units import GIB
 from planner.partitioning.dp import partition_dp
 from planner.partitioning.baselines import even_split
-from planner.partitioning.problem import PartitionProblem, fits
+from planner.partitioning.problem import PartitionProblem
+from planner.partitioning.split import fits
 from planner.partitioning.solve import _highs_available, partition
 
 GOAL_S = 2.0  # issue #17: v = 4, 512 layers proven optimal (or gap <= 1% printed) within 2 s

@@ -18,7 +18,8 @@ from planner.launchers.common import Recompute, launched_recompute
 from planner.model.presets import PRESETS
 from planner.model.spec import Layer
 from planner.partitioning.dp import _exhaustive, partition_dp
-from planner.partitioning.problem import PartitionError, PartitionProblem, prepare
+from planner.partitioning.prepared import prepare
+from planner.partitioning.problem import PartitionError, PartitionProblem
 from planner.partitioning.solve import partition
 from planner.predict.chunks import CostTable
 from planner.predict.step import evaluate, model_layer_costs

@@ -14,8 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from planner.partitioning.dp import partition_dp
-from planner.partitioning.problem import (PartitionError, PartitionProblem, mirrored_ranks,
-                                          prepare, score_split)
+from planner.partitioning.prepared import prepare
+from planner.partitioning.problem import PartitionError, PartitionProblem, mirrored_ranks
+from planner.partitioning.split import score_split
 from planner.partitioning.solve import partition
 
 SLOW_CI = 30.0  # as tests/test_partition.py: the answers are checked, not the solver's speed

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from planner.pipeline import compiled, graph, simulate as sim
+from planner.pipeline import chunk_times, compiled, graph, op_by_op, simulate as sim
 from planner.pipeline.schedule import SCHEDULES, ScheduleError, build_schedule
 
 
@@ -50,8 +50,8 @@ def _timed(name, p, m, v, args):
     overlap = (args.get("overlap_fwd_s", 0.0), args.get("overlap_bwd_s", 0.0),
                args.get("interference", 0.0))
     plain = {k: args[k] for k in ("fwd_s", "bwd_s", "wgrad_s", "comm_s", "act_bytes")}
-    table = sim._Times(name, p * v, plain, overlap).table(run.graph)
-    comm = graph.comm_table(sim._effective_comm(args["comm_s"], p, v), name == "dualpipe")
+    table = chunk_times.OpTimes(name, p * v, plain, overlap).table(run.graph)
+    comm = graph.comm_table(chunk_times.boundary_comm(args["comm_s"], p, v), name == "dualpipe")
     return sim._timed(run, name, p, m, v, table, comm, args["act_bytes"], True)
 
 
@@ -108,8 +108,8 @@ def test_a_part_timed_with_forms_is_the_part_timed_in_numbers(data, name):
     overlap = (args.get("overlap_fwd_s", 0.0), args.get("overlap_bwd_s", 0.0),
                args.get("interference", 0.0))
     plain = {k: args[k] for k in ("fwd_s", "bwd_s", "wgrad_s", "comm_s", "act_bytes")}
-    table = sim._Times(name, p * v, plain, overlap).table(g)
-    comm = graph.comm_table(sim._effective_comm(args["comm_s"], p, v), name == "dualpipe")
+    table = chunk_times.OpTimes(name, p * v, plain, overlap).table(g)
+    comm = graph.comm_table(chunk_times.boundary_comm(args["comm_s"], p, v), name == "dualpipe")
     n = len(keys)
     state = np.array(data.draw(st.lists(st.floats(0.0, 50.0), min_size=n, max_size=n)))
     unit = np.full((n, n), -np.inf)
@@ -127,7 +127,7 @@ def test_a_program_that_cannot_finish_is_not_compiled():
     swapped = (ops[0], tuple(reversed(ops[1])))
     assert graph.build(graph.program(swapped, 2), 2, False) is None
     with pytest.raises(ScheduleError, match="cannot finish"):
-        sim.simulate_ops(swapped, "1f1b", 2, 2, fwd_s=1.0, bwd_s=2.0)
+        op_by_op.simulate_ops(swapped, "1f1b", 2, 2, fwd_s=1.0, bwd_s=2.0)
 
 
 def test_an_op_run_twice_is_not_compiled():

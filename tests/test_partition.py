@@ -9,12 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from planner.partitioning.problem import (
-    TIE_RTOL,
-    PartitionError,
-    PartitionProblem,
-    fits,
-)
+from planner.partitioning.problem import TIE_RTOL, PartitionError, PartitionProblem
+from planner.partitioning.split import fits
 from planner.partitioning.baselines import equal_param_split, even_split
 from planner.partitioning.dp import partition_dp
 from planner.partitioning.solve import _highs_available, partition
@@ -454,7 +450,8 @@ def test_interleaved_chunks_are_split_unevenly_and_megatron_reads_them_back():
     is costly, so the best split is far from even (with a mode per chunk); Megatron gets it as
     --pipeline-model-parallel-layout and it parses back to the same block counts."""
     from planner.launchers import megatron, parse_megatron_args
-    from planner.partitioning.problem import prepare, score_split
+    from planner.partitioning.prepared import prepare
+    from planner.partitioning.split import score_split
     from planner.predict.stages import best_split, partition_problem
     from planner.predict.step import even_block_bounds, evaluate
 

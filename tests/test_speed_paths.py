@@ -17,7 +17,8 @@ from planner.cost.memory import Shape
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.load import load_model
 from planner.partitioning import dp, lexicographic, options
-from planner.partitioning.problem import TIE_RTOL, PartitionError, PartitionProblem, prepare
+from planner.partitioning.prepared import prepare
+from planner.partitioning.problem import TIE_RTOL, PartitionError, PartitionProblem
 from planner.partitioning.solve import partition
 from planner.predict import chunks, step
 from planner.predict.chunks import CostTable

@@ -41,7 +41,7 @@ class Schedule:
     # run later (zero bubble, Qi et al. 2023): W fills the bubble
     split_backward: bool = False
     # the schedule has W ops of its own (split backward, or DualPipe's W after a B), so an
-    # engine charges a split backward's costs (pipeline/simulate.py charge_actions)
+    # engine charges a split backward's costs (pipeline/chunk_times.py charge_actions)
     weight_grad_ops: bool = False
     # ZB-H1: rank i defers its W ops by i microbatches (Qi et al. 2023); zb-2p's fall anywhere
     defers_w_by_rank: bool = False

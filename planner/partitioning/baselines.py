@@ -8,8 +8,9 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.partitioning.problem import (Partition, PartitionError, PartitionProblem, Prepared, fits,
-                                       prepare, score_split)
+from planner.partitioning.prepared import Prepared, prepare
+from planner.partitioning.problem import PartitionError, PartitionProblem
+from planner.partitioning.split import Partition, fits, score_split
 
 
 def _resolve_mode(problem: PartitionProblem, recompute: str | int | None) -> int | None:

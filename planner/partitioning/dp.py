@@ -34,15 +34,9 @@ import numpy as np
 
 from planner.core.units import GIB
 from planner.partitioning.baselines import heuristic_upper_bound
-from planner.partitioning.problem import (
-    TIE_RTOL,
-    Partition,
-    PartitionError,
-    PartitionProblem,
-    Prepared,
-    score_split,
-    prepare,
-)
+from planner.partitioning.prepared import Prepared, prepare
+from planner.partitioning.problem import TIE_RTOL, PartitionError, PartitionProblem
+from planner.partitioning.split import Partition, score_split
 
 INF = math.inf
 EXHAUSTIVE_LIMIT = 2_000_000

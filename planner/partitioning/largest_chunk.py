@@ -41,7 +41,7 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.partitioning.problem import Prepared
+from planner.partitioning.prepared import Prepared
 
 
 def fill_lower_bound(fwd_s: Sequence[float], bwd_s: Sequence[float], p: int, m: int) -> float:

@@ -25,7 +25,9 @@ from planner.core.files import scratch_dir
 from planner.partitioning.milp import MAX_BINARIES, BoundaryModel, NoChunkFits, MilpModel, uniform_blocks, windows
 from planner.partitioning.largest_chunk import least_largest_chunk
 from planner.partitioning.options import OptionModel, RankModel
-from planner.partitioning.problem import TIE_RTOL, PartitionError, Prepared, simple_lower_bound, score_split, total_compute_s
+from planner.partitioning.prepared import Prepared, simple_lower_bound
+from planner.partitioning.problem import TIE_RTOL, PartitionError
+from planner.partitioning.split import score_split, total_compute_s
 
 LEX_RADIX_LIMIT = 1 << 20
 """Largest objective range of one tie-break solve: keeps the weighted keys exact integers well

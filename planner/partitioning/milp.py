@@ -16,7 +16,8 @@ from typing import Sequence
 
 import numpy as np
 
-from planner.partitioning.problem import PartitionError, Prepared, simple_lower_bound
+from planner.partitioning.prepared import Prepared, simple_lower_bound
+from planner.partitioning.problem import PartitionError
 
 MAX_BINARIES = 20_000
 """Above this many binaries PuLP model building alone takes seconds."""

@@ -16,7 +16,8 @@ from typing import Sequence
 import numpy as np
 
 from planner.partitioning.milp import NoChunkFits, linear_expression, MilpModel, solved_value
-from planner.partitioning.problem import TIE_RTOL, Prepared, simple_lower_bound
+from planner.partitioning.prepared import Prepared, simple_lower_bound
+from planner.partitioning.problem import TIE_RTOL
 
 def chunk_options(prep: Prepared, ub: float | None, chunk_cap: float | None = None
                   ) -> tuple[dict[tuple[int, int, int], tuple[float, float]],

@@ -11,8 +11,9 @@ from planner.core.fileset import output_error
 from planner.partitioning import lexicographic
 from planner.partitioning.dp import infeasible_error, partition_dp
 from planner.partitioning.baselines import split_at_ends, heuristic_upper_bound
-from planner.partitioning.problem import (Partition, PartitionError, PartitionProblem, relative_gap, fits,
-                                       option_indices, prepare, score_split)
+from planner.partitioning.prepared import prepare, relative_gap
+from planner.partitioning.problem import PartitionError, PartitionProblem
+from planner.partitioning.split import Partition, fits, option_indices, score_split
 
 
 def _highs_available() -> bool:

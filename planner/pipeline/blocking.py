@@ -11,7 +11,7 @@ microbatch a chunk k therefore spends, besides its compute,
     forward:  receive its input over boundary k-1, send the input's gradient back over it
     backward: send its output over boundary k, receive the output's gradient over it
 
-and the simulator (pipeline/simulate.py) takes these as part of the chunk's forward and
+and the simulator (pipeline/op_by_op.py) takes these as part of the chunk's forward and
 backward, with no separate latency on the dependency (the transfer is already inside the ops
 on both sides). tests/test_blocking.py checks the result against a rendezvous simulation of
 DeepSpeed's own instruction streams (every send waits for its receive): in steady state the two

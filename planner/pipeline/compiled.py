@@ -1,11 +1,11 @@
 """Pipeline runs compiled once per schedule shape and timed for any stage times: the fast path of
-planner/pipeline/simulate.py, which keeps its op-by-op walk as the reference.
+planner/pipeline/simulate.py, whose op-by-op walk (planner/pipeline/op_by_op.py) is the reference.
 
 The planner simulates many configurations of one shape (schedule, ranks, microbatches, chunks)
 with different stage times.  A shape's run is compiled once into a dependency graph
 (planner/pipeline/graph.py) with what the summary reads off it besides the times (`Run`);
 `time_run` then times it for given durations with a few numpy operations per depth of the graph,
-and gives the floats `_simulate_ops` gives (tests/test_graph.py).
+and gives the floats `op_by_op.time_ops` gives (tests/test_graph.py).
 
 A long run is a short run plus repeated steady periods (planner/pipeline/periodic.py explains
 why that is exact).  `periodic_parts` compiles what that needs from the short run's graph: the

@@ -45,7 +45,7 @@ plus ``interference`` x the hidden part (the SMs the communication holds: sec. 3
 employ the warp specialization technique ... and partition 20 SMs into 10 communication
 channels"; "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink"),
 the same rule as the planner's other overlapped transfers (predict/step.py _overlapped_cost_s).
-PP transfers stay latency on the dependency (pipeline/simulate.py), which every schedule
+PP transfers stay latency on the dependency (pipeline/op_by_op.py), which every schedule
 already takes off the compute stream.
 """
 

@@ -1,6 +1,6 @@
 """A pipeline run as a dependency graph of its ops, timed depth by depth with numpy.
 
-The op-by-op simulator (planner/pipeline/simulate.py `_simulate_ops`) walks the ranks' programs
+The op-by-op simulator (planner/pipeline/op_by_op.py `time_ops`) walks the ranks' programs
 in Python, an op at a time.  Every op's time there follows one rule: it starts at the max of its
 rank's previous end and its inputs' ends (plus their transfers) and ends its duration later.
 Which ops an op waits on does not depend on the times, only on the schedule's shape, so a shape
@@ -102,7 +102,7 @@ class Graph:
 def build(prog, chunks: int, mirrored: bool) -> Graph | None:
     """Compile rank programs (`program`) into the `Graph` of the whole run from time
     zero: one source, 0.0, on which every rank's first op and chunk 0's forwards wait.  An op
-    waits on what `_simulate_ops` makes it wait on: an F on the F of the chunk before (plus the
+    waits on what `op_by_op.time_ops` makes it wait on: an F on the F of the chunk before (plus the
     transfer), a B or BW on its own F and on the B of the chunk after (plus the transfer), a W
     on its B.  None when the programs cannot finish (an op waits on one no rank runs, or in a
     cycle, or an op runs twice): the op-by-op simulator then says which."""

@@ -14,7 +14,8 @@ from planner.core.plan_schema import check_plan_document
 from planner.core.schedules import DEFAULT_SCHEDULE, schedule_traits
 from planner.pipeline.blocking import blocking_charges
 from planner.pipeline.schedule import ScheduleError
-from planner.pipeline.simulate import SimResult, closed_form_bubble, simulate
+from planner.pipeline.sim_result import SimResult
+from planner.pipeline.simulate import closed_form_bubble, simulate
 from planner.stack import Stack
 from planner.stack.spec import check_value
 

@@ -1,6 +1,6 @@
 """The steady period of a pipeline schedule, read off a short run, so any longer run follows exactly.
 
-Why it is exact.  In the simulator (planner/pipeline/simulate.py) every op starts at the max of
+Why it is exact.  In the simulator (planner/pipeline/op_by_op.py) every op starts at the max of
 earlier ends (plus transfers) and ends a constant later.  So every time after a point of a run is
 a max-plus linear function of the *state* there: each rank's free time and the ready times of the
 transfers produced before the point and consumed after it.  Cut every rank's program right after

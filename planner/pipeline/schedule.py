@@ -5,7 +5,7 @@ ops (`F`, `B`, and for zero-bubble `W`) that rank executes.  The model is cut in
 global chunk `c * p + r` lives on rank `r` (virtual slot `c`), so with `v == 1` chunk `r` is rank
 `r`'s stage.  `with_communication` adds the point-to-point SEND/RECV ops between neighbouring
 ranks, and `find_deadlock` executes such op lists under blocking rendezvous semantics to prove
-(or refute) that they finish.  Timing lives in `planner/simulate.py`.
+(or refute) that they finish.  Timing lives in `planner/pipeline/simulate.py`.
 
 Schedules (see DESIGN.md §3):
 - gpipe: all forwards, then all backwards in reverse microbatch order (Huang et al. 2019).

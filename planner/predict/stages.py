@@ -23,7 +23,8 @@ from planner.cost.fragmentation import fragmentation
 from planner.cost.memory import ACT_BYTES
 from planner.model.spec import ModelSpec
 from planner.partitioning.baselines import equal_param_split, fixed_split
-from planner.partitioning.problem import Partition, PartitionProblem, mirrored_ranks
+from planner.partitioning.problem import PartitionProblem, mirrored_ranks
+from planner.partitioning.split import Partition
 from planner.partitioning.solve import partition
 from planner.partitioning.dp import partition_dp
 from planner.core.parallel import RECOMPUTE_MODES, Parallel

@@ -30,7 +30,8 @@ from planner.core.schedules import HOLDS_ALL, HOLDS_BOTH_DIRECTIONS, HOLDS_LIMIT
 from planner.predict.plan import Metrics, Plan, Stage
 from planner.pipeline import dualpipe, timestep
 from planner.pipeline.blocking import blocking_charges
-from planner.pipeline.simulate import charge_actions, simulate
+from planner.pipeline.chunk_times import charge_actions
+from planner.pipeline.simulate import simulate
 from planner.stack import Stack, default_stack
 from planner.predict.memory import (chunk_gather_bytes, memory_parts, side_stream_bytes,
                                     state_bytes)

@@ -23,7 +23,8 @@ from rich.text import Text
 from planner.core.arguments import finite
 from planner.core.limits import MIN_PASS_S
 from planner.core.schedules import ONE_F_ONE_B, schedule_traits
-from planner.pipeline.simulate import SimResult, closed_form_bubble
+from planner.pipeline.sim_result import SimResult
+from planner.pipeline.simulate import closed_form_bubble
 
 # BW: a backward of both gradients (DualPipe); a paired one shares its F's span and is drawn
 # over it, labelled "&"

@@ -24,7 +24,8 @@ from planner.predict.step import (cp_crosses, evaluate, even_block_bounds, model
 from planner.predict.chunks import CostTable, ChunkArrays, split_stages
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
-from planner.partitioning.problem import PartitionError, fits
+from planner.partitioning.problem import PartitionError
+from planner.partitioning.split import fits
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.predict.plan import Plan
