@@ -21,7 +21,8 @@ from planner.partitioning.dp import _exhaustive, partition_dp
 from planner.partitioning.problem import PartitionError, PartitionProblem, prepare
 from planner.partitioning.solve import partition
 from planner.predict.chunks import CostTable
-from planner.predict.step import evaluate, model_layer_costs
+from planner.predict.layer_costs import model_layer_costs
+from planner.predict.step import evaluate
 from planner.stack import default_stack
 
 MODEL = PRESETS["llama3-8b"]  # embedding, 32 blocks, head

@@ -456,7 +456,8 @@ def test_interleaved_chunks_are_split_unevenly_and_megatron_reads_them_back():
     from planner.launchers import megatron, parse_megatron_args
     from planner.partitioning.problem import prepare, score_split
     from planner.predict.stages import best_split, partition_problem
-    from planner.predict.step import even_block_bounds, evaluate
+    from planner.predict.chunks import even_block_bounds
+    from planner.predict.step import evaluate
 
     spec, cluster, par, opts, tables = _llama(4, v=2, recompute="full")
     split = best_split(spec, cluster, par, opts, tables, "ilp")

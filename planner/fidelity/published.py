@@ -210,7 +210,7 @@ def _least_recompute(setup: CaseSetup, simulated: bool) -> tuple[CaseSetup, tupl
 
 def _most_blocks(model, chunks: int, bounds) -> int:
     """The most transformer blocks any chunk of the case's split holds."""
-    from planner.predict.step import even_block_bounds
+    from planner.predict.chunks import even_block_bounds
 
     bounds = bounds or even_block_bounds(model, chunks)
     return max(sum(1 for layer in model.layers[a:b] if layer.kind == "block") for a, b in bounds)
