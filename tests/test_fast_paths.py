@@ -119,7 +119,8 @@ def test_dp_groups_and_p2p_hops_match_the_plain_formulas(tp, pp, ep, v, sp, size
                    sequence_parallel=sp and tp > 1, ep=min(ep, tp * dp), etp=1)
     cluster = make_cluster(H100, gpus, max(1, gpus // 8))
     for experts in (False, True):
-        assert data_parallel.dp_group(par, cluster, experts) == dp_group_reference(par, cluster, experts)
+        assert data_parallel.dp_group(par, cluster, experts) == \
+            dp_group_reference(par, cluster, experts)
     opts = default_stack()
     assert pipeline_schedule.stage_transfer_s(MIXTRAL, par, cluster, opts) == \
         stage_transfer_s_reference(MIXTRAL, par, cluster, opts)

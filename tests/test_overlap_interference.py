@@ -1,5 +1,6 @@
 """Overlapped DP/ZeRO communication is not free: the collective holds SMs the compute beside it
-cannot use (planner/cost/comm.py overlap_interference, planner/predict/data_parallel.py dp_exposed_s)."""
+cannot use (planner/cost/comm.py overlap_interference, planner/predict/data_parallel.py
+dp_exposed_s)."""
 
 from dataclasses import replace
 

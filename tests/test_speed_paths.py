@@ -269,7 +269,8 @@ def test_even_split_sums_match_the_segment_loop(seed):
     model = load_model("llama3-8b")
     par = Parallel(tp=int(rng.choice([1, 2, 8])), pp=4, dp=1, micro_batch=int(rng.integers(1, 3)),
                    num_microbatches=8, recompute=str(rng.choice(["none", "full"])))
-    table = CostTable(layer_costs.model_layer_costs(model, par, A100, default_stack(), par.recompute))
+    table = CostTable(layer_costs.model_layer_costs(model, par, A100, default_stack(),
+                                                    par.recompute))
     chunks_n = int(rng.integers(1, 9))
     bounds = chunks.even_block_bounds(model, chunks_n)
     fast = chunks.split_stages({par.recompute: table}, bounds, [par.recompute] * chunks_n)

@@ -4,9 +4,10 @@ cannot hide behind its compute.
 ZeRO-0 all-reduces the gradients; ZeRO-1 and 2 reduce-scatter them (ZeRO-2 after every
 microbatch where the stack keeps only the shard) and all-gather the 16-bit weights once per step;
 ZeRO-3 / FSDP gathers and reduce-scatters unit by unit inside every forward and backward
-(cost/zero.py prices the units' overlap). Dense parameters sync over the DP x CP ranks, routed experts over the expert-DP
-group; every collective is priced as NCCL runs it on the group's ring (cost/nccl.py), and hidden
-communication still costs the SMs it holds (comm.overlap_interference).
+(cost/zero.py prices the units' overlap). Dense parameters sync over the DP x CP ranks, routed
+experts over the expert-DP group; every collective is priced as NCCL runs it on the group's ring
+(cost/nccl.py), and hidden communication still costs the SMs it holds
+(comm.overlap_interference).
 """
 
 from __future__ import annotations

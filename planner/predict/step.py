@@ -49,7 +49,7 @@ class Prediction:
     transfer_s: np.ndarray  # per chunk: its output to the next chunk (0 for the last)
     # of step_s: the pipeline's fill, steady state and drain (no DP sync, no optimizer step)
     pipeline_s: float = 0.0
-    # per pipeline rank, by part (predict/memory.py MEMORY_PARTS); the parts sum to rank_memory_bytes
+    # per pipeline rank, by part (memory.py MEMORY_PARTS); the parts sum to rank_memory_bytes
     memory_parts: dict | None = None
     # per pipeline rank: reserved on ZeRO-3's side streams beyond rank_memory_bytes, released
     # when an allocation fails (predict/memory.py side_stream_bytes)
