@@ -14,7 +14,7 @@ from planner.cost import constants
 from planner.cost.memory import sharded_params
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
-from planner.predict.step import model_layer_costs
+from planner.predict.layer_costs import model_layer_costs
 from planner.search.solver import _Costs
 from planner.search.space import Request
 from planner.stack import load_stack

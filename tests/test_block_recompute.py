@@ -22,7 +22,8 @@ from planner.partitioning.prepared import prepare
 from planner.partitioning.problem import PartitionError, PartitionProblem
 from planner.partitioning.solve import partition
 from planner.predict.chunks import CostTable
-from planner.predict.step import evaluate, model_layer_costs
+from planner.predict.layer_costs import model_layer_costs
+from planner.predict.step import evaluate
 from planner.stack import default_stack
 
 MODEL = PRESETS["llama3-8b"]  # embedding, 32 blocks, head

@@ -160,7 +160,8 @@ def test_a_blocking_stack_pays_its_transfers_in_the_step():
     from planner.core.parallel import Parallel
     from planner.hardware.profiles import Cluster, load_hardware
     from planner.model.presets import PRESETS
-    from planner.predict.step import evaluate, stage_transfer_s
+    from planner.predict.pipeline_schedule import stage_transfer_s
+    from planner.predict.step import evaluate
     from planner.stack import load_stack
 
     cluster = Cluster(hardware=load_hardware("a100-80gb"), nodes=2, gpus_per_node=8)

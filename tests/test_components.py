@@ -8,7 +8,8 @@ import json
 import pytest
 
 from planner.core.errors import PlanInputError
-from planner.fidelity.cases import DEFAULT_FILES, case_stack, load_cases
+from planner.fidelity.case_stack import case_stack
+from planner.fidelity.cases import DEFAULT_FILES, load_cases
 from planner.stack import (bundled_components, load_component, load_stack, stack_from_dict,
                            with_components, with_overrides)
 from planner.stack import components as components_module

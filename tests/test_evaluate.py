@@ -6,7 +6,8 @@ import pytest
 
 from planner.cost import constants
 from planner.stack import default_stack
-from planner.predict.step import evaluate, inflight_closed_form
+from planner.predict.pipeline_schedule import inflight_closed_form
+from planner.predict.step import evaluate
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.core.parallel import Parallel

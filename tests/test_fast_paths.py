@@ -12,10 +12,11 @@ from hypothesis import given, settings, strategies as st
 
 from planner.core.parallel import Parallel
 from planner.cost import comm, gemm, nccl, tensor_parallel
+from planner.cost.memory import ACT_BYTES
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
 from planner.model.load import model_from_dict
-from planner.predict import step
+from planner.predict import data_parallel, pipeline_schedule
 from planner.predict.chunks import ChunkArrays
 from planner.search.solver import search
 from planner.search.space import Request
@@ -60,7 +61,7 @@ def stage_transfer_s_reference(model, par, cluster, opts):
         return []
     intra, inter = comm.links(cluster.hardware)
     domain = cluster.nvlink_domain
-    full = step.ACT_BYTES * par.micro_batch * model.seq_length // par.cp * model.hidden_size
+    full = ACT_BYTES * par.micro_batch * model.seq_length // par.cp * model.hidden_size
     sharded = par.sequence_parallel or opts.p2p_scatter_gather
     nbytes = full / par.tp if sharded else full
     regather = (tensor_parallel.all_gather_s(full, par.tp, cluster.hardware)
@@ -118,9 +119,10 @@ def test_dp_groups_and_p2p_hops_match_the_plain_formulas(tp, pp, ep, v, sp, size
                    sequence_parallel=sp and tp > 1, ep=min(ep, tp * dp), etp=1)
     cluster = make_cluster(H100, gpus, max(1, gpus // 8))
     for experts in (False, True):
-        assert step._dp_group(par, cluster, experts) == dp_group_reference(par, cluster, experts)
+        assert data_parallel.dp_group(par, cluster, experts) == \
+            dp_group_reference(par, cluster, experts)
     opts = default_stack()
-    assert step.stage_transfer_s(MIXTRAL, par, cluster, opts) == \
+    assert pipeline_schedule.stage_transfer_s(MIXTRAL, par, cluster, opts) == \
         stage_transfer_s_reference(MIXTRAL, par, cluster, opts)
 
 
@@ -147,8 +149,8 @@ def test_small_moe_search_gives_the_same_plans_as_the_plain_formulas(monkeypatch
     fast = search(req)
     monkeypatch.setattr(nccl, "collective_s", collective_s_reference)
     monkeypatch.setattr(ChunkArrays, "by_rank", by_rank_reference)
-    monkeypatch.setattr(step, "_dp_group", dp_group_reference)
-    monkeypatch.setattr(step, "stage_transfer_s", stage_transfer_s_reference)
+    monkeypatch.setattr(data_parallel, "dp_group", dp_group_reference)
+    monkeypatch.setattr(pipeline_schedule, "stage_transfer_s", stage_transfer_s_reference)
     monkeypatch.setattr("planner.predict.stages.stage_transfer_s", stage_transfer_s_reference)
     monkeypatch.setattr(gemm, "weight_matmul_seconds", weight_matmul_seconds_reference)
     plain = search(req)

@@ -1,4 +1,4 @@
-"""Gradient accumulation over whole pipeline runs (fidelity/cases.py local_batch_passes): NeMo
+"""Gradient accumulation over whole pipeline runs (fidelity/moe_cases.py local_batch_passes): NeMo
 Automodel runs one pipeline schedule per local batch, GA of them a step, so its DeepSeek-V3 run on
 1,024 GPUs (LBS 8, GA 4) fills and drains its pipeline four times a step where one run of 32
 microbatches would do it once; the DP sync and the optimizer step still run once."""
@@ -8,7 +8,8 @@ from dataclasses import replace
 import pytest
 
 from planner.core.errors import PlanInputError
-from planner.fidelity.cases import MOE_FILE, case_setup, load_cases, local_batch_passes
+from planner.fidelity.cases import MOE_FILE, case_setup, load_cases
+from planner.fidelity.moe_cases import local_batch_passes
 from planner.fidelity.published import _predicted
 from planner.predict.step import predict_plan
 

@@ -269,7 +269,7 @@ def test_experts_sync_over_the_expert_dp_group_only():
     """With ep x etp covering a stage's ranks (expert DP of one) the experts' gradients are not
     reduced at all: the step pays what the dense parameters alone cost; with an expert DP of two
     the experts' reduction is added."""
-    from planner.predict.step import dp_exposed_s
+    from planner.predict.data_parallel import dp_exposed_s
     from planner.predict.chunks import ChunkArrays
     import numpy as np
     cluster = make_cluster(H100, 8, 1)

@@ -13,7 +13,8 @@ from planner.hardware.profiles import load_hardware, make_cluster
 from planner.layout.ranks import (blocks_cross, build_layout, dp_group_crosses_nodes,
                                   stage_hop_crosses_nodes)
 from planner.model.presets import PRESETS
-from planner.predict.step import cp_crosses, evaluate
+from planner.predict.layer_costs import cp_crosses
+from planner.predict.step import evaluate
 from planner.search.space import tp_rule
 
 

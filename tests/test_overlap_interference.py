@@ -1,5 +1,6 @@
 """Overlapped DP/ZeRO communication is not free: the collective holds SMs the compute beside it
-cannot use (planner/cost/comm.py overlap_interference, planner/predict/step.py dp_exposed_s)."""
+cannot use (planner/cost/comm.py overlap_interference, planner/predict/data_parallel.py
+dp_exposed_s)."""
 
 from dataclasses import replace
 
@@ -10,7 +11,8 @@ from planner.cost import constants
 from planner.cost import comm
 from planner.stack import default_stack, with_overrides
 from planner.core.errors import PlanInputError
-from planner.predict.step import _overlapped_cost_s, evaluate
+from planner.predict.data_parallel import overlapped_cost_s
+from planner.predict.step import evaluate
 from planner.hardware.profiles import hardware_from_dict, load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.core.parallel import Parallel
@@ -44,10 +46,10 @@ def test_sm_count_must_be_a_whole_number():
 def test_hidden_part_costs_its_interference_share_and_the_rest_is_exposed():
     f = 0.25
     # fits in the window: only the slowed compute is paid
-    assert _overlapped_cost_s(np.array([2.0]), np.array([10.0]), f)[0] == pytest.approx(0.5)
+    assert overlapped_cost_s(np.array([2.0]), np.array([10.0]), f)[0] == pytest.approx(0.5)
     # does not fit: 4 s exposed, the 10 s that overlap slow the compute by f
-    assert _overlapped_cost_s(np.array([14.0]), np.array([10.0]), f)[0] == pytest.approx(6.5)
-    assert _overlapped_cost_s(np.array([3.0]), np.array([10.0]), 0.0)[0] == 0.0
+    assert overlapped_cost_s(np.array([14.0]), np.array([10.0]), f)[0] == pytest.approx(6.5)
+    assert overlapped_cost_s(np.array([3.0]), np.array([10.0]), 0.0)[0] == 0.0
 
 
 def test_fsdp_step_pays_interference_only_when_overlapped():

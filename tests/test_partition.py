@@ -453,7 +453,8 @@ def test_interleaved_chunks_are_split_unevenly_and_megatron_reads_them_back():
     from planner.partitioning.prepared import prepare
     from planner.partitioning.split import score_split
     from planner.predict.stages import best_split, partition_problem
-    from planner.predict.step import even_block_bounds, evaluate
+    from planner.predict.chunks import even_block_bounds
+    from planner.predict.step import evaluate
 
     spec, cluster, par, opts, tables = _llama(4, v=2, recompute="full")
     split = best_split(spec, cluster, par, opts, tables, "ilp")

@@ -10,7 +10,8 @@ from typer.testing import CliRunner
 
 from cli import app
 from planner.core.errors import PlanInputError
-from planner.fidelity.cases import case_cluster, load_cases
+from planner.fidelity.case_cluster import case_cluster
+from planner.fidelity.cases import load_cases
 from planner.hardware.power import POWER_EXPONENT, clock_fraction, power_limited
 from planner.hardware.profiles import hardware_from_dict, load_hardware
 from planner.core.units import DATA_DIR

@@ -20,7 +20,7 @@ from planner.partitioning import dp, lexicographic, options
 from planner.partitioning.prepared import prepare
 from planner.partitioning.problem import TIE_RTOL, PartitionError, PartitionProblem
 from planner.partitioning.solve import partition
-from planner.predict import chunks, step
+from planner.predict import chunks, layer_costs, pipeline_schedule, step
 from planner.predict.chunks import CostTable
 from planner.search.solver import Pins, Request, search
 from planner.stack import default_stack
@@ -270,9 +270,10 @@ def test_even_split_sums_match_the_segment_loop(seed):
     model = load_model("llama3-8b")
     par = Parallel(tp=int(rng.choice([1, 2, 8])), pp=4, dp=1, micro_batch=int(rng.integers(1, 3)),
                    num_microbatches=8, recompute=str(rng.choice(["none", "full"])))
-    table = CostTable(step.model_layer_costs(model, par, A100, default_stack(), par.recompute))
+    table = CostTable(layer_costs.model_layer_costs(model, par, A100, default_stack(),
+                                                    par.recompute))
     chunks_n = int(rng.integers(1, 9))
-    bounds = step.even_block_bounds(model, chunks_n)
+    bounds = chunks.even_block_bounds(model, chunks_n)
     fast = chunks.split_stages({par.recompute: table}, bounds, [par.recompute] * chunks_n)
     plain = split_stages_reference({par.recompute: table}, bounds, [par.recompute] * chunks_n)
     for name in (*chunks._SUMMED, "first", "last", "work_bytes"):
@@ -289,10 +290,10 @@ def test_cached_pure_functions_answer_what_they_compute():
         assert layer._work(lay, shape, True) == layer._work.__wrapped__(lay, shape, True)
     for args in (("1f1b", 4, 8, 1), ("interleaved", 4, 8, 3), ("gpipe", 2, 5, 1),
                  ("zb-h1", 4, 2, 1), ("zb-2p", 4, 64, 1), ("dualpipe", 4, 8, 1)):
-        counts = step.inflight_closed_form(*args)
-        assert counts == list(step._inflight_closed_form.__wrapped__(*args))
+        counts = pipeline_schedule.inflight_closed_form(*args)
+        assert counts == list(pipeline_schedule.inflight_counts.__wrapped__(*args))
         counts.append(0)  # a caller changing its list does not change the remembered one
-        assert step.inflight_closed_form(*args) == counts[:-1]
+        assert pipeline_schedule.inflight_closed_form(*args) == counts[:-1]
 
 
 # --- an interleaved search: identical plans with every path swapped back ------------------------
@@ -312,8 +313,11 @@ def test_interleaved_search_gives_the_same_plans_as_the_plain_code(monkeypatch):
     monkeypatch.setattr("planner.search.solver.split_stages", split_stages_reference)
     monkeypatch.setattr(gemm, "quantization_efficiency", gemm.quantization_efficiency.__wrapped__)
     monkeypatch.setattr(layer, "_work", layer._work.__wrapped__)
-    monkeypatch.setattr(step, "_inflight_closed_form", step._inflight_closed_form.__wrapped__)
-    monkeypatch.setattr(step, "_rank_hops_s", step._rank_hops_s.__wrapped__)
+    plain_counts = pipeline_schedule.inflight_counts.__wrapped__
+    monkeypatch.setattr(pipeline_schedule, "inflight_counts", plain_counts)
+    monkeypatch.setattr(step, "inflight_counts", plain_counts)
+    monkeypatch.setattr(pipeline_schedule, "_rank_hops_s",
+                        pipeline_schedule._rank_hops_s.__wrapped__)
     plain = search(req)
     assert fast.plans and (fast.screened, fast.refined) == (plain.screened, plain.refined)
     assert _plans(fast) == _plans(plain)

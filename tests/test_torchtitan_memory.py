@@ -21,7 +21,7 @@ from planner.fidelity.published import validate_case
 from planner.fidelity.runs_schema import check_runs_document
 from planner.model.load import load_model
 from planner.predict.memory import kept_outputs, stage_output_bytes
-from planner.predict.step import inflight_closed_form
+from planner.predict.pipeline_schedule import inflight_closed_form
 from planner.stack import load_stack, with_overrides
 
 F405 = "torchtitan-llama3.1-405b-512gpu-3d-1f1b-float8"

@@ -1,5 +1,5 @@
-"""torchtitan's two selective AC policies (cost/recompute.py, fidelity/cases.py), by hand from
-its policy (torchtitan/parallelisms/parallelize_llama.py _apply_ac_to_transformer_block):
+"""torchtitan's two selective AC policies (cost/recompute.py, fidelity/modern_cases.py), by hand
+from its policy (torchtitan/parallelisms/parallelize_llama.py _apply_ac_to_transformer_block):
 
 - op: '# Saves output of all compute ops, except every second mm': of a Llama block's mms in
   forward order (wq, wk, wv, wo, w1, w3, w2) wq, wv, w1, w2 are saved, wk, wo, w3 re-run, and
@@ -16,7 +16,8 @@ from planner.core.errors import PlanInputError
 from planner.cost import recompute
 from planner.cost.layer import layer_cost
 from planner.cost.memory import Shape, activation_bytes, working_bytes
-from planner.fidelity.cases import MODERN_FILE, _recompute_mode, case_setup, load_cases
+from planner.fidelity.cases import MODERN_FILE, case_setup, load_cases
+from planner.fidelity.modern_cases import recompute_mode
 from planner.fidelity.published import validate_case
 from planner.hardware.profiles import load_hardware
 from planner.model.load import load_model
@@ -94,13 +95,13 @@ def test_op_policy_stands_alone_and_refuses_moe():
 
 
 def test_case_recompute_text_names_the_policy():
-    assert _recompute_mode("selective, torchtitan selective_ac_option 'op' (x)") == \
+    assert recompute_mode("selective, torchtitan selective_ac_option 'op' (x)") == \
         ("selective", "op")
-    assert _recompute_mode("selective, torchtitan selective_ac_option '2' (x)") == \
+    assert recompute_mode("selective, torchtitan selective_ac_option '2' (x)") == \
         ("selective", "2")
-    assert _recompute_mode("full") == ("full", None)
+    assert recompute_mode("full") == ("full", None)
     with pytest.raises(PlanInputError, match="must name torchtitan's policy"):
-        _recompute_mode("selective (op vs layer not stated)", "row")
+        recompute_mode("selective (op vs layer not stated)", "row")
 
 
 @pytest.fixture(scope="module")

@@ -21,8 +21,8 @@ from dataclasses import dataclass
 
 from planner.core.errors import PlanInputError
 
-# how many microbatches' activations a chunk holds at its peak (predict/step.py's closed form;
-# the simulator counts them exactly)
+# how many microbatches' activations a chunk holds at its peak (predict/pipeline_schedule.py's
+# closed form; the simulator counts them exactly)
 HOLDS_ALL = "all"  # every microbatch: all forwards run before any backward (GPipe)
 HOLDS_WARM_UP = "warm-up"  # the rank's warm-up forwards (1F1B: p - i; interleaved: its v chunks)
 HOLDS_LIMIT = "limit"  # up to inflight_limit x p on every rank (zero bubble: a deferred W

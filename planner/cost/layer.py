@@ -366,7 +366,7 @@ def _tp_comm_s(layer: Layer, shape: Shape, recompute: str, hw: Hardware, opts: S
     parallelism, and its embedding and output layer are not userbuffer modules, so their
     collectives stay exposed. Otherwise the stack hides a share (tp_overlap_hidden), which
     still holds SMs the GEMMs it hides behind cannot use (comm.overlap_interference, as the
-    overlapped DP collectives pay in predict/step.py)."""
+    overlapped DP collectives pay in predict/data_parallel.py)."""
     if shape.tp == 1:
         return 0.0, 0.0, 0.0
     nbytes = ACT_BYTES * shape.tokens * layer.hidden_size

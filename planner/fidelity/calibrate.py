@@ -30,7 +30,8 @@ import numpy as np
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.cost import constants
-from planner.fidelity.cases import base_profile, case_setup
+from planner.fidelity.case_cluster import base_profile
+from planner.fidelity.cases import case_setup
 from planner.fidelity.published import validate_case
 from planner.hardware.profiles import HARDWARE_DIR, Hardware, load_hardware
 

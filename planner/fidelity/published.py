@@ -19,8 +19,10 @@ from planner.core.errors import PlanInputError
 from planner.core.parallel import Parallel
 from planner.core.units import GIB
 from planner.cost import constants
-from planner.fidelity.cases import (DEFAULT_FILES, CaseSetup, base_profile, case_setup, case_stack,
-                                    load_cases)
+from planner.fidelity.case_cluster import base_profile
+from planner.fidelity.case_setup import CaseSetup
+from planner.fidelity.case_stack import case_stack
+from planner.fidelity.cases import DEFAULT_FILES, case_setup, load_cases
 from planner.hardware.profiles import Hardware
 from planner.predict.step import predict_plan
 from planner.stack import Stack
@@ -126,7 +128,7 @@ def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, 
                               bounds=list(setup.bounds) if setup.bounds else None,
                               simulated=simulated, recompute_layers=layers)
     mt, runs = plan.metrics, setup.pipeline_passes
-    # several pipeline runs a step (cases.local_batch_passes): the pipeline repeats, the DP sync
+    # several pipeline runs a step (moe_cases.local_batch_passes): the pipeline repeats, the DP sync
     # and the optimizer step do not; FLOPs scale with the runs
     step = mt.step_time_s + (runs - 1) * pred.pipeline_s
     scale = runs * mt.step_time_s / step
@@ -210,7 +212,7 @@ def _least_recompute(setup: CaseSetup, simulated: bool) -> tuple[CaseSetup, tupl
 
 def _most_blocks(model, chunks: int, bounds) -> int:
     """The most transformer blocks any chunk of the case's split holds."""
-    from planner.predict.step import even_block_bounds
+    from planner.predict.chunks import even_block_bounds
 
     bounds = bounds or even_block_bounds(model, chunks)
     return max(sum(1 for layer in model.layers[a:b] if layer.kind == "block") for a, b in bounds)

@@ -1,5 +1,7 @@
-"""One stage split as arrays over its chunks: per-layer costs summed into per-chunk time,
-parameters, activations and FLOPs (what the memory formula and the step prediction read)."""
+"""One stage split: the layers each chunk runs (Megatron's even split by default), the blocks its
+recompute covers (Megatron's block method), and the split as arrays over its chunks: per-layer
+costs summed into per-chunk time, parameters, activations and FLOPs (what the memory formula and
+the step prediction read)."""
 
 from __future__ import annotations
 
@@ -8,6 +10,7 @@ from dataclasses import dataclass, fields
 import numpy as np
 
 from planner.cost.layer import LayerCost
+from planner.model.spec import ModelSpec
 
 
 # the per-layer quantities a chunk sums over its layers
@@ -96,6 +99,45 @@ class CostTable:
             "cache_bytes": [c.cache_bytes for c in costs],
         }
         self.prefix = {k: np.concatenate(([0.0], np.cumsum(v))) for k, v in rows.items()}
+
+
+def even_block_bounds(model: ModelSpec, num_chunks: int) -> list[tuple[int, int]]:
+    """Megatron's default split: the blocks evenly (counts differing by at most one, larger ones
+    first), the embedding joining the first chunk and the head the last. A model without that
+    shape is split evenly over all its layers."""
+    layers = model.layers
+    standard = (len(layers) >= 3 and layers[0].kind == "embedding" and layers[-1].kind == "head"
+                and all(layer.kind == "block" for layer in layers[1:-1])
+                and len(layers) - 2 >= num_chunks)
+    n, offset = (len(layers) - 2, 1) if standard else (len(layers), 0)
+    base, extra = divmod(n, num_chunks)
+    bounds, start = [], offset
+    for k in range(num_chunks):
+        size = base + (1 if k < extra else 0)
+        bounds.append((start, start + size))
+        start += size
+    if standard:
+        bounds[0] = (0, bounds[0][1])
+        bounds[-1] = (bounds[-1][0], len(layers))
+    return bounds
+
+
+def block_counts_of(model: ModelSpec, bounds, modes,
+                    recompute_layers) -> tuple[list[str], list[int | None]]:
+    """Per chunk, its mode and the N of Megatron's block method, or None where the mode covers
+    the whole chunk: a count is kept only for a "full" chunk with 1 <= N < its blocks (N = 0 is
+    no recompute, N = all is full recompute; the plan's stage then says so plainly)."""
+    modes = list(modes)
+    if recompute_layers is None:
+        return modes, [None] * len(modes)
+    out_modes, out = [], []
+    for (a, b), mode, n in zip(bounds, modes, recompute_layers):
+        blocks = sum(1 for layer in model.layers[a:b] if layer.kind == "block")
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ValueError(f"recompute_layers must be None or a count >= 0, got {n!r}")
+        out_modes.append("none" if mode == "full" and n == 0 else mode)
+        out.append(n if mode == "full" and n is not None and 0 < n < blocks else None)
+    return out_modes, out
 
 
 def partial_segments(blocks, a: int, b: int, mode: str,

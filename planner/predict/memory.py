@@ -169,6 +169,10 @@ def logit_bytes(model: ModelSpec, par: Parallel, stages: ChunkArrays,
     return out
 
 
+MEMORY_PARTS = ("weights", "gradients", "optimizer", "activations", "logits", "transient",
+                "fragmentation", "reserved")
+
+
 def memory_parts(model: ModelSpec, par: Parallel, stages: ChunkArrays, inflight: np.ndarray,
                  opts: Stack, held_activations=None) -> dict[str, np.ndarray]:
     """Peak bytes per pipeline rank, by part (MEMORY_PARTS), conservative: model states +
@@ -233,7 +237,7 @@ def side_stream_bytes(model: ModelSpec, par: Parallel, opts: Stack,
 
 
 def _churn_shape(model: ModelSpec, par: Parallel, opts: Stack) -> Shape:
-    """The layer shape predict/step.py prices layers with, less its timing fields: only the
+    """The layer shape predict/layer_costs.py prices layers with, less its timing fields: only the
     tensors a block keeps decide its recompute churn, so no hardware is needed."""
     return Shape(tp=par.tp, sp=par.sequence_parallel, micro_batch=par.micro_batch,
                  seq_len=model.seq_length // par.cp, cp=par.cp,

@@ -14,8 +14,9 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from planner.cost import constants, precision, recompute, zero
-from planner.predict.step import even_block_bounds, inflight_closed_form, model_layer_costs, stage_transfer_s
-from planner.predict.chunks import CostTable, ChunkArrays
+from planner.predict.chunks import CostTable, ChunkArrays, even_block_bounds
+from planner.predict.layer_costs import model_layer_costs
+from planner.predict.pipeline_schedule import inflight_closed_form, stage_transfer_s
 from planner.predict.memory import (gathered_bytes, kept_outputs, layer_gather_bytes,
                                     recompute_churn, root_gather_bytes, state_bytes)
 from planner.hardware.profiles import Cluster

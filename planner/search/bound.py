@@ -42,7 +42,8 @@ from planner.core.parallel import Parallel
 from planner.cost import constants
 from planner.partitioning.problem import TIE_RTOL
 from planner.core.schedules import schedule_traits
-from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM, dp_exposed_s
+from planner.predict.data_parallel import dp_exposed_s
+from planner.predict.step import OPTIMIZER_BYTES_PER_PARAM
 from planner.predict.chunks import CostTable, ChunkArrays
 
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field, replace
 from planner.cost import constants
 from planner.cost.zero import fp8_gathered
 from planner.core.errors import NoFeasiblePlan, PlanInputError
-from planner.predict.step import (cp_crosses, evaluate, even_block_bounds, model_layer_costs,
-                                  predict, predict_plan)
-from planner.predict.chunks import CostTable, ChunkArrays, split_stages
+from planner.predict.step import evaluate, predict, predict_plan
+from planner.predict.chunks import CostTable, ChunkArrays, even_block_bounds, split_stages
+from planner.predict.layer_costs import cp_crosses, model_layer_costs
 from planner.hardware.profiles import Cluster
 from planner.model.spec import ModelSpec
 from planner.partitioning.problem import PartitionError
