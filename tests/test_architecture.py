@@ -136,10 +136,7 @@ MAX_LINES = 450
 OVER_SIZE = {
     "planner/predict/step.py",  # the step hub: split by the sections helper (issue #28 item 5)
     "planner/fidelity/cases.py",  # validation cases: the sections helper's
-    "planner/search/space.py",  # the search space: the practitioner helper's
-    # not split yet (issue #28 item 3): the search's driver, the op-by-op simulator, the
-    # partition problem
-    "planner/search/solver.py",
+    # not split yet (issue #28 item 3): the op-by-op simulator, the partition problem
     "planner/pipeline/simulate.py",
     "planner/partitioning/problem.py",
 }

@@ -14,7 +14,7 @@ from planner.layout.ranks import (blocks_cross, build_layout, dp_group_crosses_n
                                   stage_hop_crosses_nodes)
 from planner.model.presets import PRESETS
 from planner.predict.step import cp_crosses, evaluate
-from planner.search.space import tp_rule
+from planner.search.rules import tp_rule
 
 
 def _slow_crosses(groups, domain: int) -> bool:
