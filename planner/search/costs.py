@@ -31,7 +31,8 @@ MILP_CHUNKS = 32
 
 
 class SearchCosts:
-    """Layer-cost tables and even-split stage totals shared by the configurations of a search."""
+    """Layer-cost tables and even-split stage totals shared by the configurations of a search,
+    with each configuration's bounds, partition problem and refined plan, each built once."""
 
     def __init__(self, req: Request):
         self.req = req

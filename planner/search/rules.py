@@ -1,8 +1,9 @@
 """The rules a configuration must pass before any prediction, each answering why it cannot run
 (None when it can): TP stays inside an NVLink domain and divides heads, KV heads and FFN; context
 parallelism needs a stack that runs it, flash attention and a sequence it divides; experts split
-by divisors; the stack runs the pipeline schedule; pp·v chunks need at least as many layers and
-the schedule's own rules (Megatron's); the launcher the plan runs on can express it.
+by divisors, and MoE with TP needs sequence parallel; the stack runs the pipeline schedule; pp·v
+chunks need at least as many layers and the schedule's own rules (Megatron's); the launcher the
+plan runs on can express it. The space (planner/search/space.py) counts each rejection by reason.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
 from planner.search.request import Request
 from planner.stack import Stack
+
 
 def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
     """Why tensor parallelism of this degree cannot run here (None when it can). TP groups stay

@@ -15,6 +15,7 @@ from planner.predict.stages import METHODS
 from planner.search.request import RECOMPUTE_PINS, Pins, Request
 from planner.search.rules import context_problem
 
+
 def validate_pins(req: Request) -> None:
     """Pins that contradict each other or the GPU count: one line, before any search."""
     pins, gpus = req.pins, req.cluster.gpus
