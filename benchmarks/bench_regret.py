@@ -28,8 +28,10 @@ from planner.core.errors import NoFeasiblePlan
 from planner.core.parallel import SCHEDULES
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.load import load_model
-from planner.search.solver import (Pins, Request, _Costs, capacity_bytes, enumerate_configs,
-                                   screen, search)
+from planner.search.costs import SearchCosts
+from planner.search.request import Pins, Request
+from planner.search.solver import capacity_bytes, screen, search
+from planner.search.space import enumerate_configs
 
 CASES = [  # (model, gpus, nodes, global batch)
     ("megatron-1.7b", 8, 1, 64),
@@ -43,9 +45,9 @@ QUICK = CASES[:3]
 MEMORY = {"tight": "a100-40gb", "loose": "a100-80gb"}
 
 
-def screen_order(req: Request) -> tuple[list, _Costs]:
+def screen_order(req: Request) -> tuple[list, SearchCosts]:
     """The screened configurations grouped up to ZeRO, in the search's screen order."""
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     groups: dict = {}
     for par in screen(req, costs, list(enumerate_configs(req, Counter())), Counter()):
         groups.setdefault(replace(par, zero=0), []).append(par)

@@ -29,7 +29,8 @@ from pathlib import Path
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.load import load_model
 from planner.pipeline.simulate import simulate
-from planner.search.solver import Request, search
+from planner.search.request import Request
+from planner.search.solver import search
 
 TARGET_S = 2.0  # median wall time of every case on a 2-core machine (issue #17)
 

@@ -44,9 +44,12 @@ from planner.profiling.record import Profile, device_mismatch, load_profile, sav
 from planner.report import frames
 from planner.report.partition import compare_splits, place_nodes
 from planner.search.advice import batch_hint
-from planner.search.solver import check_profile_matches, search
-from planner.search.solver import explain as explain_request
-from planner.search.space import Pins, Request, parse_refine, tp_rule, validate_pins
+from planner.search.explain import explain as explain_request
+from planner.search.profiled import check_profile_matches
+from planner.search.request import Pins, Request, parse_refine
+from planner.search.rules import tp_rule
+from planner.search.solver import search
+from planner.search.validation import validate_pins
 from planner.cost.precision import check_fp8
 from planner.launchers import expert_load_refusal, precision_allows, stack_refusal
 from planner.stack import Stack, resolve_stack, with_overrides

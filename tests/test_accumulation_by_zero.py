@@ -15,8 +15,8 @@ from planner.cost.memory import sharded_params
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.predict.layer_costs import model_layer_costs
-from planner.search.solver import _Costs
-from planner.search.space import Request
+from planner.search.costs import SearchCosts
+from planner.search.request import Request
 from planner.stack import load_stack
 
 MODEL = PRESETS["llama3-8b"]
@@ -47,6 +47,6 @@ def test_fp32_gradients_accumulate_in_fp32_at_every_stage():
 
 def test_the_search_keeps_one_table_per_accumulation_dtype():
     req = Request(model=MODEL, cluster=make_cluster(HW, 8, 1), options=load_stack("deepspeed"))
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     z0, z1, z2 = (costs.table(replace(PAR, zero=z), "none") for z in (0, 1, 2))
     assert z0 is z2 and z0 is not z1

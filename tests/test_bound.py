@@ -11,15 +11,18 @@ from hypothesis import given, settings, strategies as st
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.search.bound import relaxed_bound, split_bound, split_fits
-from planner.search.solver import (Request, _Costs, capacity_bytes, enumerate_configs, predict,
-                                   screen, search)
+from planner.search.costs import SearchCosts
+from planner.search.request import Request
+from planner.search.solver import capacity_bytes, screen, search
+from planner.search.space import enumerate_configs
+from planner.predict.step import predict
 
 MODELS = ["megatron-1.7b", "llama2-7b", "megatron-7.5b"]
 
 
 def _screened(req):
     """Every configuration the screen keeps, with its screen estimate."""
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     kept = screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
     return costs, [(par, predict(req.model, req.cluster, par, req.options,
                                  costs.even_stages(par)).step_s) for par in kept]

@@ -14,7 +14,10 @@ from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.pipeline.simulate import simulate
 from planner.search.chunk_bound import family_rows, interleaved_bound
-from planner.search.solver import Request, _Costs, enumerate_configs, screen, search
+from planner.search.costs import SearchCosts
+from planner.search.request import Request
+from planner.search.solver import screen, search
+from planner.search.space import enumerate_configs
 
 
 def _splits(layers: int, chunks: int):
@@ -93,7 +96,7 @@ def test_below_every_refined_interleaved_step(model, per_node, batch, gpu, seed)
     """Interleaved and 1F1B configurations of random cases: the refined plan's step is never
     proven slower than itself, by the linear or the mixed-integer bound."""
     req = _request(model, 2, per_node, batch, gpu)
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     kept = [par for par in screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
             if par.schedule in ("interleaved", "1f1b")]
     random.Random(seed).shuffle(kept)

@@ -163,7 +163,8 @@ def test_llama3_405b_128k_search_chooses_context_parallelism():
     ("deepspeed", 32768, "deepspeed runs no context parallelism"),
 ])
 def test_cp_rejections_are_counted_in_whole_configurations(stack, seq, reason):
-    from planner.search.solver import Request, search
+    from planner.search.request import Request
+    from planner.search.solver import search
     from planner.search.space import _context_size, context_degrees, space_size
     from planner.stack import load_stack
 
@@ -178,8 +179,8 @@ def test_cp_rejections_are_counted_in_whole_configurations(stack, seq, reason):
 
 
 def test_short_sequences_search_no_cp_unless_pinned():
-    from planner.search.solver import Request
-    from planner.search.space import Pins, context_degrees
+    from planner.search.request import Request, Pins
+    from planner.search.space import context_degrees
 
     cluster = make_cluster(load_hardware("h100"), 16, 2)
     req = Request(model=PRESETS["llama3-8b"], cluster=cluster)

@@ -181,7 +181,10 @@ def test_the_search_tries_dualpipe_where_the_stack_runs_it_and_its_bound_holds()
 
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.load import load_model
-    from planner.search.solver import Request, _Costs, enumerate_configs, screen
+    from planner.search.costs import SearchCosts
+    from planner.search.request import Request
+    from planner.search.solver import screen
+    from planner.search.space import enumerate_configs
     from planner.stack import load_stack, with_overrides
 
     model = load_model("profiles/validation/configs/qwen3-30b-a3b.json").with_seq_length(4096)
@@ -189,7 +192,7 @@ def test_the_search_tries_dualpipe_where_the_stack_runs_it_and_its_bound_holds()
                            launcher=None)
     req = Request(model=model, cluster=make_cluster(load_hardware("h100-sxm-80gb"), 16, 2),
                   global_batch=64, options=stack)
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     kept = [par for par in screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
             if par.schedule == "dualpipe"]
     assert kept

@@ -156,14 +156,17 @@ def _qwen3_dualpipe_pp4():
 
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.load import load_model
-    from planner.search.solver import Request, _Costs, enumerate_configs, screen
+    from planner.search.costs import SearchCosts
+    from planner.search.request import Request
+    from planner.search.solver import screen
+    from planner.search.space import enumerate_configs
     from planner.stack import load_stack, with_overrides
 
     model = load_model("profiles/validation/configs/qwen3-30b-a3b.json").with_seq_length(4096)
     stack = with_overrides(load_stack("megatron-core"), schedules=["dualpipe"], launcher=None)
     req = Request(model=model, cluster=make_cluster(load_hardware("h100-sxm-80gb"), 16, 2),
                   global_batch=64, options=stack)
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     par = next(par for par in screen(req, costs, list(enumerate_configs(req, Counter())),
                                      Counter()) if par.schedule == "dualpipe" and par.pp == 4)
     return model, stack, req, costs, par
@@ -194,12 +197,12 @@ def test_dualpipe_falls_back_to_the_even_split_when_the_partitioner_fails(monkey
     """A solver that finds no split in its time limit (the boundary MILP on layers that differ)
     leaves DualPipe on Megatron's even split where that fits, labelled, not a false memory
     rejection."""
-    from planner.search import solver
+    from planner.search import costs as search_costs
 
     def fail(*args, **kwargs):
         raise PartitionError("the highs solver failed (no split within 2 s)")
 
-    monkeypatch.setattr(solver, "best_split", fail)
+    monkeypatch.setattr(search_costs, "best_split", fail)
     *_, costs, par = _qwen3_dualpipe_pp4()
     plan = costs.refined(par)
     assert plan.notes[-1] == ("stage split: even (the partitioner: the highs solver failed "

@@ -18,8 +18,8 @@ from planner.layout.ranks import dp_group_crosses_nodes, stage_hop_crosses_nodes
 from planner.model.load import model_from_dict
 from planner.predict import data_parallel, pipeline_schedule
 from planner.predict.chunks import ChunkArrays
+from planner.search.request import Request
 from planner.search.solver import search
-from planner.search.space import Request
 from planner.stack import default_stack
 
 H100 = load_hardware("h100")

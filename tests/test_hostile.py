@@ -607,8 +607,8 @@ def _plan(name: str, gpu_name: str = "a100-80gb", launcher: str = "megatron"):
 
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.presets import PRESETS
+    from planner.search.request import Pins, Request
     from planner.search.solver import search
-    from planner.search.space import Pins, Request
     from planner.stack import load_stack
 
     spec = replace(PRESETS["llama3-8b"], name=name)
@@ -765,8 +765,8 @@ def _consistent(files: dict[str, str]) -> bool:
 
 def test_ten_concurrent_writers_never_leave_a_mixed_set(tmp_path):
     from planner.core.fileset import read_set
+    from planner.search.request import Request
     from planner.search.solver import search
-    from planner.search.space import Request
     from planner.hardware.profiles import load_hardware, make_cluster
     from planner.model.presets import PRESETS
 

@@ -17,7 +17,7 @@ from planner.cost.memory import sharded_params
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.spec import ModelSpec, sequence_note
 from planner.model.load import load_model, model_from_dict
-from planner.search.space import tp_rule
+from planner.search.rules import tp_rule
 
 CONFIGS = Path(__file__).parent / "hf_configs"
 

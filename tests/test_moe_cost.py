@@ -19,8 +19,8 @@ from planner.layout.ranks import build_layout
 from planner.model.load import model_from_dict
 from planner.predict.memory import state_parts
 from planner.predict.step import evaluate
+from planner.search.request import Pins, Request
 from planner.search.solver import search
-from planner.search.space import Pins, Request
 from planner.stack import default_stack, with_overrides
 
 H100 = load_hardware("h100")
@@ -160,7 +160,7 @@ def test_pins_refuse_what_cannot_run(tmp_path):
     etp not dividing the expert FFN; MoE with TP and without SP is a rule, as Megatron asserts."""
     from typer.testing import CliRunner
     from planner.cli import app
-    from planner.search.solver import explain
+    from planner.search.explain import explain
     path = tmp_path / "config.json"
     path.write_text(json.dumps(moe_config("mixtral-8x7b-v0.1")))
     runner = CliRunner()
@@ -251,9 +251,11 @@ def test_bound_is_below_every_refined_moe_step(nodes, batch, seed):
     possibly none): for screened MoE configurations the bound never exceeds the refined step."""
     import random
     from collections import Counter
-    from planner.search.solver import _Costs, enumerate_configs, screen
+    from planner.search.costs import SearchCosts
+    from planner.search.solver import screen
+    from planner.search.space import enumerate_configs
     req = Request(model=TINY, cluster=make_cluster(H100, 8 * nodes, nodes), global_batch=batch)
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     kept = screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
     random.Random(seed).shuffle(kept)
     for par in kept[:20]:

@@ -15,7 +15,7 @@ from planner.layout.ranks import (blocks_cross, build_layout, dp_group_crosses_n
 from planner.model.presets import PRESETS
 from planner.predict.layer_costs import cp_crosses
 from planner.predict.step import evaluate
-from planner.search.space import tp_rule
+from planner.search.rules import tp_rule
 
 
 def _slow_crosses(groups, domain: int) -> bool:

@@ -214,7 +214,8 @@ def test_cpu_profile_mfu_is_against_the_measured_peak(tiny_profile):
     """Issue #19: a plan from a CPU profile reported MFU 0.0% (CPU times against an A100 peak).
     MFU now uses the profiled device's measured peak: model FLOPs / (step x GPUs x that peak)."""
     from planner.hardware.profiles import load_hardware, make_cluster
-    from planner.search.solver import Request, search
+    from planner.search.request import Request
+    from planner.search.solver import search
 
     prof, _ = tiny_profile
     assert prof.peak_flops and prof.peak_flops > 1e9  # any CPU does a GFLOP/s

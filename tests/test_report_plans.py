@@ -12,7 +12,8 @@ import cli
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
 from planner.report.plans import COLUMNS, plans_view, table_width
-from planner.search.solver import Request, search
+from planner.search.request import Request
+from planner.search.solver import search
 
 runner = CliRunner()
 

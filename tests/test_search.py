@@ -7,7 +7,10 @@ from hypothesis import strategies as st
 from planner.core.errors import NoFeasiblePlan
 from planner.hardware.profiles import load_hardware, make_cluster
 from planner.model.presets import PRESETS
-from planner.search.solver import Pins, Request, enumerate_configs, explain, search
+from planner.search.explain import explain
+from planner.search.request import Pins, Request
+from planner.search.solver import search
+from planner.search.space import enumerate_configs
 from planner.fidelity.cases import case_setup, load_cases
 
 
@@ -174,13 +177,14 @@ def test_refine_auto_finds_the_true_best_that_a_small_cap_misses(first, monkeypa
     from collections import Counter
     from dataclasses import replace as swap
     from planner.model.load import load_model
-    from planner.search import solver
-    from planner.search.solver import _Costs, capacity_bytes, screen
+    from planner.search import refinement
+    from planner.search.costs import SearchCosts
+    from planner.search.solver import capacity_bytes, screen
 
     req = Request(model=load_model("llama3-8b"),
                   cluster=make_cluster(load_hardware("a100-80gb"), 8, 1), global_batch=64,
                   pins=Pins(schedule="interleaved", micro_batch=2), top=1)
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     order = screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
     every = [plan for plan in map(costs.refined, order) if not isinstance(plan, str)
              and plan.metrics.peak_memory_bytes <= capacity_bytes(req.cluster)]
@@ -194,7 +198,7 @@ def test_refine_auto_finds_the_true_best_that_a_small_cap_misses(first, monkeypa
     assert "refinement stopped at --refine 3" in " ".join(capped.notes)
 
     if first is not None:
-        monkeypatch.setattr(solver, "AUTO_FIRST", first)
+        monkeypatch.setattr(refinement, "AUTO_FIRST", first)
     auto = search(req)
     assert req.refine is None  # auto is the default
     assert auto.plans[0].metrics.step_time_s == pytest.approx(true_best, rel=1e-9)
@@ -209,10 +213,10 @@ def test_refine_auto_says_when_its_time_budget_not_the_proof_stopped_it(monkeypa
     """With no time left past a first pass of 3 (the case above, whose winner lies past it),
     the note names the budget and how many configurations stay unproven, not a proof."""
     from planner.model.load import load_model
-    from planner.search import solver
+    from planner.search import refinement
 
-    monkeypatch.setattr(solver, "AUTO_FIRST", 3)
-    monkeypatch.setattr(solver, "AUTO_BUDGET_S", 0.0)
+    monkeypatch.setattr(refinement, "AUTO_FIRST", 3)
+    monkeypatch.setattr(refinement, "AUTO_BUDGET_S", 0.0)
     req = Request(model=load_model("llama3-8b"),
                   cluster=make_cluster(load_hardware("a100-80gb"), 8, 1), global_batch=64,
                   pins=Pins(schedule="interleaved", micro_batch=2), top=1)
@@ -228,9 +232,9 @@ def test_the_auto_budget_also_stops_the_first_pass_once_a_plan_fits(monkeypatch)
     took 38 s) must not run past --refine auto's budget before the proof starts: with a budget of
     0 s the search refines until one configuration fits, then stops and says so."""
     from planner.model.load import load_model
-    from planner.search import solver
+    from planner.search import refinement
 
-    monkeypatch.setattr(solver, "AUTO_BUDGET_S", 0.0)
+    monkeypatch.setattr(refinement, "AUTO_BUDGET_S", 0.0)
     req = Request(model=load_model("llama3-8b"),
                   cluster=make_cluster(load_hardware("a100-80gb"), 8, 1), global_batch=64,
                   pins=Pins(schedule="interleaved", micro_batch=2), top=1)

@@ -22,7 +22,8 @@ from planner.partitioning.problem import TIE_RTOL, PartitionError, PartitionProb
 from planner.partitioning.solve import partition
 from planner.predict import chunks, layer_costs, pipeline_schedule, step
 from planner.predict.chunks import CostTable
-from planner.search.solver import Pins, Request, search
+from planner.search.request import Pins, Request
+from planner.search.solver import search
 from planner.stack import default_stack
 
 A100 = load_hardware("a100-80gb")
@@ -310,7 +311,7 @@ def test_interleaved_search_gives_the_same_plans_as_the_plain_code(monkeypatch):
     monkeypatch.setattr(options, "chunk_options", chunk_options_reference)
     monkeypatch.setattr(options, "rank_tables", rank_tables_reference)
     monkeypatch.setattr(chunks, "split_stages", split_stages_reference)
-    monkeypatch.setattr("planner.search.solver.split_stages", split_stages_reference)
+    monkeypatch.setattr("planner.search.costs.split_stages", split_stages_reference)
     monkeypatch.setattr(gemm, "quantization_efficiency", gemm.quantization_efficiency.__wrapped__)
     monkeypatch.setattr(layer, "_work", layer._work.__wrapped__)
     plain_counts = pipeline_schedule.inflight_counts.__wrapped__

@@ -17,8 +17,9 @@ from planner.launchers.common import ExportError
 from planner.launchers.megatron import parse_megatron_args
 from planner.model.spec import ModelSpec
 from planner.model.presets import PRESETS
-from planner.search.solver import explain, search
-from planner.search.space import Pins, Request
+from planner.search.explain import explain
+from planner.search.request import Pins, Request
+from planner.search.solver import search
 from planner.stack import LAUNCHER_STACKS, bundled_names, load_stack, with_overrides
 
 runner = CliRunner()

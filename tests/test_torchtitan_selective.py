@@ -22,8 +22,10 @@ from planner.launchers import torchtitan
 from planner.model.load import load_model
 from planner.predict.stages import allowed_modes
 from planner.predict.step import evaluate
-from planner.search.solver import Pins, Request, enumerate_configs, explain, search
-from planner.search.space import space_size
+from planner.search.explain import explain
+from planner.search.request import Pins, Request
+from planner.search.solver import search
+from planner.search.space import enumerate_configs, space_size
 from planner.stack import load_stack, with_overrides
 
 TITAN = load_stack("torchtitan")

@@ -16,7 +16,10 @@ from planner.model.presets import PRESETS
 from planner.pipeline.simulate import simulate
 from planner.search.bound import whole_layer_bound
 from planner.search.chunk_bound import interleaved_bound
-from planner.search.solver import Request, _Costs, enumerate_configs, screen
+from planner.search.costs import SearchCosts
+from planner.search.request import Request
+from planner.search.solver import screen
+from planner.search.space import enumerate_configs
 
 
 def _splits(layers: int, chunks: int):
@@ -96,7 +99,7 @@ def test_below_every_refined_interleaved_step(model, per_node, batch, gpu, seed)
     """Interleaved configurations of random cases (tight and loose memory): the search's bound,
     with and without memory, never exceeds the refined plan's step."""
     req = _request(model, 2, per_node, batch, gpu)
-    costs = _Costs(req)
+    costs = SearchCosts(req)
     kept = [par for par in screen(req, costs, list(enumerate_configs(req, Counter())), Counter())
             if par.schedule == "interleaved"]
     random.Random(seed).shuffle(kept)

@@ -22,8 +22,10 @@ from planner.profiling.record import device_mismatch, load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
 from planner.search.advice import batch_hint
-from planner.search.solver import analytical_comparison, check_profile_matches, explain, search
-from planner.search.space import Pins, Request, parse_refine
+from planner.search.explain import explain
+from planner.search.profiled import analytical_comparison, check_profile_matches
+from planner.search.request import Pins, Request, parse_refine
+from planner.search.solver import search
 from planner.stack import resolve_stack, with_overrides
 from planner.cli.common import (LIMITS, OUTPUT, PINS, PLAN, _flag, app, err, out, parse_range,
                                 planned_model, print_json, progress_bar, stack_options, user_errors)

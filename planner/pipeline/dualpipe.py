@@ -44,7 +44,8 @@ from the compute: the pair costs its compute, plus whatever all-to-all does not 
 plus ``interference`` x the hidden part (the SMs the communication holds: sec. 3.2.2 "we
 employ the warp specialization technique ... and partition 20 SMs into 10 communication
 channels"; "only 20 SMs are sufficient to fully utilize the bandwidths of IB and NVLink"),
-the same rule as the planner's other overlapped transfers (predict/step.py _overlapped_cost_s).
+the same rule as the planner's other overlapped transfers (predict/data_parallel.py
+overlapped_cost_s).
 PP transfers stay latency on the dependency (pipeline/op_by_op.py), which every schedule
 already takes off the compute stream.
 """
@@ -172,7 +173,7 @@ def held_at_peak(p: int, m: int) -> tuple[int, ...]:
     """Per stage k: the microbatches whose activations of stage k a rank holds when it holds the
     most (F to W or BW; Table 2: PP + 1 in all). Ranks r and p - 1 - r run mirror programs, so
     stage k's count is the same on both ranks that hold it: the memory formula's closed form
-    (predict/step.py), exact for equal stages; the simulator counts bytes for any."""
+    (predict/pipeline_schedule.py), exact for equal stages; the simulator counts bytes for any."""
     out = [0] * p
     for r in range(p // 2):
         held: dict[int, int] = {}

@@ -17,7 +17,7 @@ from planner.hardware.profiles import Hardware
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 from planner.report.frames import blocks_per_stage, stage_recompute
-from planner.stack import Stack, default_stack
+from planner.stack import default_stack
 
 _MEASURE = Console(width=10_000, color_system=None)
 

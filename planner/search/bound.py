@@ -29,7 +29,7 @@ linear and a mixed-integer program.)
 Data-parallel sync and optimizer.  The rank with the most parameters holds at least total / p of
 them; its sync costs at least the interference share of the collective even with all of it hidden
 (all of it without overlap), and its optimizer step that share's time (the formulas of
-planner/predict/step.py).  Per-action overheads and transfers of v = 1 splits are left out (>= 0).
+planner/predict/data_parallel.py and step.py).  Per-action overheads and transfers of v = 1 splits are left out (>= 0).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
-"""The search space: what the user asked for (request and pins), and every parallel
-configuration it allows, with the rule each rejected one breaks.
+"""The search space: every parallel configuration a request allows, each one rejected counted,
+in whole configurations, by the rule it breaks (planner/search/rules.py).
 
 A configuration is (tp, pp, dp, micro-batch, M, schedule, virtual stages, recompute, ZeRO, SP).
 TP stays inside a node and divides heads, KV heads, FFN and vocabulary; pp·v chunks need at least
@@ -10,179 +10,21 @@ rules); M follows from the global batch, micro-batch and dp. Every pin narrows t
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from itertools import product
 
 from planner.core.divisors import divisors
-from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
-from planner.core.errors import PlanInputError
+from planner.core.limits import MAX_MICROBATCHES
 from planner.cost import context
 from planner.cost.recompute import selective_discards_nothing, selective_refusal
-from planner.launchers import LAUNCHERS, Facts, launcher_allows
-from planner.hardware.profiles import Cluster
-from planner.model.spec import ModelSpec
-from planner.predict.stages import BLOCK_PIN
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.core.schedules import DEFAULT_SCHEDULE, schedule_traits
-from planner.predict.stages import METHODS
-from planner.stack import Stack, default_stack
+from planner.search.request import Request, pinned_recompute
+from planner.search.rules import (MOE_NEEDS_SP, UNEVEN_UNPINNED, context_rule, expert_rule,
+                                  launcher_rule, schedule_rule, stack_rule, tp_rule)
 
-DEFAULT_TOKENS_PER_BATCH = 4 * 1024 * 1024  # ~4M tokens: Llama-2/3 and GPT-3 scale batches
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)
-
-
-@dataclass(frozen=True)
-class Pins:
-    """Dimensions the user fixed; None means search it."""
-
-    tp: int | None = None
-    pp: int | None = None
-    dp: int | None = None
-    micro_batch: int | None = None
-    schedule: str | None = None
-    virtual_stages: int | None = None
-    recompute: str | None = None
-    zero: int | None = None
-    sequence_parallel: bool | None = None
-    cp: int | None = None  # context parallel (cost/context.py)
-    ep: int | None = None  # expert parallel (MoE models only)
-    etp: int | None = None  # expert tensor parallel (MoE models only)
-
-
-@dataclass(frozen=True)
-class Request:
-    model: ModelSpec
-    cluster: Cluster
-    global_batch: int | None = None
-    batch_range: tuple[int, int] | None = None  # let the search choose the batch in [min, max]
-    max_bubble: float | None = None
-    pins: Pins = Pins()
-    options: Stack = field(default_factory=default_stack)  # the software stack it runs on
-    top: int = 10
-    refine: int | None = None  # at most K configurations refined; None: until proven (auto)
-    launcher: str | None = None  # only configurations this launcher runs (None: the stack's)
-    partition_method: str = "auto"  # predict/stages.py METHODS: auto, ilp or dp
-    profile: object = None  # a measured Profile (planner/profiling/record.py) replacing analytical times
-
-    @property
-    def batch(self) -> int:
-        return self.global_batch or default_global_batch(self.model.seq_length)
-
-    @property
-    def runs_on(self) -> str | None:
-        """The launcher whose rules every plan must pass: the one asked for, else the stack's
-        own (a plan priced on megatron-core is one Megatron-LM can launch: no ZeRO-2/3)."""
-        if self.launcher is not None:
-            return self.launcher
-        return self.options.launcher if self.options.launcher in LAUNCHERS else None
-
-
-def default_global_batch(seq_len: int) -> int:
-    return max(1, DEFAULT_TOKENS_PER_BATCH // seq_len)
-
-
-def parse_refine(value) -> int | None:
-    """``--refine``: "auto" (None: refine until plan 1 is proven, within a time budget) or a
-    whole number K >= 1 (at most K configurations refined)."""
-    if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
-        return None
-    try:
-        k = int(value)
-    except (TypeError, ValueError):
-        raise PlanInputError(f"--refine takes auto or a whole number K >= 1, got {value!r}")
-    if isinstance(value, float) and k != value:
-        raise PlanInputError(f"--refine takes auto or a whole number K >= 1, got {value!r}")
-    if k < 1:
-        raise PlanInputError(f"--refine must be auto or at least 1, got {k}")
-    return k
-
-
-def validate_pins(req: Request) -> None:
-    """Pins that contradict each other or the GPU count: one line, before any search."""
-    pins, gpus = req.pins, req.cluster.gpus
-    for name in ("tp", "pp", "dp", "micro_batch", "virtual_stages", "cp", "ep", "etp"):
-        value = getattr(pins, name)
-        if value is not None and value < 1:
-            raise PlanInputError(f"--{name.replace('_', '-')} must be positive, got {value}")
-    fixed = [v for v in (pins.tp, pins.pp, pins.dp) if v is not None]
-    prod = pins.cp or 1
-    for v in fixed:
-        prod *= v
-    if len(fixed) == 3 and prod != gpus:
-        cp = f" x --cp {pins.cp}" if pins.cp else ""
-        raise PlanInputError(f"--tp {pins.tp}{cp} x --pp {pins.pp} x --dp {pins.dp} = {prod}, "
-                             f"but there are {gpus} GPUs; they must multiply to the GPU count")
-    if pins.cp and pins.cp > 1:
-        problem = context_problem(req.options, req.model.seq_length, pins.cp)
-        if problem:
-            raise PlanInputError(f"--cp {pins.cp}: {problem}")
-        if pins.tp:
-            problem = context.heads_problem(req.model.num_attention_heads, req.model.num_kv_heads,
-                                            pins.tp, pins.cp, req.options.cp_comm)
-            if problem:
-                raise PlanInputError(f"--cp {pins.cp}: {problem}; choose another --cp or --tp")
-        fixed = fixed or [1]
-    if fixed and gpus % prod:
-        raise PlanInputError(f"the pinned degrees multiply to {prod}, which does not divide "
-                             f"{gpus} GPUs")
-    if pins.schedule is not None and pins.schedule not in SCHEDULES:
-        raise PlanInputError(f"--schedule must be one of {', '.join(SCHEDULES)}, "
-                             f"got {pins.schedule!r}")
-    if pins.recompute is not None and pins.recompute not in RECOMPUTE_PINS:
-        raise PlanInputError(f"--recompute must be one of {', '.join(RECOMPUTE_PINS)}, "
-                             f"got {pins.recompute!r}")
-    if pins.recompute == "selective":
-        unpriced = selective_refusal(req.model, req.options)
-        if unpriced:
-            raise PlanInputError(f"--recompute selective: {unpriced} ({req.model.name} on the "
-                                 f"{req.options.name} stack); use --recompute full or none, or "
-                                 "leave --recompute out")
-    if pins.zero is not None and pins.zero not in (0, 1, 2, 3):
-        raise PlanInputError(f"--zero must be 0, 1, 2 or 3, got {pins.zero}")
-    expert_pin_problem(req.model, pins)
-    if pins.sequence_parallel and pins.tp == 1:
-        raise PlanInputError("--sequence-parallel needs --tp > 1 (it shards what TP replicates)")
-    if pins.virtual_stages and pins.virtual_stages > 1 and not (
-            pins.schedule and schedule_traits(pins.schedule).takes_virtual_stages):
-        raise PlanInputError("--virtual-stages > 1 needs --schedule interleaved (the schedule "
-                             "with virtual stages); add it")
-    if req.global_batch is not None and req.global_batch < 1:
-        raise PlanInputError(f"--global-batch must be positive, got {req.global_batch}")
-    if req.batch_range is not None:
-        low, high = req.batch_range
-        if req.global_batch is not None:
-            raise PlanInputError("give --global-batch or --global-batch-range, not both")
-        if not 1 <= low <= high:
-            raise PlanInputError(f"--global-batch-range needs 1 <= MIN <= MAX, got {low},{high}")
-    if req.partition_method not in METHODS:
-        raise PlanInputError(f"--partition must be one of {', '.join(METHODS)}, "
-                             f"got {req.partition_method!r}")
-    if req.top < 1:
-        raise PlanInputError(f"--top must be at least 1, got {req.top}")
-    if req.refine is not None and req.refine < 1:
-        raise PlanInputError(f"--refine must be auto or at least 1, got {req.refine}")
-    if req.launcher is not None and req.launcher not in LAUNCHERS:
-        raise PlanInputError(f"--launcher must be one of {', '.join(LAUNCHERS)}, "
-                             f"got {req.launcher!r}")
-    if req.max_bubble is not None and not 0 < req.max_bubble <= 1:
-        raise PlanInputError(f"--max-bubble is a fraction in (0, 1], got {req.max_bubble}")
-
-
-def tp_rule(model: ModelSpec, cluster: Cluster, tp: int) -> str | None:
-    """Why tensor parallelism of this degree cannot run here (None when it can). TP groups stay
-    inside an NVLink domain: a node on HGX boards, the 72-GPU rack on GB200 NVL72."""
-    domain = cluster.nvlink_domain
-    if tp > domain or domain % tp:
-        return "TP across nodes" if domain == cluster.gpus_per_node else \
-            "TP across NVLink domains"
-    # No rule for the vocabulary: it is padded to a multiple of TP as Megatron-LM pads it
-    # (ModelSpec.padded_vocab_size).
-    for what, n in (("heads", model.num_attention_heads), ("KV heads", model.num_kv_heads),
-                    ("FFN", model.ffn_hidden_size)):
-        if n % tp:
-            return f"{what} not divisible by TP"
-    return None
 
 
 def enumerate_configs(req: Request, rejected: Counter):
@@ -248,34 +90,6 @@ def context_degrees(req: Request) -> tuple[int, ...]:
                  if cp == 1 or seq // cp >= CP_MIN_LOCAL_TOKENS)
 
 
-def context_problem(stack: Stack, seq_len: int, cp: int) -> str | None:
-    """Why cp > 1 cannot run on this stack and sequence (None when it can), in full."""
-    found = _context_reason(stack, seq_len, cp)
-    return found and found[1]
-
-
-def context_rule(stack: Stack, seq_len: int, cp: int) -> str | None:
-    """:func:`context_problem` as the search counts it (one reason per rule)."""
-    found = _context_reason(stack, seq_len, cp)
-    return found and found[0]
-
-
-def _context_reason(stack: Stack, seq_len: int, cp: int) -> tuple[str, str] | None:
-    """(the counted reason, the full message) of the first context-parallel rule broken."""
-    if cp <= 1:
-        return None
-    if stack.cp_comm is None:
-        return (f"{stack.name} runs no context parallelism",
-                f"the {stack.name} stack runs no context parallelism (`plan stacks`); use "
-                "--stack megatron-core or torchtitan, or drop --cp")
-    if not stack.flash_attention:
-        return ("context parallelism needs flash attention",
-                "context parallelism needs flash attention (Transformer Engine / SDPA ring "
-                "attention): drop --no-flash")
-    problem = context.sequence_problem(seq_len, cp)
-    return problem and ("sequence not divisible by 2*cp", problem)
-
-
 def expert_degrees(req: Request, tp: int, cp: int, dp: int) -> tuple[tuple[int, int | None], ...]:
     """The (ep, etp) pairs the search considers for one shape (etp None: same as tp). A dense
     model: (1, None). An MoE model: every ep dividing the stage's tp·cp·dp ranks, with etp = tp
@@ -296,35 +110,6 @@ def expert_degrees(req: Request, tp: int, cp: int, dp: int) -> tuple[tuple[int, 
     return tuple(out)
 
 
-def expert_rule(model: ModelSpec, tp: int, cp: int, dp: int, ep: int, etp: int) -> str | None:
-    """Why experts cannot be split this way (None when they can): ep must divide the experts,
-    etp·ep the stage's tp·cp·dp ranks (Megatron-Core), etp the expert FFN width."""
-    experts = model.num_experts
-    if ep > 1 and (not experts or experts % ep):
-        return "ep does not divide the experts"
-    if (tp * cp * dp) % (ep * etp):
-        return "etp x ep does not divide tp x cp x dp"
-    widths = {layer.ffn_hidden_size for layer in model.layers if layer.is_moe}
-    if any(w % etp for w in widths):
-        return "expert FFN not divisible by etp"
-    return None
-
-
-def expert_pin_problem(model: ModelSpec, pins: Pins) -> None:
-    """--ep / --etp pins that cannot run: one line, exit 2."""
-    if (pins.ep or pins.etp) and not model.is_moe:
-        raise PlanInputError(f"--ep and --etp split experts; {model.name} is a dense model (no "
-                             "num_experts): drop them")
-    if pins.ep and model.num_experts % pins.ep:
-        raise PlanInputError(f"--ep {pins.ep} does not divide the {model.num_experts} experts of "
-                             f"{model.name}: use a divisor of {model.num_experts}")
-    if pins.etp and model.is_moe:
-        widths = {layer.ffn_hidden_size for layer in model.layers if layer.is_moe}
-        if any(w % pins.etp for w in widths):
-            raise PlanInputError(f"--etp {pins.etp} does not divide the expert FFN width "
-                                 f"({min(widths)})")
-
-
 def space_size(req: Request) -> int:
     """How many configurations the pins allow, before any rule: the sum of knob_count over every
     (tp, pp, dp, mb) shape. enumerate_configs accounts for each one exactly once."""
@@ -342,28 +127,6 @@ def _context_size(req: Request, cp: int) -> int:
             total += knob_count(req, tp, pp, cp) * (
                 1 if pins.micro_batch else len(MICRO_BATCHES))
     return total
-
-
-# --recompute: a mode every stage uses, or "block" (Megatron's --recompute-method block): each
-# stage recomputes its first N blocks, N chosen per stage (predict/stages.py BLOCK_PIN)
-RECOMPUTE_PINS = (*RECOMPUTE_MODES, BLOCK_PIN)
-
-
-def pinned_recompute(pin: str | None) -> str | None:
-    """The configuration's recompute mode for a --recompute pin ("block" runs full granularity)."""
-    return "full" if pin == BLOCK_PIN else pin
-
-
-def exact_recompute(req: Request) -> bool | str:
-    """How the stages' modes are narrowed (predict/stages.py allowed_modes): to Megatron's block
-    method on that pin; else to the configuration's own mode where it is pinned or where the
-    plan runs on a launcher, since every bundled launcher applies one recompute setting to all
-    stages (Megatron's --recompute-granularity/-method, DeepSpeed's
-    activation_checkpoint_interval, torchtitan's activation_checkpoint.mode), so a stage split
-    that mixes modes would be priced as something no launcher runs; free otherwise."""
-    if req.pins.recompute == BLOCK_PIN:
-        return BLOCK_PIN
-    return req.pins.recompute is not None or req.runs_on is not None
 
 
 def _choices(req: Request, tp: int, pp: int):
@@ -454,35 +217,3 @@ def _schedules(req: Request, shape: Parallel, rejected: Counter):
                     rejected[unpriced] += 1
                     continue
                 yield par
-
-
-def launcher_rule(req: Request, par: Parallel) -> str | None:
-    """The first rule of ``req.runs_on`` this configuration breaks (None when it runs)."""
-    return launcher_allows(req.runs_on, Facts.of(par, req.model))
-
-
-def stack_rule(stack: Stack, par: Parallel) -> str | None:
-    """Why the stack cannot run this configuration's pipeline schedule (None when it can; a
-    single stage runs no pipeline schedule)."""
-    if par.pp > 1 and par.schedule not in stack.schedules:
-        return (f"the {stack.name} stack runs no {par.schedule} schedule (it runs "
-                f"{', '.join(stack.schedules)}); choose one of those or another --stack")
-    return None
-
-
-# Megatron-LM arguments.py: "When using MoE and tensor parallelism, sequence parallelism must be
-# used" (cost/moe.py prices the dispatch of a GPU's T/tp tokens on that ground).
-MOE_NEEDS_SP = "MoE with TP needs sequence parallel"
-UNEVEN_UNPINNED = "uneven interleaving (searched when --virtual-stages is pinned)"
-
-
-def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:
-    """Why the pipeline schedule cannot run this way (Megatron's rules), None when it can."""
-    layers = len(model.layers)
-    if par.num_chunks > layers:
-        return f"{par.num_chunks} chunks for {layers} layers: use fewer stages"
-    if par.num_chunks > MAX_CHUNKS:  # core/limits.py
-        return f"{par.num_chunks} pipeline chunks; at most {MAX_CHUNKS}"
-    # Blocks need not divide evenly into pp x v chunks: the partitioner splits interleaved
-    # chunks unevenly, and each launcher's own rules refuse what it cannot express.
-    return par.schedule_problem()

@@ -19,7 +19,7 @@ from planner.core.errors import PlanInputError
 from planner.core.parallel import SCHEDULES
 from planner.hardware.profiles import load_hardware
 from planner.model.load import load_model
-from planner.search.space import RECOMPUTE_PINS, default_global_batch
+from planner.search.request import RECOMPUTE_PINS, default_global_batch
 from planner.stack import resolve_stack
 from planner.sweeping.digest import FILE_VALUED, point_digest
 from planner.sweeping.spec import SweepSpec
