@@ -9,9 +9,9 @@ from planner.model.load import load_model
 from planner.model.presets import PRESETS
 from planner.model.template import model_template
 from planner.report.models import template_table
-from planner.report.plans import (hardware_dict, hardware_sources_lines, hardware_table,
-                                  models_table)
-from planner.report.stacks import components_dict, components_table, stacks_dict, stacks_table
+from planner.report.catalog import (components_dict, components_table, hardware_dict,
+                                    hardware_sources_lines, hardware_table, models_table,
+                                    stacks_dict, stacks_table)
 from planner.stack import bundled_components, bundled_stacks
 from planner.cli.common import _flag, app, out, print_json, user_errors
 
@@ -29,7 +29,7 @@ def models(ctx: typer.Context):
     Example: plan models show llama3-8b --json > model.json
     """
     if ctx.invoked_subcommand is None:
-        out.print(models_table(PRESETS))
+        out.print(models_table(PRESETS, out.width))
 
 
 @models_app.command("show")
@@ -66,7 +66,7 @@ def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its sourc
         if as_json:
             print_json((components_dict if components else stacks_dict)(found))
         else:
-            out.print((components_table if components else stacks_table)(found))
+            out.print((components_table if components else stacks_table)(found, out.width))
 
 
 @app.command("hardware")
@@ -77,6 +77,6 @@ def hardware_cmd(as_json: bool = _flag(False, "--json", "Every field and its sou
         if as_json:
             print_json(hardware_dict(gpus, sources))
             return
-        out.print(hardware_table(gpus))
+        out.print(hardware_table(gpus, out.width))
         for line in hardware_sources_lines(sources):
             out.print(line, highlight=False, soft_wrap=True)

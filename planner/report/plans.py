@@ -1,8 +1,8 @@
-"""Rich tables for plans, models and hardware: what the CLI prints."""
+"""Rich tables for plans: what `plan solve` prints."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Callable
 
 from rich import box
@@ -13,7 +13,6 @@ from rich.table import Table
 from planner.core.text import for_rich
 from planner.core.units import GIB
 from planner.fidelity.record import load_record, record_line
-from planner.hardware.profiles import Hardware
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 from planner.report.frames import blocks_per_stage, stage_recompute
@@ -23,7 +22,8 @@ _MEASURE = Console(width=10_000, color_system=None)
 
 
 
-def _si(x: float) -> str:
+def si_count(x: float) -> str:
+    """8.03B, 1.20M: a count in three significant figures."""
     for unit, scale in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("k", 1e3)):
         if abs(x) >= scale:
             return f"{x / scale:.2f}{unit}"
@@ -70,7 +70,7 @@ COLUMNS = (
     Column("recomp", recompute_label, left=True),
     Column("ZeRO", lambda p: str(p.parallel.zero)),
     Column("SP", lambda p: "on" if p.parallel.sequence_parallel else "off"),
-    Column("tokens/s", lambda p: _si(p.metrics.tokens_per_s), knob=False),
+    Column("tokens/s", lambda p: si_count(p.metrics.tokens_per_s), knob=False),
     Column("blocks", lambda p: blocks_per_stage(p), left=True),
 )
 # The order the columns appear in, whichever are shown.
@@ -191,51 +191,10 @@ def rejected_line(rejected: dict[str, int]) -> str:
     return "rejected: " + ", ".join(f"{reason} {count}" for reason, count in items)
 
 
-def models_table(models: dict[str, ModelSpec]) -> Table:
-    table = Table(title="Model presets (plan solve --model NAME)", title_justify="left")
-    for col in ("name", "params", "layers", "hidden", "heads", "kv", "ffn", "mlp", "vocab",
-                "seq"):
-        table.add_column(col, justify="left" if col in ("name", "mlp") else "right")
-    for name, m in models.items():
-        table.add_row(name, _si(m.params), str(m.num_layers), str(m.hidden_size),
-                      str(m.num_attention_heads), str(m.num_kv_heads), str(m.ffn_hidden_size),
-                      m.mlp, str(m.vocab_size), str(m.seq_length))
-    return table
-
-
-def hardware_table(gpus: dict[str, Hardware]) -> Table:
-    table = Table(title="Bundled GPUs (plan solve --gpu NAME, or --hardware FILE)",
-                  title_justify="left")
-    for col in ("name", "bf16 TFLOP/s", "fp8 TFLOP/s", "memory GiB", "HBM GB/s", "NVLink GB/s",
-                "network GB/s", "GPUs/node", "NVLink domain"):
-        table.add_column(col, justify="left" if col == "name" else "right")
-    for name, hw in gpus.items():
-        fp8 = f"{hw.peak_fp8_tflops:g}" if hw.peak_fp8_tflops else "-"  # no FP8 tensor cores
-        table.add_row(name, f"{hw.peak_tflops:g}", fp8, f"{hw.memory_gib:g}",
-                      f"{hw.memory_bandwidth_gbps:g}", f"{hw.intra_node_gbps:g}",
-                      f"{hw.inter_node_gbps:g}", str(hw.gpus_per_node),
-                      str(hw.nvlink_domain or hw.gpus_per_node))
-    return table
-
-
-def hardware_sources_lines(sources: dict[str, dict]) -> list[str]:
-    """Under the GPU table: the document each profile's figures are read from."""
-    lines = ["sources (every field's: plan hardware --json):"]
-    for name, src in sources.items():
-        lines.append(f"  {for_rich(name)}: {for_rich(src.get('datasheet', 'not given'))}")
-    return lines
-
-
-def hardware_dict(gpus: dict[str, Hardware], sources: dict[str, dict]) -> dict:
-    """``plan hardware --json``: each profile's values and the source of each."""
-    return {name: {"values": {f.name: getattr(hw, f.name) for f in fields(hw)},
-                   "sources": sources.get(name, {})} for name, hw in gpus.items()}
-
-
 def search_title(result, model: ModelSpec, cluster) -> str:
     nodes = f"{cluster.nodes} node" + ("s" if cluster.nodes > 1 else "")
     batches = {p.parallel.global_batch for p in result.plans}
-    return (f"{for_rich(model.name)} ({_si(model.params)} params, seq {model.seq_length}) on "
+    return (f"{for_rich(model.name)} ({si_count(model.params)} params, seq {model.seq_length}) on "
             f"{cluster.gpus} x {for_rich(cluster.hardware.name)} ({nodes})"
             + (f", global batch {batches.pop()}" if len(batches) == 1 else ""))
 
