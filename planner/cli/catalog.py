@@ -5,10 +5,9 @@ from __future__ import annotations
 import typer
 
 from planner.hardware.profiles import bundled_hardware, bundled_sources
-from planner.model.load import load_model
-from planner.model.presets import PRESETS
+from planner.model.load import load_model, presets
 from planner.model.template import model_template
-from planner.report.models import template_table
+from planner.report.models import parameters_line, template_table
 from planner.report.catalog import (components_dict, components_table, hardware_dict,
                                     hardware_sources_lines, hardware_table, models_table,
                                     stacks_dict, stacks_table)
@@ -29,7 +28,7 @@ def models(ctx: typer.Context):
     Example: plan models show llama3-8b --json > model.json
     """
     if ctx.invoked_subcommand is None:
-        out.print(models_table(PRESETS, out.width))
+        out.print(models_table(presets(), out.width))
 
 
 @models_app.command("show")
@@ -49,6 +48,7 @@ def models_show(
         if as_json:
             print_json(model_template(spec))
         else:
+            out.print(parameters_line(spec), highlight=False)
             out.print(template_table(spec))
 
 

@@ -3,14 +3,17 @@ HuggingFace config.json; every field checked, one line on error."""
 
 from __future__ import annotations
 
+from dataclasses import replace
+from functools import lru_cache
+from pathlib import Path
+
 from planner.model.presets import ALIASES, DEFAULT_MODEL, PRESETS
 from planner.model.spec import LAYER_KINDS, MLP_KINDS, NORM_KINDS, QK_NORM_KINDS, Layer, ModelSpec
-
-from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.schema import suggestion
 from planner.core.text import check_name
+from planner.core.units import DATA_DIR
 from planner.model.huggingface import MOE_FAMILIES, huggingface_fields
 from planner.model.moe_import import moe_fields
 from planner.model.schema import check_model_document
@@ -18,6 +21,29 @@ from planner.model.schema import check_model_document
 
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
              "num_experts_per_tok", "moe_intermediate_size")
+
+
+# The mixture-of-experts presets: HuggingFace config.json files as released (profiles/models/),
+# read as a user's config would be. mixtral-8x7b.json is transformers' MixtralConfig defaults,
+# which its docstring ties to "mistralai/Mixtral-8x7B-v0.1" (huggingface/transformers
+# src/transformers/models/mixtral/configuration_mixtral.py, commit 008e5743); the Qwen3 and
+# DeepSeek-V3 files are the ones the MoE validation cases use (profiles/validation/configs/).
+MOE_PRESETS_DIR = DATA_DIR / "models"
+
+
+def moe_preset_names() -> tuple[str, ...]:
+    return tuple(sorted(p.stem for p in MOE_PRESETS_DIR.glob("*.json")))
+
+
+@lru_cache(maxsize=None)
+def _moe_preset(name: str) -> ModelSpec:
+    path = MOE_PRESETS_DIR / f"{name}.json"
+    return replace(model_from_dict(read_json(path, "model file"), origin=str(path)), name=name)
+
+
+def presets() -> dict[str, ModelSpec]:
+    """Every preset, dense then mixture-of-experts, by name (`plan models`)."""
+    return {**PRESETS, **{name: _moe_preset(name) for name in moe_preset_names()}}
 
 
 def load_model(source: str | Path | None) -> ModelSpec:
@@ -28,9 +54,12 @@ def load_model(source: str | Path | None) -> ModelSpec:
     key = text.lower().strip()
     if key in PRESETS or key in ALIASES:
         return PRESETS[ALIASES.get(key, key)]
+    if key in moe_preset_names():
+        return _moe_preset(key)
     path = Path(text)
     if not path.exists():
-        raise PlanInputError(f"unknown model '{text}'{suggestion(key, [*PRESETS, *ALIASES])}: "
+        known = [*PRESETS, *ALIASES, *moe_preset_names()]
+        raise PlanInputError(f"unknown model '{text}'{suggestion(key, known)}: "
                              "not a file and not a preset; `plan models` lists the presets")
     data = read_json(path, "model file")
     spec = model_from_dict(data, origin=str(path))

@@ -29,3 +29,13 @@ def template_table(spec: ModelSpec) -> Table:
     if "layers" in doc:
         table.add_row("layers", f"{len(doc['layers'])} layers (see --json)", "", "")
     return table
+
+
+def parameters_line(spec: ModelSpec) -> str:
+    """``mixtral-8x7b: 46.70B parameters, 12.88B active per token``: what a model card leads
+    with, before the fields."""
+    from planner.report.plans import si_count
+    text = f"{for_rich(spec.name)}: {si_count(spec.params)} parameters"
+    if spec.is_moe:
+        text += f", {si_count(spec.active_params)} active per token"
+    return text
