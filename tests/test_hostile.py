@@ -564,7 +564,8 @@ def test_a_killed_export_is_reported_not_read(tmp_path):
 
     out = tmp_path / "run"
     fileset.write_set(out, [fileset.OutFile("plan.json", "{}")])
-    (out / fileset.MANIFEST).unlink()  # what a writer killed between its renames leaves
+    (out / fileset.MANIFEST).unlink()  # what a writer killed between its renames leaves:
+    (out / fileset.SWAPPING).touch()  # no manifest, and its marker (tests/test_fileset_kill.py)
     with pytest.raises(Exception, match="incomplete"):
         fileset.read_set(out)
 

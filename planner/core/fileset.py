@@ -1,14 +1,17 @@
 """Writing a set of files (one export: plan.json, launch.sh, ...) all-or-nothing and one writer
 at a time, so that nobody runs ``launch.sh`` of one plan with ``megatron_args.sh`` of another.
 
-How: writers to one directory take an exclusive ``flock`` on ``DIR/.plan3d.lock`` (readers through
-:func:`read_set` a shared one). Inside it every new file is first written completely beside its
+How: writers to one directory take an exclusive ``flock`` on the directory itself (readers through
+:func:`read_set` a shared one): no lock file is left behind, and none can be a symlink that sends
+the write elsewhere or a FIFO that blocks the open. Inside it every new file is first written completely beside its
 target (a temporary file, fsync'ed); only then is the old manifest removed, each file renamed into
 place (the one it replaces kept as a backup) and the new manifest ``plan3d-manifest.json`` -- the
 SHA-256 of every file in the set -- written last. Any error before the manifest (disk full,
 permission, a file in the way) restores the backups and the old manifest: the directory is as it
-was. A writer killed between the renames leaves no manifest, which :func:`verify_set` reports as
-an incomplete set instead of handing out a mix. Files of the previous set that the new one does
+was. A writer killed between the renames leaves no manifest and its ``.plan3d-swapping`` marker,
+which :func:`verify_set` and :func:`read_set` report as an incomplete set instead of handing out a
+mix (tests/test_fileset_kill.py kills a writer at every rename); the next writer clears what it
+left. Files of the previous set that the new one does
 not contain are removed with it (a stale ``megatron_args.sh`` would otherwise be sourced by a new
 ``launch.sh``).
 """
@@ -28,9 +31,11 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 
 MANIFEST = "plan3d-manifest.json"
-LOCK = ".plan3d.lock"
+LOCK = ".plan3d.lock"  # the lock file of earlier releases: removed by the next writer
 SCHEMA = "plan3d/export-set/v1"
 _BACKUP = ".plan3d-old"
+# present only while a writer swaps files in: found with no valid manifest, a writer was killed
+SWAPPING = ".plan3d-swapping"
 
 
 class OutputError(PlanInputError):
@@ -57,14 +62,13 @@ def _sha256(data: bytes) -> str:
 
 @contextmanager
 def _locked(out_dir: Path, exclusive: bool):
+    """``flock`` on the directory (Linux and macOS lock a directory's descriptor as a file's).
+    A reader of a directory that does not exist takes no lock: no writer has been there."""
     try:
-        if exclusive:
-            fd = os.open(out_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-        else:  # a reader never creates the lock: no lock file, no writer has been here
-            fd = os.open(out_dir / LOCK, os.O_RDONLY)
+        fd = os.open(out_dir, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
     except OSError as e:
         if exclusive:
-            raise output_error(e, out_dir / LOCK) from None
+            raise output_error(e, out_dir) from None
         yield
         return
     try:
@@ -154,8 +158,12 @@ def write_set(out_dir: str | Path, files: list[OutFile], force: bool = False,
             if present:
                 raise PlanInputError(f"{out_dir} holds {present[0]} of an earlier export, which "
                                      "this one replaces; pass --force to replace the set")
-        for stale in out_dir.glob(f".*{_BACKUP}"):  # left by a writer that was killed
-            _unlink(stale)
+        # left by a writer that was killed (no writer is alive: we hold the lock), and the lock
+        # file of earlier releases (a file, a link or a FIFO: the name is unlinked, never followed)
+        for stale in [*out_dir.glob(f".*{_BACKUP}"), *out_dir.glob(".*.tmp"), out_dir / LOCK,
+                      out_dir / SWAPPING]:
+            if stale.is_symlink() or stale.exists() and not stale.is_dir():
+                _unlink(stale)
         temps: dict[str, Path] = {}
         digests: dict[str, str] = {}
         try:
@@ -182,7 +190,9 @@ def _swap(out_dir: Path, names: list[str], temps: dict[str, Path], stale_names: 
     manifest_backup = out_dir / f".{MANIFEST}{_BACKUP}"
     had_manifest = False
     current = manifest_path  # what an error message names
+    marker = out_dir / SWAPPING
     try:
+        os.close(os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644))
         if manifest_path.exists():
             os.replace(manifest_path, manifest_backup)
             had_manifest = True
@@ -223,6 +233,7 @@ def _swap(out_dir: Path, names: list[str], temps: dict[str, Path], stale_names: 
                 os.replace(manifest_backup, manifest_path)
             except OSError:
                 pass
+        _unlink(marker)
         if isinstance(e, OSError):
             raise output_error(e, current) from None
         raise
@@ -230,6 +241,7 @@ def _swap(out_dir: Path, names: list[str], temps: dict[str, Path], stale_names: 
         if backup is not None:
             _unlink(backup)
     _unlink(manifest_backup)
+    _unlink(marker)
     _fsync_dir(out_dir)
 
 
@@ -244,7 +256,8 @@ def verify_set(out_dir: str | Path) -> str | None:
 def _problem(out_dir: Path) -> str | None:
     manifest = _read_manifest(out_dir)
     if manifest is None:
-        if (out_dir / MANIFEST).exists() or (out_dir / LOCK).exists():
+        killed = (out_dir / SWAPPING).exists() or (out_dir / SWAPPING).is_symlink()
+        if (out_dir / MANIFEST).exists() or killed:
             return (f"{out_dir} holds an incomplete export (no valid {MANIFEST}: an export was "
                     "interrupted); export again with --force")
         return None
