@@ -49,3 +49,24 @@ def test_a_listing_checks_its_own_shape():
         Listing("t", ("name", "x"), (("a", "1"),), drop_order=("name",))
     table = fitted(Listing("t", ("name", "x"), (("a", "1"),), drop_order=("x",)), 80)
     assert [c.header for c in table.columns] == ["name", "x"]
+
+
+def test_plan_validate_leads_with_groups_and_lists_cases_on_request():
+    """At 80 columns: one row per group with its errors, then the summary, in well under a
+    screenful of lines per group (it printed 1,160 lines, every name cut); --cases gives every
+    case with its name whole."""
+    from typer.testing import CliRunner
+
+    from cli import app
+    from planner.fidelity.cases import DEFAULT_FILES, load_cases
+    cases = [c for path in DEFAULT_FILES for c in load_cases(path)]
+    runner = CliRunner()
+    grouped = runner.invoke(app, ["validate"], env={"COLUMNS": "80"})
+    assert grouped.exit_code == 0, grouped.output
+    assert "…" not in grouped.output and len(grouped.output.splitlines()) < 80
+    assert {c["group"] for c in cases} <= {line.split()[0] for line in
+                                           grouped.output.splitlines() if line.split()}
+    assert "mean |error|" in grouped.output
+    listed = runner.invoke(app, ["validate", "--cases"], env={"COLUMNS": "80"})
+    names = {line.split()[0] for line in listed.output.splitlines() if line.split()}
+    assert {c["name"] for c in cases} <= names and "…" not in listed.output

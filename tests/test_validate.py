@@ -10,7 +10,7 @@ import pytest
 
 from planner.fidelity.cases import DEFAULT_FILE, MODERN_FILE, case_setup, load_cases
 from planner.fidelity.published import spearman, summarize, validate_cases, validate_file
-from planner.report.validation import summary_lines, validation_markdown, validation_table
+from planner.report.validation import cases_table, groups_table, summary_lines, validation_markdown
 
 
 @pytest.fixture(scope="module")
@@ -159,7 +159,8 @@ def test_renderings(result):
     md = validation_markdown(rows, s)
     assert sum(line.startswith("| ") for line in md.splitlines()) == len(rows) + 1  # + header
     assert "| megatron2021-table1-1.7B |" in md and "Spearman" in md
-    assert validation_table(rows, s).row_count == len(rows)
+    assert cases_table(rows).row_count == len(rows)
+    assert groups_table(rows).row_count == len({r.group for r in rows if r.time_error is not None})
 
 
 # --- both files: old (2020-23, unfused attention) and modern (flash, FSDP, torchtitan) ----------

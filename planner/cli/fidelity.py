@@ -18,7 +18,8 @@ from planner.fidelity.cases import DEFAULT_FILES, load_cases
 from planner.fidelity.published import validate_file
 from planner.hardware.profiles import load_hardware
 from planner.report.calibration import calibration_table
-from planner.report.validation import validation_markdown, validation_table
+from planner.report.validation import (cases_table, groups_table, summary_lines,
+                                       validation_markdown)
 from planner.stack import resolve_stack
 from planner.cli.common import _flag, app, out, progress_bar, user_errors
 
@@ -38,10 +39,13 @@ def validate(
     stack: Optional[str] = typer.Option(None, "--stack",
                                         help="Price every case on this stack NAME or FILE "
                                              "instead of the stack each case names."),
+    cases: bool = _flag(False, "--cases", "Every case, one row each (default: each group's "
+                                          "errors, then the summary)."),
 ):
     """Predict published training runs and compare: step time, TFLOP/s, memory, ranking.
 
-    Examples: plan validate · plan validate --runs my_runs.json --hardware h100-mine.json
+    Examples: plan validate · plan validate --cases · plan validate --runs my_runs.json
+    --hardware h100-mine.json
     """
     with user_errors():
         if file is not None and runs is not None:
@@ -54,7 +58,9 @@ def validate(
         if markdown:
             sys.stdout.write(validation_markdown(rows, summary))
         else:
-            out.print(validation_table(rows, summary))
+            out.print((cases_table if cases else groups_table)(rows, out.width))
+            for line in summary_lines(summary):
+                out.print(escape(line), highlight=False)
 
 
 @app.command("calibrate")

@@ -10,6 +10,7 @@ from planner.core.text import for_rich
 
 from planner.fidelity.published import ValidationSummary
 from planner.report.frames import validation_frame
+from planner.report.listing import Listing, fitted
 
 
 def _missing(x) -> bool:
@@ -75,17 +76,42 @@ def _frame_rows(rows):
     return validation_frame(rows).reset_index().itertuples(index=False)
 
 
-def validation_table(rows, summary: ValidationSummary) -> Table:
-    """A rich table of the rows, its caption the summary: what ``plan validate`` prints."""
-    table = Table(title="Predictions against published runs", title_justify="left",
-                  caption="\n".join(for_rich(line) for line in summary_lines(summary)),
-                  caption_justify="left")
-    for h in _HEADERS:
-        table.add_column(h, justify="left" if h in ("case", "configuration", "stack", "note")
-                         else "right")
-    for r in _frame_rows(rows):
-        table.add_row(*(for_rich(cell) for cell in _cells(r)))  # names come from the runs file
-    return table
+def cases_table(rows, width: int | None = None) -> Table:
+    """Every case, one row each (``plan validate --cases``): the case name whole, the columns
+    after it dropped at a narrow width, the step-time error last of all."""
+    cells = tuple(tuple(for_rich(c) for c in _cells(r)) for r in _frame_rows(rows))
+    return fitted(Listing(
+        "Predictions against published runs", tuple(_HEADERS), cells,
+        right=("measured s", "predicted s", "time err", "TFLOP/s meas / pred",
+               "mem GiB meas / pred", "mem err"),
+        drop_order=("note", "stack", "TFLOP/s meas / pred", "configuration", "mem GiB meas / pred",
+                    "measured s", "predicted s", "mem err"),
+        caption="--markdown: every column; planner.validate().to_frame(): the numbers"), width)
+
+
+def groups_table(rows, width: int | None = None) -> Table:
+    """One row per group of runs (one source's table or sweep): how many, the mean and signed
+    step-time error, and the worst case; what ``plan validate`` prints before its summary."""
+    by_group: dict[str, list] = {}
+    for r in rows:
+        if r.time_error is not None:
+            by_group.setdefault(r.group, []).append(r)
+    cells = []
+    for group, found in by_group.items():
+        errors = [r.time_error for r in found]
+        worst = max(found, key=lambda r: abs(r.time_error))
+        cells.append((for_rich(group), str(len(found)),
+                      f"{sum(abs(e) for e in errors) / len(errors):.1%}",
+                      f"{sum(errors) / len(errors):+.1%}", f"{worst.time_error:+.1%}",
+                      for_rich(worst.case)))
+    return fitted(Listing(
+        "Predictions against published runs, by group",
+        ("group", "cases", "mean |err|", "signed", "worst", "worst case"), tuple(cells),
+        right=("cases", "mean |err|", "signed", "worst"), wrap=("worst case",),
+        drop_order=("worst case",),
+        caption="err: predicted / measured step time - 1 (below 0: the model is optimistic); "
+                "--cases: every case"),
+        width)
 
 
 def validation_markdown(rows, summary: ValidationSummary) -> str:
