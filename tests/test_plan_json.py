@@ -56,6 +56,8 @@ def test_exported_plans_validate(tmp_path, change):
     doc = exported(make_plan(**change), tmp_path)
     VALIDATOR.validate(doc)
     assert doc["schema"] == "plan3d/plan/v2"
+    # and plan simulate's strict reading takes every variant as exported
+    assert simulation_job(None, None, None, None, None, None, tmp_path / "plan.json")
 
 
 def test_gpt_and_nonstandard_models_validate(tmp_path):
@@ -168,3 +170,27 @@ def test_simulate_refuses_other_versions(tmp_path):
         simulation_job(None, None, None, None, None, None, path)
     result = CliRunner().invoke(app, ["simulate", "--plan", str(path)])
     assert result.exit_code == 2 and "plan3d/plan/v9" in result.output
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda d: d.update(bogus=1), "unknown field 'bogus'"),
+    (lambda d: d.update(stagse=1), "did you mean 'stages'"),
+    (lambda d: d["model"].update(name="x\n\x1b[31m"), "control or invisible character"),
+    (lambda d: d["stages"][1].update(stage=0), "numbered 0, 1, ... in order"),
+    (lambda d: d["stages"][0].update(layers={"start": 5, "stop": 2}), "at least one"),
+])
+def test_simulate_refuses_an_edited_plan_in_one_line(tmp_path, edit, message):
+    """plan simulate --plan reads a v2 plan.json strictly (core/plan_schema.py): a key v2 does not
+    write, a name with control characters, stages renumbered, an empty layer range. The file is
+    read on its own (outside its export set, so the manifest check does not catch it first)."""
+    doc = exported(make_plan(), tmp_path)
+    assert simulation_job(None, None, None, None, None, None, _saved(tmp_path, doc))
+    edit(doc)
+    with pytest.raises(PlanInputError, match=message):
+        simulation_job(None, None, None, None, None, None, _saved(tmp_path, doc))
+
+
+def _saved(tmp_path, doc):
+    path = tmp_path / "edited.json"
+    path.write_text(json.dumps(doc))
+    return path

@@ -1,13 +1,16 @@
 """The schema of a saved plan (plan.json from ``--export json``, or ``plan solve --json`` output)
 as ``plan simulate --plan`` reads it: the parallel settings and per-stage times it uses, each
-checked for type, finiteness and range. Other keys (metrics, layout, notes, and whatever a newer
-plan schema adds) are not read, so they are not checked either."""
+checked for type, finiteness and range; the stages numbered 0, 1, ... once each, their layer
+ranges non-empty; the model's name printable. A v2 plan's top-level keys are the ones v2 writes
+(a misspelt or foreign key is refused with the closest one); the contents of the keys it does not
+read (metrics, layout, notes, ...) are not checked, and a v1 plan is read tolerantly."""
 
 from __future__ import annotations
 
 from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES
-from planner.core.schema import Bool, Free, Int, Num, OneOf, Text, check_list, check_object
+from planner.core.schema import (Bool, Free, Int, Name, Num, OneOf, Text, check_list,
+                                 check_object, check_value)
 from planner.core.errors import PlanInputError
 
 MAX_SECONDS = 1e9
@@ -31,6 +34,11 @@ PARALLEL = {
 # stage's full backward ``bwd_s`` and its weight part ``wgrad_s``; v2 (plan.json) gives the two
 # parts, ``bwd_input_s`` and ``bwd_weight_s``.
 PLAN_SCHEMAS = ("plan3d/plan/v1", "plan3d/plan/v2")
+
+# The top-level keys plan.json v2 writes (planner/launchers/plan_json.py); "plans" wraps them in
+# the output of `plan solve --json`.
+V2_KEYS = ("schema", "plan_digest", "conventions", "model", "precision", "layers", "cluster",
+           "parallel", "stages", "loss_stage", "engines", "metrics", "layout", "notes", "stack")
 
 _STAGE_COMMON = {
     "stage": Int(0, MAX_CHUNKS),
@@ -73,6 +81,11 @@ def check_plan_document(doc, origin: str) -> tuple[str, dict, list[dict]]:
         if key not in doc:
             raise PlanInputError(f"{origin}: missing '{key}'; write the plan again with "
                                  "plan solve --export json --out DIR")
+    if schema == "plan3d/plan/v2":
+        check_object(doc, {key: Free() for key in V2_KEYS}, origin, "plan", tolerant=False)
+    model = doc.get("model")
+    if isinstance(model, dict) and "name" in model:  # printed in the summary and the Gantt
+        check_value(model["name"], Name(), f"{origin}: model 'name'")
     par = check_object(doc["parallel"], PARALLEL, f"{origin}: parallel", "plan's parallel",
                        tolerant=True)
     chunks = par["pp"] * par["virtual_stages"]
@@ -85,4 +98,22 @@ def check_plan_document(doc, origin: str) -> tuple[str, dict, list[dict]]:
     if len(checked) != chunks:
         raise PlanInputError(f"{origin}: {len(checked)} stages, but pp x virtual_stages = "
                              f"{chunks}; the plan is inconsistent")
+    _check_stage_order(stages, origin)
     return schema, par, checked
+
+
+def _check_stage_order(stages: list[dict], origin: str) -> None:
+    """Stage numbers, where given, are 0, 1, ... in order (the simulator reads the list in
+    order: a repeated or shuffled number means the file was edited into another plan), and each
+    stage's layer range, where given, holds at least one layer."""
+    for i, stage in enumerate(stages):
+        if "stage" in stage and stage["stage"] != i:
+            raise PlanInputError(f"{origin}: stages[{i}] is numbered {stage['stage']!r}; the "
+                                 "stages must be numbered 0, 1, ... in order, once each")
+        layers = stage.get("layers")
+        if isinstance(layers, dict) and {"start", "stop"} <= set(layers):
+            start, stop = layers["start"], layers["stop"]
+            if not (isinstance(start, int) and isinstance(stop, int) and 0 <= start < stop):
+                raise PlanInputError(f"{origin}: stages[{i}] layers run from {start!r} to "
+                                     f"{stop!r}; a stage holds layers start <= i < stop, at "
+                                     "least one")
