@@ -195,3 +195,21 @@ def test_finite_names_the_number_and_what_to_do(value):
     with pytest.raises(PlanInputError, match="the step time came out as .*; lower the times"):
         finite("the step time", value, "lower the times")
     assert finite("the step time", 1.5, "lower the times") == 1.5
+
+
+@pytest.mark.parametrize("edit, message", [
+    (lambda c: c["config"].update(tp=7), "tp 7 does not divide the model's 24 attention heads"),
+    (lambda c: c["cluster"].update(gpus=33), "tp x cp x pp x dp = 32, but cluster.gpus is 33"),
+    (lambda c: c["config"].update(virtual_stages=True), "'virtual_stages' must be a count"),
+])
+def test_a_runs_file_describing_no_run_is_one_line(edit, message):
+    """#31: fields each valid alone, together no run (it was priced anyway: tp 7 read -73%)."""
+    import copy
+
+    from planner.fidelity.cases import DEFAULT_FILE, load_cases
+    from planner.fidelity.runs_schema import check_runs_document
+    case = copy.deepcopy(next(c for c in load_cases(DEFAULT_FILE)
+                              if c["name"] == "megatron2021-table1-1.7B"))
+    edit(case)
+    with pytest.raises(PlanInputError, match=message.replace("(", r"\(")):
+        check_runs_document([case], "runs.json")

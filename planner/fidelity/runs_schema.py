@@ -130,3 +130,22 @@ def check_runs_document(data, origin: str) -> None:
         for key, schema in (("model", MODEL), ("cluster", CLUSTER), ("config", CONFIG),
                             ("measured", MEASURED)):
             check_object(case[key], schema, f"{where} {key}", f"run's {key}")
+        _check_consistent(case, where)
+
+
+def _check_consistent(case: dict, where: str) -> None:
+    """What each field allows alone can still describe no run: TP splits the attention heads
+    (Megatron asserts num_attention_heads % tensor_model_parallel_size == 0), the degrees
+    multiply to the GPUs (tp x cp x pp x dp, experts within them), and a count is not a bool."""
+    model, cluster, config = case["model"], case["cluster"], case["config"]
+    tp, cp = config["tp"], config.get("cp") or 1
+    if model["heads"] % tp:
+        raise PlanInputError(f"{where} config: tp {tp} does not divide the model's "
+                             f"{model['heads']} attention heads; TP splits the heads evenly")
+    product = tp * cp * config["pp"] * config["dp"]
+    if product != cluster["gpus"]:
+        raise PlanInputError(f"{where}: tp x cp x pp x dp = {product}, but cluster.gpus is "
+                             f"{cluster['gpus']}; the degrees multiply to the GPUs")
+    if isinstance(config.get("virtual_stages"), bool):
+        raise PlanInputError(f"{where} config: 'virtual_stages' must be a count (or a sentence "
+                             f"saying why it is unpublished), got {config['virtual_stages']!r}")
