@@ -14,6 +14,9 @@ from __future__ import annotations
 # `solve --json --top 10` took ~10 s of CPU, at 2^15 about half (benchmarks/bench_worst_case.py),
 # and a million GPUs with a batch that fits ran for more than 5 minutes.
 MAX_GPUS = 2**15
+# GPUs in one node (or one NVLink domain's node entry): a GB200 NVL72 rack is 72; a layout draws a
+# column per GPU of a node, so a million per node drew for minutes (issue #31)
+MAX_GPUS_PER_NODE = 1024
 # Llama 3 405B has 126 blocks, Megatron's 1T model 128; 1,024 layers bounds the partitioner.
 MAX_LAYERS = 1024
 # Pipeline chunks, pp x virtual stages. The deepest published pipelines have a few dozen (Megatron

@@ -10,7 +10,8 @@ from planner.core.units import DATA_DIR, GIB
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.schema import check_value, suggestion
-from planner.hardware.schema import HARDWARE_JSON, MAX_GPUS_PER_NODE, check_hardware_document
+from planner.core.limits import MAX_GPUS_PER_NODE
+from planner.hardware.schema import HARDWARE_JSON, check_hardware_document
 
 HARDWARE_DIR = DATA_DIR / "hardware"
 DEFAULT_GPU = "a100-80gb"

@@ -5,12 +5,12 @@ sizes are positive and below caps no device comes near, so that a typo is not pl
 
 from __future__ import annotations
 
+from planner.core.limits import MAX_GPUS_PER_NODE
 from planner.core.schema import Bool, Free, Int, Name, Num, check_object
 
 MAX_TFLOPS = 1e6  # a GB200 NVL72 rack is ~2.5e3 dense BF16 TFLOP/s per GPU
 MAX_GBPS = 1e6  # GB/s; HBM3e is ~8e3
 MAX_MEMORY_GIB = 1e6
-MAX_GPUS_PER_NODE = 1024
 MAX_WATTS = 1e5  # one board; a GB200 superchip is ~2.7e3 W
 
 HARDWARE_JSON = {

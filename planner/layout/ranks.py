@@ -23,7 +23,7 @@ from math import prod
 
 import numpy as np
 
-from planner.core.limits import MAX_GPUS
+from planner.core.limits import MAX_GPUS, MAX_GPUS_PER_NODE
 
 ORDERS = ("tp-cp-ep-dp-pp", "tp-cp-ep-pp-dp")
 DEFAULT_ORDER = "tp-cp-ep-dp-pp"
@@ -190,6 +190,9 @@ def build_layout(tp: int, pp: int, dp: int, gpus_per_node: int, order: str = DEF
     world = tp * cp * pp * dp
     if world > MAX_GPUS:
         raise LayoutError(f"tp*cp*pp*dp = {world} ranks; at most {MAX_GPUS:,}")
+    if gpus_per_node > MAX_GPUS_PER_NODE:
+        raise LayoutError(f"gpus_per_node {gpus_per_node:,}: a node holds at most "
+                          f"{MAX_GPUS_PER_NODE:,} GPUs")
     if (tp * cp * dp) % (etp * ep):
         raise LayoutError(f"etp x ep = {etp * ep} must divide tp x cp x dp = {tp * cp * dp}")
     if order.endswith("pp-dp") and pp > 1 and etp * ep != tp * cp:

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 from rich.console import Console
 from rich.table import Table
 
+from planner.core.errors import PlanInputError
+from planner.core.limits import MAX_GPUS
 from planner.core.units import GIB
 from planner.predict.step import evaluate
 from planner.hardware.profiles import Cluster
@@ -41,6 +43,8 @@ def place_nodes(gpus: int, tp: int, gpus_per_node: int, nodes: int | None = None
     one node when they fit in one, and else the fewest equal nodes, each no larger than the
     hardware's and holding whole TP groups (12 GPUs at TP 4 on 8-GPU nodes: 3 nodes of 4), said in
     the output since the real machine may hold them differently."""
+    if gpus > MAX_GPUS:  # before the search for a node count below, which walks the GPUs
+        raise PlanInputError(f"tp x pp x dp = {gpus:,} GPUs; plan3d plans at most {MAX_GPUS:,}")
     if nodes is not None:
         return nodes, "--nodes"
     if gpus <= gpus_per_node:
