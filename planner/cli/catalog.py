@@ -41,7 +41,7 @@ def models_show(
     Examples:\n
       plan models show llama3-8b\n
       plan models show llama3-8b --json > my-model.json\n
-      plan models show path/to/config.json --json   (a HuggingFace config as a model.json)
+      plan models show config.json --json   (a HuggingFace config as a model.json)
     """
     with user_errors(as_json):
         spec = load_model(name)

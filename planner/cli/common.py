@@ -22,9 +22,11 @@ from planner.core.text import for_rich
 from planner.model.spec import sequence_note
 from planner.model.load import load_model
 from planner.report.output import INPUT_ERROR, NOTHING_FITS, error_document, error_markup, json_text
+from planner.cli.help_layout import HelpGroup
 
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, pretty_exceptions_enable=False,
+app = typer.Typer(cls=HelpGroup, add_completion=False, no_args_is_help=True,
+                  pretty_exceptions_enable=False,
                   help="Plan tensor x pipeline x data parallel training of large models.\n\n"
                        "Example: plan solve --gpus 16 --nodes 2")
 

@@ -44,8 +44,10 @@ def validate(
 ):
     """Predict published training runs and compare: step time, TFLOP/s, memory, ranking.
 
-    Examples: plan validate · plan validate --cases · plan validate --runs my_runs.json
-    --hardware h100-mine.json
+    Examples:\n
+      plan validate\n
+      plan validate --cases\n
+      plan validate --runs my_runs.json --hardware h100-mine.json
     """
     with user_errors():
         if file is not None and runs is not None:
@@ -76,10 +78,11 @@ def calibrate_cmd(
 ):
     """Fit the GPU profile's efficiency factors to your own measured runs.
 
-    Least squares on log step-time error; prints the leave-one-out error before and after, so
-    you see what the calibration buys on a run it has not seen.
+    Least squares on log step-time error; prints the leave-one-out error before
+    and after, so you see what the calibration buys on a run it has not seen.
 
-    Example: plan calibrate --runs my_runs.json --factors matmul --out h100-mine.json
+    Example:\n
+      plan calibrate --runs my_runs.json --factors matmul --out h100-mine.json
     """
     with user_errors():
         names = parse_factors(factors)

@@ -120,7 +120,8 @@ def simulate(
 
     Examples:\n
       plan simulate --pp 4 --microbatches 8 --schedule 1f1b\n
-      plan simulate --pp 4 --microbatches 8 --schedule interleaved --virtual-stages 2\n
+      plan simulate --pp 4 --microbatches 8 --schedule interleaved \\
+          --virtual-stages 2\n
       plan simulate --plan out/plan.json --svg schedule.svg
     """
     with user_errors(as_json):
@@ -159,9 +160,10 @@ def layout(
 ):
     """Show which rank runs which (tp, cp, pp, dp) slice, node by node, and the process groups.
 
-    Example: plan layout --tp 2 --pp 4 --dp 2 --gpus-per-node 8
-    Example: plan layout --tp 2 --cp 2 --pp 2 --dp 2 --ep 4 --etp 1
-    Example: plan layout --tp 8 --cp 9 --pp 1 --dp 2 --gpus-per-node 4 --nvlink-domain 72
+    Examples:\n
+      plan layout --tp 2 --pp 4 --dp 2 --gpus-per-node 8\n
+      plan layout --tp 2 --cp 2 --pp 2 --dp 2 --ep 4 --etp 1\n
+      plan layout --tp 8 --cp 9 --pp 1 --dp 2 --gpus-per-node 4 --nvlink-domain 72
     """
     with user_errors():
         try:

@@ -58,12 +58,13 @@ def partition(
 ):
     """Split the layers into pipeline stages balanced by compute under memory.
 
-    The optimum (ILP, checked against an exact DP) is shown beside Megatron's even split and the
-    equal-parameter split, with the predicted throughput gain.
+    The optimum (ILP, checked against an exact DP) is shown beside Megatron's even
+    split and the equal-parameter split, with the predicted throughput gain.
 
     Examples:\n
       plan partition --model llama3-8b --pp 4\n
-      plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 --recompute selective
+      plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 \\
+          --recompute selective
     """
     with user_errors(as_json):
         for name, value in (("--pp", pp), ("--tp", tp), ("--dp", dp),

@@ -159,8 +159,10 @@ def solve(
       plan solve --model gpt3-175b --gpus 1024 --nodes 128 --global-batch 1536\n
       plan solve --model llama3-70b --gpus 64 --nodes 8 --gpu h100 --tp 8 --json\n
       plan solve --model llama3-8b --gpus 8 --nodes 1 --gpu h100 --power-limit 500\n
-      plan solve --model llama3-70b --gpus 512 --nodes 64 --train-tokens 15T --gpu-hour-price 2.5\n
-      plan solve --gpus 16 --nodes 2 --launcher megatron --export megatron,torchrun --out run/\n
+      plan solve --model llama3-70b --gpus 512 --nodes 64 \\
+          --train-tokens 15T --gpu-hour-price 2.5\n
+      plan solve --gpus 16 --nodes 2 --launcher megatron \\
+          --export megatron,torchrun --out run/\n
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
     with user_errors(as_json):

@@ -56,13 +56,14 @@ def sweep(
                                    help="Refuse a spec of more points."),
     force: bool = _flag(False, "--force", "Overwrite the --out and --plot files."),
 ):
-    """Solve every point of a spec (the product of its lists and ranges), one `plan solve` each;
-    print the best plan of each point, with time and cost to train where the spec gives
-    train_tokens and gpu_hour_price.
+    """Solve every point of a spec (the product of its lists and ranges), one `plan solve` each.
+
+    Prints the best plan of each point, with the time and cost to train where the
+    spec gives train_tokens and gpu_hour_price.
 
     Examples:\n
       plan sweep capacity.yaml --out rows.csv --plot scaling.html\n
-      plan sweep '{model: llama3-8b, gpu: \\[h100, a100], gpus: {from: 8, to: 64, times: 2}}'\n
+      plan sweep '{gpu: \\[h100, a100], gpus: {from: 8, to: 64, times: 2}}'\n
       plan sweep big.yaml --backend ray --max-points 50000
     """
     with user_errors():
