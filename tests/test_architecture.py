@@ -20,7 +20,8 @@ FLOORS = {
     "fidelity": 6,
     "report": 7,
     "sweeping": 8,  # many solves (plan sweep): renders its own frames; the API passes solve in
-    "cli": 99,  # the command line: top, beside planner/__init__.py and planner/api.py
+    "api": 98,  # the Python API (planner/api/): above every package the planner is built of
+    "cli": 99,  # the command line: top, beside planner/__init__.py; it calls the API
 }
 TOP = 99
 
@@ -51,7 +52,7 @@ def _imports(path: Path, known: set[str]) -> set[str]:
 
 def _floor(module: str) -> int:
     parts = module.split(".")
-    if module == "cli" or module == "planner" or len(parts) < 3 and parts[-1] == "api":
+    if module == "cli" or module == "planner":
         return TOP
     return FLOORS[parts[1]]
 
