@@ -1,6 +1,6 @@
 """plan3d: plan tensor x pipeline x data parallel training of large models.
 
-The Python API (planner/api.py) is re-exported here lazily::
+The Python API (planner/api/) is re-exported here lazily::
 
     from planner import solve, explain, partition, validate, profile, sweep
 

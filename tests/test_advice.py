@@ -3,7 +3,7 @@
 from hypothesis import given, strategies as st
 
 from planner.search.advice import BUBBLE_HINT, batch_hint, microbatches_for
-from planner.api import _request, _stack
+from planner.api.inputs import request_of, stack_of
 from planner.search.solver import search
 from planner.pipeline.simulate import closed_form_bubble
 
@@ -20,9 +20,9 @@ def _req(**kw):
     base = dict(gpus=16384, nodes=2048, model="llama3-405b", gpu=None, hardware=None,
                 global_batch=None, global_batch_range=None, seq_len=None, max_bubble=None,
                 top=10, refine=20, launcher=None, partition_solver="ilp", profile=None,
-                stack=_stack(None), pins={})
+                stack=stack_of(None), pins={})
     base.update(kw)
-    return _request(**base)
+    return request_of(**base)
 
 
 def test_llama3_405b_on_16k_gpus_gets_a_larger_batch_that_the_search_confirms():

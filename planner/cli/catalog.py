@@ -4,14 +4,11 @@ from __future__ import annotations
 
 import typer
 
-from planner.hardware.profiles import bundled_hardware, bundled_sources
-from planner.model.load import load_model, presets
-from planner.model.template import model_template
+from planner import api
 from planner.report.models import parameters_line, template_table
 from planner.report.catalog import (components_dict, components_table, hardware_dict,
                                     hardware_sources_lines, hardware_table, models_table,
                                     stacks_dict, stacks_table)
-from planner.stack import bundled_components, bundled_stacks
 from planner.cli.common import _flag, app, out, print_json, user_errors
 
 
@@ -28,7 +25,7 @@ def models(ctx: typer.Context):
     Example: plan models show llama3-8b --json > model.json
     """
     if ctx.invoked_subcommand is None:
-        out.print(models_table(presets(), out.width))
+        out.print(models_table(api.models(), out.width))
 
 
 @models_app.command("show")
@@ -44,9 +41,9 @@ def models_show(
       plan models show config.json --json   (a HuggingFace config as a model.json)
     """
     with user_errors(as_json):
-        spec = load_model(name)
+        spec = api.model(name)
         if as_json:
-            print_json(model_template(spec))
+            print_json(api.model_template(spec))
         else:
             out.print(parameters_line(spec), highlight=False)
             out.print(template_table(spec))
@@ -62,7 +59,7 @@ def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its sourc
     Examples: plan stacks; plan stacks --json; plan stacks --components
     """
     with user_errors(as_json):
-        found = bundled_components() if components else bundled_stacks()
+        found = api.components() if components else api.stacks()
         if as_json:
             print_json((components_dict if components else stacks_dict)(found))
         else:
@@ -73,7 +70,7 @@ def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its sourc
 def hardware_cmd(as_json: bool = _flag(False, "--json", "Every field and its source, as JSON.")):
     """List the bundled GPU profiles and the vendor document each is read from."""
     with user_errors(as_json):
-        gpus, sources = bundled_hardware(), bundled_sources()
+        gpus, sources = api.hardware_profiles(), api.hardware_sources()
         if as_json:
             print_json(hardware_dict(gpus, sources))
             return

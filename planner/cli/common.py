@@ -19,8 +19,7 @@ import typer
 
 from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.core.text import for_rich
-from planner.model.spec import sequence_note
-from planner.model.load import load_model
+from planner import api
 from planner.report.output import INPUT_ERROR, NOTHING_FITS, error_document, error_markup, json_text
 from planner.cli.help_layout import HelpGroup
 
@@ -84,8 +83,8 @@ def _fail(label: str, kind: str, message: str, code: int, as_json: bool, rejecte
 def planned_model(model: Optional[str], seq_len: Optional[int]):
     """The model as planned at --seq-len; a note on stderr when that is not the context it
     declares (an imported config's capped default, or an override)."""
-    spec = load_model(model).with_seq_length(seq_len)
-    note = sequence_note(spec, seq_len)
+    spec = api.model(model).with_seq_length(seq_len)
+    note = api.sequence_note(spec, seq_len)
     if note:
         err.print(f"note: {for_rich(note)}", highlight=False, soft_wrap=True)
     return spec

@@ -11,16 +11,12 @@ import sys
 from rich.markup import escape
 import typer
 
+from planner import api
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
-from planner.fidelity.calibrate import calibrate_to_runs, calibrated_profile, parse_factors
-from planner.fidelity.cases import DEFAULT_FILES, load_cases
-from planner.fidelity.published import validate_file
-from planner.hardware.profiles import load_hardware
 from planner.report.calibration import calibration_table
 from planner.report.validation import (cases_table, groups_table, summary_lines,
                                        validation_markdown)
-from planner.stack import resolve_stack
 from planner.cli.common import _flag, app, out, progress_bar, user_errors
 
 
@@ -52,11 +48,12 @@ def validate(
     with user_errors():
         if file is not None and runs is not None:
             raise PlanInputError("give the runs file once: as the argument or as --runs")
-        hw = load_hardware(file=hardware) if hardware else None
+        hw = api.hardware(file=hardware) if hardware else None
         with progress_bar("validating") as progress:
-            rows, summary = validate_file(file or runs or DEFAULT_FILES, hardware=hw,
-                                          stack=resolve_stack(stack) if stack else None,
-                                          progress=progress)
+            checked = api.validate_runs(file or runs, hardware=hw,
+                                        stack=api.stack(stack) if stack else None,
+                                        progress=progress)
+        rows, summary = checked.rows, checked.summary
         if markdown:
             sys.stdout.write(validation_markdown(rows, summary))
         else:
@@ -85,13 +82,13 @@ def calibrate_cmd(
       plan calibrate --runs my_runs.json --factors matmul --out h100-mine.json
     """
     with user_errors():
-        names = parse_factors(factors)
+        names = api.parse_factors(factors)
         if out_file is not None:
             refuse_overwrite([out_file], force)
         with progress_bar("calibrating") as progress:
-            cal = calibrate_to_runs(load_cases(runs), names, progress)
+            cal = api.calibrate(runs, names, progress)
         out.print(calibration_table(cal))
         if out_file is not None:
-            doc = calibrated_profile(cal, runs.name)
+            doc = api.calibrated_hardware(cal, runs.name)
             write_text(out_file, json.dumps(doc, indent=2) + "\n", force=force)
             out.print(f"wrote {escape(str(out_file))}; use it with --hardware")

@@ -10,23 +10,16 @@ import sys
 
 import typer
 
+from planner import api
 from planner.core.arguments import number
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
 from planner.core.limits import MAX_BUDGET_S
 from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.core.text import for_rich
-from planner.layout.ranks import LayoutError, build_layout, require_node_local_tp
-from planner.model.load import load_model
-from planner.pipeline.job import (on_stack, run_simulation, simulation_job, simulation_summary,
-                                  stack_note)
-from planner.profiling.machine import calibrate
-from planner.profiling.profiler import profile_model
-from planner.profiling.record import save_profile
 from planner.report.gantt import render_gantt, to_svg
 from planner.report.layout import render_layout
 from planner.report.profile import profile_table
-from planner.stack import resolve_stack
 from planner.cli.common import _flag, _three, app, err, out, print_json, progress_bar, user_errors
 
 
@@ -63,7 +56,7 @@ def profile(
         number("--budget-s", budget_s, low=0, low_open=True, high=MAX_BUDGET_S)
         if calibrate_it:
             with progress_bar("calibrating") as progress:
-                hw = calibrate(device, progress=_three(progress))
+                hw = api.measure_machine(device, progress=_three(progress))
             text = json.dumps(hw, indent=2) + "\n"
             if out_file is not None:
                 write_text(out_file, text, force=force)
@@ -71,22 +64,22 @@ def profile(
             else:
                 sys.stdout.write(text)
             return
-        spec = load_model(model)
+        spec = api.model(model)
         for name, value in (("--tp", tp), ("--micro-batch", micro_batch), ("--seq-len", seq_len)):
             if value is not None and value < 1:
                 raise PlanInputError(f"{name} must be positive, got {value}")
         if out_file is not None:
             refuse_overwrite([out_file], force)
         with progress_bar("profiling") as progress:
-            measured = profile_model(spec, device=device, tp=tp, micro_batch=micro_batch,
-                                     seq_len=seq_len, budget_s=budget_s, repeats=repeats,
-                                     progress=_three(progress))
-        out.print(profile_table(measured))
+            measured = api.measure_layers(spec, device=device, tp=tp, micro_batch=micro_batch,
+                                          seq_len=seq_len, budget_s=budget_s, repeats=repeats,
+                                          progress=_three(progress))
+        out.print(profile_table(measured.profile))
         if device == "gpu":
             err.print("[dim]note: the GPU path is tested with a stand-in CuPy module but has not "
                       "yet been checked on real hardware; sanity-check the TFLOP/s column[/dim]")
         if out_file is not None:
-            save_profile(measured, out_file, force=force)
+            measured.save(out_file, force=force)
             err.print(f"wrote {for_rich(str(out_file))}", highlight=False)
 
 
@@ -125,19 +118,15 @@ def simulate(
       plan simulate --plan out/plan.json --svg schedule.svg
     """
     with user_errors(as_json):
-        job = simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
-                             plan_file)
-        if stack is not None:
-            runs_on = resolve_stack(stack)
-            job = on_stack(job, runs_on)
-            note = stack_note(job, runs_on)
-            if note:
-                err.print(f"note: {for_rich(note)}", highlight=False, soft_wrap=True)
-        result = run_simulation(job)
+        job, note = api.simulation(pp, microbatches, schedule, virtual_stages, stage_times,
+                                   comm_time, plan_file, stack)
+        if note:
+            err.print(f"note: {for_rich(note)}", highlight=False, soft_wrap=True)
+        result = api.simulate(job)
         if svg is not None:
             write_text(svg, to_svg(result), force=force)
         if as_json:
-            print_json(simulation_summary(result))
+            print_json(api.simulation_summary(result))
         else:
             render_gantt(result, out)
 
@@ -166,13 +155,6 @@ def layout(
       plan layout --tp 8 --cp 9 --pp 1 --dp 2 --gpus-per-node 4 --nvlink-domain 72
     """
     with user_errors():
-        try:
-            if nvlink_domain is not None and (nvlink_domain < 1 or nvlink_domain % gpus_per_node):
-                raise LayoutError(f"--nvlink-domain {nvlink_domain} must be a positive multiple "
-                                  f"of --gpus-per-node {gpus_per_node}")
-            rank_layout = build_layout(tp, pp, dp, gpus_per_node, order, cp=cp, ep=ep, etp=etp,
-                                       nvlink_domain=nvlink_domain)
-            require_node_local_tp(rank_layout)
-        except LayoutError as e:
-            raise PlanInputError(str(e)) from None
+        rank_layout = api.layout(tp, pp, dp, gpus_per_node, order, cp=cp, ep=ep, etp=etp,
+                                 nvlink_domain=nvlink_domain)
         render_layout(rank_layout, out)

@@ -7,15 +7,11 @@ from typing import Optional
 
 import typer
 
-from planner.api import compare_partitions
+from planner import api
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite
 from planner.core.schedules import DEFAULT_SCHEDULE
-from planner.hardware.profiles import load_hardware
-from planner.pipeline.job import check_sizes
-from planner.predict.stages import METHODS
 from planner.report.partition import comparison_dict, print_comparison
-from planner.stack import resolve_stack
 from planner.cli.common import STACK_FLAGS, _flag, app, out, planned_model, print_json, user_errors
 
 
@@ -72,16 +68,16 @@ def partition(
             if value is not None and value < 1:
                 raise PlanInputError(f"{name} must be positive, got {value}")
         m = microbatches or 4 * pp
-        check_sizes(pp, m, virtual_stages)
+        api.check_pipeline(pp, m, virtual_stages)
         if lp is not None:
             refuse_overwrite([lp], force)
         spec = planned_model(model, seq_len)
-        run_stack = resolve_stack(stack, None, flash, overlap, tp_overlap, grad_dtype,
-                                  precision)
-        if solver not in METHODS:
-            raise PlanInputError(f"--solver must be one of {', '.join(METHODS)}, got {solver!r}")
-        cmp, _ = compare_partitions(
-            spec, load_hardware(gpu, hardware), run_stack, tp=tp, pp=pp, dp=dp,
+        run_stack = api.stack(stack, None, flash, overlap, tp_overlap, grad_dtype, precision)
+        if solver not in api.PARTITION_SOLVERS:
+            raise PlanInputError(f"--solver must be one of {', '.join(api.PARTITION_SOLVERS)}, "
+                                 f"got {solver!r}")
+        cmp, _ = api.compare_partitions(
+            spec, api.hardware(gpu, hardware), run_stack, tp=tp, pp=pp, dp=dp,
             micro_batch=micro_batch, microbatches=m, schedule=schedule,
             virtual_stages=virtual_stages, recompute=recompute, zero=zero, nodes=nodes,
             solver=solver, lp_path=lp)
