@@ -44,3 +44,26 @@ def test_no_hint_when_the_bubble_is_small():
     best = search(req).plans[0]
     assert best.metrics.bubble_fraction <= BUBBLE_HINT
     assert batch_hint(req, best, search) is None
+
+
+def test_a_batch_that_caps_data_parallelism_is_named():
+    """#30: --global-batch 513 on 16 GPUs planned dp 1 without a word (dp divides both 16 and
+    513); the note says so and names 512 and 528. A batch the GPUs divide says nothing, nor does
+    one whose cap the best plan does not reach."""
+    from planner.search.advice import batch_dp_note
+    note = batch_dp_note(513, 16, 1)
+    assert "up to dp 1" in note and "512 or 528 would allow dp up to 16" in note
+    assert batch_dp_note(512, 16, 8) is None
+    assert batch_dp_note(1000, 16, 4) is None  # cap 8, plan 1 below it: not the batch's doing
+    assert "up to dp 8" in batch_dp_note(1000, 16, 8)
+    assert batch_dp_note(12, 16, 4).endswith("; 16 would allow dp up to 16")  # no batch 0
+
+
+def test_solve_prints_the_batch_note():
+    from typer.testing import CliRunner
+
+    from cli import app
+    result = CliRunner().invoke(app, ["solve", "--gpus", "16", "--nodes", "2",
+                                      "--global-batch", "513"])
+    assert result.exit_code == 0, result.output
+    assert "global batch 513 allows data parallelism up to dp 1" in " ".join(result.output.split())

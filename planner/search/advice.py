@@ -72,3 +72,18 @@ def batch_hint(req, plan: Plan, search) -> str | None:
                     "changes the optimisation)")
         need *= 2
     return None
+
+
+def batch_dp_note(global_batch: int, gpus: int, best_dp: int) -> str | None:
+    """When the batch, not the cluster, caps data parallelism: dp divides the GPUs (tp·cp·pp·dp
+    = GPUs) and the batch (micro-batch · M · dp), so it is at most gcd(batch, GPUs). A batch
+    sharing few factors with the GPU count caps dp silently (513 on 16 GPUs: dp 1 only); when
+    the best plan sits at that cap, say so and name the nearest batches that lift it."""
+    most = math.gcd(global_batch, gpus)
+    if most == gpus or best_dp != most:
+        return None
+    lower = global_batch // gpus * gpus
+    nearest = " or ".join(str(b) for b in (lower, lower + gpus) if b > 0)
+    return (f"global batch {global_batch} allows data parallelism up to dp {most} (dp divides "
+            f"both the {gpus} GPUs and the batch), and plan 1 is at it; {nearest} would allow "
+            f"dp up to {gpus}")

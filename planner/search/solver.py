@@ -22,6 +22,7 @@ from planner.predict.step import predict
 from planner.hardware.profiles import Cluster
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.predict.plan import Plan
+from planner.search.advice import batch_dp_note
 from planner.search.costs import SearchCosts
 from planner.search.refinement import branch_and_bound
 from planner.search.request import Request
@@ -95,6 +96,10 @@ def search(req: Request, progress=None) -> SearchResult:
                              dict(rejected))
     refined.sort(key=_plan_key)
     plans, hidden = _distinct(refined)
+    if req.batch_range is None and req.pins.dp is None:  # the batch, not the cluster, caps dp
+        best = plans[0].parallel
+        note = batch_dp_note(best.global_batch, req.cluster.gpus, best.dp)
+        notes = [*notes, note] if note else notes
     return SearchResult(plans=tuple(plans[: req.top]), rejected=dict(sorted(rejected.items())),
                         screened=len(configs), elapsed_s=time.perf_counter() - start,
                         notes=tuple(notes), refined=costs.refinements, considered=considered,
