@@ -12,11 +12,12 @@ from planner.model.load import load_model, moe_preset_names, presets
 
 runner = CliRunner()
 
-# (total, active per token) as published. Mixtral 8x7B: transformers' MixtralForCausalLM over the
-# MixtralConfig defaults counts 46,702,792,704 parameters; Mistral AI ("Mixtral of experts",
-# Jiang et al. 2024, sec. 2.1): "each token has access to 47B parameters, but only uses 13B active
-# parameters during inference". Qwen3 model cards: "Number of Parameters: 30.5B in total and 3.3B
-# activated" / "235B in total and 22B activated".
+# (total, active per token) as published. Mixtral 8x7B: 46,702,792,704 is the sum of its
+# released architecture (32,000 x 4,096 embedding and head, 32 blocks of GQA attention, eight
+# 4,096 x 14,336 SwiGLU experts and a router each, the norms), which the paper rounds: "each token
+# has access to 47B parameters, but only uses 13B active parameters during inference" (Jiang et
+# al. 2024, 'Mixtral of Experts', arXiv 2401.04088). Qwen3: the model cards (Qwen/Qwen3-30B-A3B,
+# Qwen/Qwen3-235B-A22B) give 30.5B in total with 3.3B activated, and 235B with 22B activated.
 PUBLISHED = {"mixtral-8x7b": (46_702_792_704, 12.9e9), "qwen3-30b-a3b": (30.5e9, 3.3e9),
              "qwen3-235b-a22b": (235e9, 22e9)}
 

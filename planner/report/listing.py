@@ -16,7 +16,8 @@ from rich.console import Console
 from rich.measure import Measurement
 from rich.table import Table
 
-_MEASURE = Console(width=10_000, color_system=None)
+# a console wide enough that rich measures a table's natural width instead of fitting it
+MEASURE = Console(width=10_000, color_system=None)
 
 
 @dataclass(frozen=True)
@@ -58,7 +59,7 @@ def _table(listing: Listing, shown: list[str], caption: str | None) -> Table:
 
 def _width(listing: Listing, shown: list[str]) -> int:
     """The table's width with its wrapping columns at their narrowest (rich wraps them to fit)."""
-    measured = Measurement.get(_MEASURE, _MEASURE.options, _table(listing, shown, None))
+    measured = Measurement.get(MEASURE, MEASURE.options, _table(listing, shown, None))
     return measured.minimum if listing.wrap else measured.maximum
 
 

@@ -16,9 +16,9 @@ from planner.fidelity.record import load_record, record_line
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
 from planner.report.frames import blocks_per_stage, stage_recompute
+from planner.report.listing import MEASURE
 from planner.stack import default_stack
 
-_MEASURE = Console(width=10_000, color_system=None)
 
 
 
@@ -112,7 +112,7 @@ def _table(columns, rows, title: str | None = None) -> Table:
 
 def table_width(columns, rows) -> int:
     """The characters a line of the table takes, measured by rich itself."""
-    return Measurement.get(_MEASURE, _MEASURE.options, _table(columns, rows)).maximum
+    return Measurement.get(MEASURE, MEASURE.options, _table(columns, rows)).maximum
 
 
 def plans_view(plans, width: int | None) -> PlansView:

@@ -113,9 +113,12 @@ def with_components(stack: Stack, names, origin: str) -> Stack:
         raise PlanInputError(f"{origin}: 'components' must be a list of component names")
     if len(set(names)) != len(names):
         raise PlanInputError(f"{origin}: 'components' names one component twice")
-    values, sources, set_by = {}, dict(stack.sources), {}
+    if not names:
+        return stack
+    values, sources, set_by, labels = {}, dict(stack.sources), {}, list(stack.components)
     for name in names:
         component = load_component(name)
+        labels.append(component.label)
         if stack.name not in component.over:
             raise PlanInputError(f"{origin}: component {name} runs over "
                                  f"{', '.join(component.over)}, not the {stack.name} stack")
@@ -125,7 +128,4 @@ def with_components(stack: Stack, names, origin: str) -> Stack:
                                      f"'{key}', to different values; keep one")
             values[key], set_by[key] = value, name
         sources.update((key, f"{component.label}: {text}") for key, text in component.sources)
-    if not names:
-        return stack
-    labels = stack.components + tuple(load_component(n).label for n in names)
-    return replace(stack, **values, sources=tuple(sources.items()), components=labels)
+    return replace(stack, **values, sources=tuple(sources.items()), components=tuple(labels))

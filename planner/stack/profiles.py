@@ -80,14 +80,14 @@ def _with_file_components(data: dict, origin: str, need_sources: bool) -> Stack:
                              "stack they run over as \"base\"")
     rest = {k: v for k, v in data.items() if k != "components"}
     plain = stack_from_dict(rest, origin, need_sources)
-    set_by_file = set(rest) & set(OPTION_FIELDS)
-    for name in names if isinstance(names, list) else ():
-        for key, _ in load_component(name).fields if isinstance(name, str) else ():
-            if key in set_by_file:
-                raise PlanInputError(f"{origin}: '{key}' is set both by the file and by "
-                                     f"component {name}; drop one")
-    over = replace(plain, name=str(rest["base"]).lower().strip())
-    return replace(with_components(over, names, origin), name=plain.name)
+    base = replace(plain, name=str(rest["base"]).lower().strip())  # what `over` names
+    running = with_components(base, names, origin)  # the names checked here first
+    for name in names:
+        clash = sorted(set(rest) & set(dict(load_component(name).fields)))
+        if clash:
+            raise PlanInputError(f"{origin}: '{clash[0]}' is set both by the file and by "
+                                 f"component {name}; drop one")
+    return replace(running, name=plain.name)
 
 
 def _on_base(data: dict, origin: str) -> dict:
