@@ -7,9 +7,6 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from planner.fidelity.cases import DEFAULT_FILES
-from planner.fidelity.published import validate_file
-from planner.report.validation import validation_markdown
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -21,7 +18,7 @@ _spec.loader.exec_module(readme_blocks)
 def test_readme_validation_table_is_current():
     text = (ROOT / "docs" / "validation.md").read_text()
     block = text.split("<!-- validation:start -->\n", 1)[1].split("<!-- validation:end -->", 1)[0]
-    summary, table = validation_markdown(*validate_file(DEFAULT_FILES)).split("\n\n", 1)
+    summary, table = readme_blocks.validation_markdown().split("\n\n", 1)
     assert summary in block, ("docs/validation.md's summary is stale: rerun "
                               "`python tools/readme_blocks.py --write`")
     assert table.rstrip() in block, "docs/validation.md's validation table is stale"
@@ -82,3 +79,10 @@ def test_regenerated_block_keeps_its_prefix_marker():
     (block,) = readme_blocks.parse_blocks(SAMPLE)
     text = readme_blocks.render_block(block, [["new 1", "new 2", "new 3"], ["g"]])
     assert text == "$ plan x --a \\\n    --b\nnew 1\nnew 2\n  ...\n$ ls\ng\n"
+
+
+def test_docs_settings_table_is_current():
+    text = (ROOT / "docs" / "validation.md").read_text()
+    block = text.split("<!-- settings:start -->\n", 1)[1].split("<!-- settings:end -->", 1)[0]
+    assert block == readme_blocks.settings_markdown(), (
+        "docs/validation.md's settings table is stale: rerun `python tools/readme_blocks.py --write`")

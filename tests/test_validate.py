@@ -490,5 +490,6 @@ def test_the_stored_validation_record_is_current(both):
     """`plan solve` prints the record of the runs priced on its stack and GPU from
     profiles/validation/record.json (planner/fidelity/record.py); stale when the model moved:
     `python tools/validation_record.py --write` rewrites it."""
+    from planner.fidelity.holdout import held_out_file
     from planner.fidelity.record import RECORD_FILE, families, record_text
-    assert RECORD_FILE.read_text() == record_text(families(both[0]))
+    assert RECORD_FILE.read_text() == record_text(families(both[0], held_out_file(both[0])))

@@ -151,11 +151,18 @@ def render_block(block: Block, outputs: list[list[str]]) -> str:
 
 
 def validation_markdown() -> str:
-    from planner.fidelity.cases import DEFAULT_FILES
-    from planner.fidelity.published import validate_file
+    from planner import api
     from planner.report.validation import validation_markdown as md
 
-    return md(*validate_file(DEFAULT_FILES))
+    checked = api.validate_runs()
+    return md(checked.rows, checked.summary)
+
+
+def settings_markdown() -> str:
+    from planner import api
+    from planner.report.validation import settings_markdown as md
+
+    return md(api.single_source_settings())
 
 
 def model_fields_markdown() -> str:
@@ -165,6 +172,7 @@ def model_fields_markdown() -> str:
 
 
 TABLES = {"validation": ("the validation table (plan validate --markdown)", validation_markdown),
+          "settings": ("the single-source settings (plan validate --settings)", settings_markdown),
           "model-fields": ("the model.json field table", model_fields_markdown)}
 
 

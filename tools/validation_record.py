@@ -11,6 +11,7 @@ import argparse
 import sys
 
 from planner.core.files import write_text
+from planner.fidelity.holdout import held_out_file
 from planner.fidelity.published import validate_file
 from planner.fidelity.record import RECORD_FILE, families, record_text
 
@@ -19,7 +20,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--write", action="store_true", help="rewrite the stored record")
     args = parser.parse_args()
-    text = record_text(families(validate_file()[0]))
+    rows = validate_file()[0]
+    text = record_text(families(rows, held_out_file(rows)))
     if args.write:
         write_text(RECORD_FILE, text, force=True)
         print(f"wrote {RECORD_FILE}")

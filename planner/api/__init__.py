@@ -26,12 +26,12 @@ from __future__ import annotations
 
 from planner.api.catalog import (components, hardware, hardware_profiles, hardware_sources,
                                  model, model_template, models, sequence_note, stack, stacks)
-from planner.api.fidelity import (calibrate, calibrated_hardware, parse_factors, validate,
-                                  validate_runs)
+from planner.api.fidelity import (calibrate, calibrated_hardware, parse_factors,
+                                  single_source_settings, validate, validate_runs)
 from planner.api.measure import (layout, measure_layers, measure_machine, profile, simulate,
                                  simulation, simulation_summary)
 from planner.api.planning import (PARTITION_SOLVERS, check_pipeline, compare_partitions, explain,
-                                  partition, solve, sweep)
+                                  partition, solve, sweep, with_bands)
 from planner.api.results import (Explanation, Partition, Profiled, Solution, Stages,
                                  Validation)
 from planner.core.errors import NoFeasiblePlan, PlanInputError
@@ -43,6 +43,7 @@ __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "
            "compare_partitions", "check_pipeline", "PARTITION_SOLVERS",
            "models", "model", "model_template", "sequence_note", "stacks", "components",
            "hardware_profiles", "hardware_sources", "hardware", "stack",
-           "validate_runs", "parse_factors", "calibrate", "calibrated_hardware",
+           "validate_runs", "single_source_settings", "with_bands", "parse_factors", "calibrate",
+           "calibrated_hardware",
            "measure_layers", "measure_machine", "simulation", "simulate", "simulation_summary",
            "layout"]

@@ -11,7 +11,8 @@ from planner.core.errors import PlanInputError
 from planner.fidelity.calibrate import Calibration, calibrate_to_runs, calibrated_profile
 from planner.fidelity.calibrate import parse_factors as parse_factor_list
 from planner.fidelity.cases import DEFAULT_FILES, load_cases
-from planner.fidelity.published import validate_file
+from planner.fidelity.holdout import SettingEffect, all_cases, held_out_file, setting_effects
+from planner.fidelity.published import summarize, validate_file
 from planner.hardware.profiles import Hardware
 from planner.stack import Stack
 
@@ -34,9 +35,21 @@ def validate_runs(files=None, *, hardware: Hardware | None = None, stack: Stack 
     """Each run of ``files`` (a runs-file path or several; default the bundled ones) predicted
     on ``hardware`` and ``stack`` where given (else each run's own) and compared: a Validation
     (rows and summary). No argument checks beyond the files' own: `plan validate` parses them."""
-    rows, summary = validate_file(DEFAULT_FILES if files is None else files, hardware=hardware,
-                                  stack=stack, progress=progress)
-    return Validation(rows, summary)
+    files = DEFAULT_FILES if files is None else files
+    rows, summary = validate_file(files, hardware=hardware, stack=stack, progress=progress)
+    if stack is not None:  # one stack for every case: nothing of a source's own to hold out
+        return Validation(rows, summary)
+    held = held_out_file(rows, files, hardware)
+    return Validation(rows, summarize(rows, held), held)
+
+
+def single_source_settings(files=None, progress=None) -> tuple[SettingEffect, ...]:
+    """Each stack setting that the runs of only one source set (a component it ran, a launch
+    flag, its configuration), priced with and without on those runs (`plan validate
+    --settings`)."""
+    files = DEFAULT_FILES if files is None else files
+    rows, _ = validate_file(files)
+    return setting_effects(all_cases(files), rows, progress)
 
 
 def parse_factors(text: str) -> tuple[str, ...]:

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from planner.api.inputs import (check_pins, hardware_of, model_spec, request_of, stack_of,
                                 with_expert_load)
 from planner.api.results import Explanation, Partition, Solution
 from planner.core.errors import PlanInputError
 from planner.core.parallel import Parallel
 from planner.core.schedules import DEFAULT_SCHEDULE
+from planner.fidelity.band import with_band
 from planner.hardware.profiles import make_cluster
 from planner.partitioning.problem import PartitionError
 from planner.pipeline.job import check_sizes
@@ -51,7 +54,7 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
     req = request_of(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
                      max_bubble, top, refine, launcher, partition, profile,
                      with_expert_load(run_stack, expert_load), pins, power_limit)
-    result = search(req, progress)
+    result = with_bands(search(req, progress))
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
                     elapsed_s=result.elapsed_s, notes=result.notes,
@@ -161,3 +164,8 @@ def check_pipeline(pp: int, microbatches: int, virtual_stages: int) -> None:
     """Raise PlanInputError unless ``pp`` ranks of ``virtual_stages`` chunks can run
     ``microbatches`` microbatches (the sizes every schedule needs); return nothing."""
     check_sizes(pp, microbatches, virtual_stages)
+
+
+def with_bands(result):
+    """A search result whose plans carry their error band (planner/fidelity/band.py)."""
+    return replace(result, plans=tuple(with_band(p) for p in result.plans))

@@ -107,6 +107,7 @@ class Validation:
 
     rows: tuple
     summary: object  # planner.validate.ValidationSummary
+    held_out: tuple = ()  # the rows priced with each source held out (fidelity/holdout.py)
 
     def to_frame(self):
         """One row per case (index: case name) with the signed errors."""

@@ -15,8 +15,8 @@ from planner import api
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
 from planner.report.calibration import calibration_table
-from planner.report.validation import (cases_table, groups_table, summary_lines,
-                                       validation_markdown)
+from planner.report.validation import (cases_table, groups_table, settings_table,
+                                       summary_lines, validation_markdown)
 from planner.cli.common import _flag, app, out, progress_bar, user_errors
 
 
@@ -37,17 +37,28 @@ def validate(
                                              "instead of the stack each case names."),
     cases: bool = _flag(False, "--cases", "Every case, one row each (default: each group's "
                                           "errors, then the summary)."),
+    settings: bool = _flag(False, "--settings", "The stack settings only one source's runs "
+                                                "set, with their error with and without."),
 ):
     """Predict published training runs and compare: step time, TFLOP/s, memory, ranking.
 
     Examples:\n
       plan validate\n
       plan validate --cases\n
+      plan validate --settings\n
       plan validate --runs my_runs.json --hardware h100-mine.json
     """
     with user_errors():
         if file is not None and runs is not None:
             raise PlanInputError("give the runs file once: as the argument or as --runs")
+        if settings and (file or runs or hardware or stack or cases or markdown):
+            raise PlanInputError("--settings prices the bundled runs on their own stacks: give "
+                                 "it alone")
+        if settings:
+            with progress_bar("pricing each setting away") as progress:
+                out.print(settings_table(api.single_source_settings(progress=progress),
+                                         out.width))
+            return
         hw = api.hardware(file=hardware) if hardware else None
         with progress_bar("validating") as progress:
             checked = api.validate_runs(file or runs, hardware=hw,
@@ -57,7 +68,8 @@ def validate(
         if markdown:
             sys.stdout.write(validation_markdown(rows, summary))
         else:
-            out.print((cases_table if cases else groups_table)(rows, out.width))
+            out.print(cases_table(rows, out.width) if cases else
+                      groups_table(rows, out.width, checked.held_out or None))
             for line in summary_lines(summary):
                 out.print(escape(line), highlight=False)
 

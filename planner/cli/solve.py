@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from planner import api
 from planner.core.errors import PlanInputError
 from planner.core.files import write_text
 from planner.cost.precision import check_fp8
@@ -214,7 +215,7 @@ def solve(
                 print_explanation(out, explanation, wide=wide)
             return
         with progress_bar("searching") as progress:
-            result = search(req, progress)
+            result = api.with_bands(search(req, progress))
         hint = None
         if not as_json:
             with progress_bar("checking a larger batch") as progress:

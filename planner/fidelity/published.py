@@ -61,6 +61,8 @@ class ValidationRow:
     precision: str = "bf16"  # the block GEMMs' precision on that stack ("fp8" for FP8 runs)
     stack_name: str = ""  # that stack's name, without its overrides (Stack.name)
     hardware: str = ""  # the GPU profile it was priced on (the bundled one of its kind, or yours)
+    moe: bool = False  # the model routes experts
+    gpus: int = 0  # the run's GPUs
 
     @property
     def supported(self) -> bool:
@@ -98,6 +100,9 @@ class ValidationSummary:
     # the same summary per dataset ("old", "modern"), when the rows come from more than one
     groups: tuple[tuple[str, ValidationSummary], ...] = ()
     skip_reasons: tuple[str, ...] = ()  # why each skipped case was skipped (same order)
+    # the same with each source held out (planner/fidelity/holdout.py), where it was priced
+    held_out_mean_abs_time_error: float | None = None
+    held_out_max_abs_time_error: float | None = None
 
 
 # --- evaluating ----------------------------------------------------------------------------------
@@ -155,7 +160,8 @@ def validate_case(case: dict, simulated: bool = True, dataset: str = "",
                   measured_step_s=measured_s, measured_tokens_per_s=tokens / measured_s,
                   tflops_definition="hardware" if hardware_def else "model",
                   measured_tflops=me.get("tflops_per_gpu"),
-                  measured_memory_gib=_memory_gib(me))
+                  measured_memory_gib=_memory_gib(me), gpus=int(case["cluster"].get("gpus") or 0),
+                  moe=setup.model is not None and any(layer.is_moe for layer in setup.model.layers))
     if setup.unsupported:
         return ValidationRow(configuration=str(case["config"].get("schedule")),
                              predicted_step_s=None, predicted_tokens_per_s=None,
@@ -286,18 +292,21 @@ def spearman(xs: list[float], ys: list[float]) -> float:
     return cov / (vx * vy) ** 0.5 if vx and vy else 0.0
 
 
-def summarize(rows: tuple[ValidationRow, ...] | list[ValidationRow]) -> ValidationSummary:
-    """Overall fidelity, and per dataset in ``groups`` when the rows come from several files."""
+def summarize(rows: tuple[ValidationRow, ...] | list[ValidationRow],
+              held_out: tuple[ValidationRow, ...] | None = None) -> ValidationSummary:
+    """Overall fidelity, and per dataset in ``groups`` when the rows come from several files;
+    ``held_out`` (the rows priced with each source held out) adds the held-out errors."""
+    held = {r.case: r for r in held_out} if held_out is not None else None
     labels = list(dict.fromkeys(r.dataset for r in rows))
-    groups = tuple((label, _summarize([r for r in rows if r.dataset == label]))
+    groups = tuple((label, _summarize([r for r in rows if r.dataset == label], held))
                    for label in labels) if len(labels) > 1 else ()
     fp8 = [r for r in rows if r.precision == "fp8"]
     if fp8 and len(fp8) < len(rows):  # the FP8 runs on their own (cost/precision.py)
-        groups += (("fp8 runs", _summarize(fp8)),)
-    return replace(_summarize(rows), groups=groups)
+        groups += (("fp8 runs", _summarize(fp8, held)),)
+    return replace(_summarize(rows, held), groups=groups)
 
 
-def _summarize(rows) -> ValidationSummary:
+def _summarize(rows, held: dict | None = None) -> ValidationSummary:
     done = [r for r in rows if r.supported]
     errors = [abs(r.time_error) for r in done]
     worst = max(done, key=lambda r: abs(r.time_error)) if done else None
@@ -318,7 +327,16 @@ def _summarize(rows) -> ValidationSummary:
         max_memory_error=max(mem, default=None), spearman=rho,
         oom_mismatches=tuple(r.case for r in done if r.predicted_oom),
         skip_reasons=tuple(r.note.split(";")[0].removeprefix("skipped: ")
-                           for r in rows if not r.supported))
+                           for r in rows if not r.supported),
+        **_held_out_errors(done, held))
+
+
+def _held_out_errors(done, held: dict | None) -> dict:
+    if held is None or not done:
+        return {}
+    errors = [abs(held[r.case].time_error) for r in done]
+    return dict(held_out_mean_abs_time_error=sum(errors) / len(errors),
+                held_out_max_abs_time_error=max(errors))
 
 
 def validate_file(path=DEFAULT_FILES, simulated: bool = True, hardware: Hardware | None = None,

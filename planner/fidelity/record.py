@@ -25,7 +25,9 @@ RECORD_FILE = VALIDATION_DIR / "record.json"
 
 @dataclass(frozen=True)
 class Family:
-    """One source family's runs (a case's ``group``) priced on one stack and GPU profile."""
+    """One source family's runs (a case's ``group``) priced on one stack and GPU profile: the
+    signed step-time errors in-sample and with the family's source held out
+    (planner/fidelity/holdout.py), and the memory errors where the runs published memory."""
 
     group: str
     stack: str  # Stack.name
@@ -34,19 +36,43 @@ class Family:
     min_error: float  # signed step-time errors, fractions
     max_error: float
     mean_abs_error: float
+    kind: str = "dense"  # "moe" where the model routes experts
+    min_gpus: int = 0
+    max_gpus: int = 0
+    held_out_min_error: float = 0.0
+    held_out_max_error: float = 0.0
+    held_out_mean_abs_error: float = 0.0
+    memory_runs: int = 0
+    min_memory_error: float | None = None  # the worst under-estimate (most negative)
 
 
-def families(rows) -> tuple[Family, ...]:
+def families(rows, held_out_rows=None) -> tuple[Family, ...]:
     """The evaluated validation rows grouped by (family, stack, GPU profile), errors rounded to
-    0.1% (the precision `plan validate` prints), in first-seen order."""
-    found: dict[tuple[str, str, str], list[float]] = {}
+    0.1% (the precision `plan validate` prints), in first-seen order; ``held_out_rows`` (the
+    same rows with each source held out, default ``rows``) give the held-out errors."""
+    held = {r.case: r for r in (held_out_rows or rows)}
+    found: dict[tuple[str, str, str], list] = {}
     for r in rows:
         if r.supported:
-            found.setdefault((r.group, r.stack_name, r.hardware), []).append(r.time_error)
-    return tuple(
-        Family(group=g, stack=s, hardware=h, runs=len(e), min_error=round(min(e), 3),
-               max_error=round(max(e), 3), mean_abs_error=round(sum(map(abs, e)) / len(e), 3))
-        for (g, s, h), e in found.items())
+            found.setdefault((r.group, r.stack_name, r.hardware), []).append(r)
+    out = []
+    for (g, s, h), rs in found.items():
+        e = [r.time_error for r in rs]
+        he = [held[r.case].time_error for r in rs]
+        mem = [r.memory_error for r in rs if r.memory_error is not None]
+        out.append(Family(
+            group=g, stack=s, hardware=h, runs=len(e), min_error=round(min(e), 3),
+            max_error=round(max(e), 3), mean_abs_error=round(_mean_abs(e), 3),
+            kind="moe" if any(r.moe for r in rs) else "dense",
+            min_gpus=min(r.gpus for r in rs), max_gpus=max(r.gpus for r in rs),
+            held_out_min_error=round(min(he), 3), held_out_max_error=round(max(he), 3),
+            held_out_mean_abs_error=round(_mean_abs(he), 3), memory_runs=len(mem),
+            min_memory_error=round(min(mem), 3) if mem else None))
+    return tuple(out)
+
+
+def _mean_abs(errors) -> float:
+    return sum(map(abs, errors)) / len(errors)
 
 
 def record_text(fams: tuple[Family, ...]) -> str:

@@ -175,6 +175,8 @@ def document(plan: Plan) -> dict:
     doc["loss_stage"] = loss
     doc["engines"] = engines(plan)
     doc.update(base)  # metrics, layout, notes and any block added later (e.g. the stack)
+    if plan.error_band is not None:
+        doc["error_band"] = plan.error_band
     return doc
 
 

@@ -73,6 +73,9 @@ class Plan:
     rank_memory_bytes: tuple[float, ...] = ()
     notes: tuple[str, ...] = field(default=(), compare=False)
     stack: Stack | None = field(default=None, compare=False)  # the stack it was priced on
+    # what a run may measure, by the validation record (planner/fidelity/band.py ErrorBand.to_dict),
+    # set above the search; plan.json carries it, its digest does not
+    error_band: dict | None = field(default=None, compare=False)
 
     @property
     def precision(self) -> str:

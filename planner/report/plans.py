@@ -12,6 +12,7 @@ from rich.table import Table
 
 from planner.core.text import for_rich
 from planner.core.units import GIB
+from planner.fidelity.band import ErrorBand, plan_band
 from planner.fidelity.record import load_record, record_line
 from planner.model.spec import ModelSpec
 from planner.predict.plan import Plan
@@ -74,8 +75,31 @@ COLUMNS = (
     Column("blocks", lambda p: blocks_per_stage(p), left=True),
 )
 # The order the columns appear in, whichever are shown.
-ORDER = ("#", "tp·pp·dp", "tp·cp·pp·dp", "mb×M", "batch", "schedule", "blocks", "recomp", "ZeRO", "SP", "step s",
-         "tokens/s", "MFU", "mem GiB", "bubble")
+ORDER = ("#", "tp·pp·dp", "tp·cp·pp·dp", "mb×M", "batch", "schedule", "blocks", "recomp", "ZeRO",
+         "SP", "step s", "step range", "tokens/s", "MFU", "MFU range", "mem GiB", "bubble")
+
+
+def band_columns(band: ErrorBand) -> tuple[Column, ...]:
+    """The step time and MFU a run may measure, by the held-out record (fidelity/band.py): the
+    last columns to show, the first to go at a narrow width (the line under the table says the
+    same of plan 1)."""
+    def span(pair, fmt):
+        return f"{format(pair[0], fmt)}..{format(pair[1], fmt)}"
+
+    return (Column("step range", lambda p: span(band.step_range(p.metrics.step_time_s), ".2f"),
+                   knob=False),
+            Column("MFU range", lambda p: span(band.mfu_range(p.metrics.mfu), ".0%"), knob=False))
+
+
+def band_line(band: ErrorBand, plan: Plan) -> str:
+    """One line: what plan 1 may measure, and what the range rests on."""
+    lo, hi = band.step_range(plan.metrics.step_time_s)
+    mlo, mhi = band.mfu_range(plan.metrics.mfu)
+    memory = (f", peak up to {band.memory_high(plan.metrics.peak_memory_bytes) / GIB:.1f} GiB"
+              if band.memory_under < 0 else "")
+    return (f"error band of plan 1: step {lo:.2f}..{hi:.2f} s, MFU {mlo:.0%}..{mhi:.0%}{memory}; "
+            f"{band.basis} (`plan validate`)")
+
 
 
 @dataclass(frozen=True)
@@ -115,7 +139,7 @@ def table_width(columns, rows) -> int:
     return Measurement.get(MEASURE, MEASURE.options, _table(columns, rows)).maximum
 
 
-def plans_view(plans, width: int | None) -> PlansView:
+def plans_view(plans, width: int | None, band: ErrorBand | None = None) -> PlansView:
     """Choose the columns for ``width`` characters (None: all of them).
 
     Columns go from the least important up while the table is wider than ``width``, skipping any
@@ -127,6 +151,7 @@ def plans_view(plans, width: int | None) -> PlansView:
     degrees = "tp·cp·pp·dp" if any(p.parallel.cp > 1 for p in plans) else "tp·pp·dp"
     candidates = [c for c in COLUMNS if (c.header != "batch" or len(batches) > 1)
                   and c.header not in {"tp·pp·dp", "tp·cp·pp·dp"} - {degrees}]
+    candidates += band_columns(band) if band is not None else ()
     shown = list(candidates)
 
     def layout(cols):
@@ -219,7 +244,8 @@ def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool
     configurations went, the batch hint and the plan's assumptions."""
     width = None if wide else console.width
     console.print(search_title(result, model, cluster), highlight=False)
-    view = plans_view(result.plans, width)
+    band = plan_band(result.plans[0])
+    view = plans_view(result.plans, width, band)
     _print_unsqueezed(console, _table(view.columns, view.rows),
                       table_width(view.columns, view.rows))
     caption = plans_caption(view, width)
@@ -237,6 +263,7 @@ def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool
     stack = best.stack.name if best.stack is not None else default_stack().name
     console.print(f"[dim]{for_rich(record_line(load_record(), stack, cluster.hardware.name))}"
                   "[/dim]", highlight=False)
+    console.print(for_rich(band_line(band, best)), highlight=False)
 
 
 

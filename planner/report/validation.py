@@ -58,9 +58,13 @@ def _skip_text(s: ValidationSummary) -> str:
 
 
 def _summary_lines(s: ValidationSummary, prefix: str) -> list[str]:
-    lines = [f"{prefix}{s.evaluated} of {s.cases} cases evaluated" + _skip_text(s),
-             f"step time: mean |error| {s.mean_abs_time_error:.1%}, max {s.max_abs_time_error:.1%}"
-             f" ({s.worst_case})"]
+    lines = [f"{prefix}{s.evaluated} of {s.cases} cases evaluated" + _skip_text(s)]
+    if s.held_out_mean_abs_time_error is not None:
+        lines.append(f"step time, each source held out: mean |error| "
+                     f"{s.held_out_mean_abs_time_error:.1%}, max {s.held_out_max_abs_time_error:.1%}")
+    lines.append(f"step time{', in-sample' if s.held_out_mean_abs_time_error is not None else ''}"
+                 f": mean |error| {s.mean_abs_time_error:.1%}, max {s.max_abs_time_error:.1%}"
+                 f" ({s.worst_case})")
     if s.memory_cases:
         lines.append(f"memory ({s.memory_cases} cases): error {s.min_memory_error:+.1%} .. "
                      f"{s.max_memory_error:+.1%}")
@@ -89,9 +93,12 @@ def cases_table(rows, width: int | None = None) -> Table:
         caption="--markdown: every column; planner.validate().to_frame(): the numbers"), width)
 
 
-def groups_table(rows, width: int | None = None) -> Table:
-    """One row per group of runs (one source's table or sweep): how many, the mean and signed
-    step-time error, and the worst case; what ``plan validate`` prints before its summary."""
+def groups_table(rows, width: int | None = None, held_out=None) -> Table:
+    """One row per group of runs (one source's table or sweep): how many, the mean |error| with
+    the group's source held out (``held_out``: those rows, planner/fidelity/holdout.py) and
+    in-sample, the signed mean and the worst case; what ``plan validate`` prints before its
+    summary."""
+    held = {r.case: r for r in held_out or rows}
     by_group: dict[str, list] = {}
     for r in rows:
         if r.time_error is not None:
@@ -99,18 +106,21 @@ def groups_table(rows, width: int | None = None) -> Table:
     cells = []
     for group, found in by_group.items():
         errors = [r.time_error for r in found]
+        out = [held[r.case].time_error for r in found]
         worst = max(found, key=lambda r: abs(r.time_error))
         cells.append((for_rich(group), str(len(found)),
+                      f"{sum(abs(e) for e in out) / len(out):.1%}",
                       f"{sum(abs(e) for e in errors) / len(errors):.1%}",
                       f"{sum(errors) / len(errors):+.1%}", f"{worst.time_error:+.1%}",
                       for_rich(worst.case)))
     return fitted(Listing(
         "Predictions against published runs, by group",
-        ("group", "cases", "mean |err|", "signed", "worst", "worst case"), tuple(cells),
-        right=("cases", "mean |err|", "signed", "worst"), wrap=("worst case",),
-        drop_order=("worst case",),
-        caption="err: predicted / measured step time - 1 (below 0: the model is optimistic); "
-                "--cases: every case"),
+        ("group", "cases", "held out", "in-sample", "signed", "worst", "worst case"),
+        tuple(cells), right=("cases", "held out", "in-sample", "signed", "worst"),
+        wrap=("worst case",), drop_order=("worst case",),
+        caption="mean |err|, err: predicted / measured step time - 1 (below 0: the model is "
+                "optimistic); held out: each source's runs priced without what was chosen from "
+                "them (docs/validation.md); --cases: every case"),
         width)
 
 
@@ -123,3 +133,46 @@ def validation_markdown(rows, summary: ValidationSummary) -> str:
     for r in _frame_rows(rows):
         out.append("| " + " | ".join(c.replace("|", "/") for c in _cells(r)) + " |")
     return "\n".join(out) + "\n"
+
+
+def _mean_abs(errors) -> str:
+    known = [abs(e) for e in errors if e is not None]
+    return f"{sum(known) / len(known):.1%}" if known else "-"
+
+
+_SETTING_HEADERS = ("source", "set by", "field", "value", "runs", "with", "without")
+
+
+def _setting_cells(effects) -> list[tuple[str, ...]]:
+    cells = []
+    for e in effects:
+        refused = sum(1 for x in e.without_errors if x is None)
+        cells.append((e.setting.source, e.setting.set_by, e.setting.field,
+                      _short(e.setting.value), str(len(e.cases)), _mean_abs(e.with_errors),
+                      _mean_abs(e.without_errors) + (f" ({refused} refused)" if refused else "")))
+    return cells
+
+
+def settings_markdown(effects) -> str:
+    """The settings table as GitHub markdown, for docs/validation.md."""
+    lines = ["| " + " | ".join(_SETTING_HEADERS) + " |", "|" + "---|" * len(_SETTING_HEADERS)]
+    lines += ["| " + " | ".join(c.replace("|", "/") for c in row) + " |"
+              for row in _setting_cells(effects)]
+    return "\n".join(lines) + "\n"
+
+
+def settings_table(effects, width: int | None = None) -> Table:
+    """``plan validate --settings``: each stack setting only one source's runs set, and the mean
+    |step-time error| of those runs with it and without it (the field at its stack's value)."""
+    cells = [tuple(for_rich(c) for c in row) for row in _setting_cells(effects)]
+    return fitted(Listing(
+        "Settings only one source turns on: its runs' mean |err| with and without",
+        _SETTING_HEADERS, tuple(cells),
+        right=("runs", "with", "without"), wrap=("value",), drop_order=("value", "set by"),
+        caption="without: the field at its bundled stack's value; docs/validation.md says what "
+                "each is and where it comes from"), width)
+
+
+def _short(value) -> str:
+    text = ", ".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
+    return text if len(text) <= 40 else text[:39] + "…"
