@@ -189,6 +189,14 @@ def test_the_command_prints_a_table_and_a_summary(tmp_path):
 # --- plots ---------------------------------------------------------------------------------------
 
 
+def test_rows_carry_each_plan_s_step_time_band():
+    rows = api.sweep({**CHEAP, "gpus": [8]}, backend="serial").rows
+    assert any(r["status"] == "ok" for r in rows)
+    for r in (r for r in rows if r["status"] == "ok"):
+        assert r["step_time_low_s"] <= r["step_time_high_s"]
+        assert isinstance(r["band_calibrated"], bool)
+
+
 def test_plots_hold_the_expected_series(tmp_path):
     engine_module("matplotlib", "the plot extra (plan3d[plot])")
     spec = {**CHEAP, "gpus": [8, 16, 32], "train_tokens": 1e12, "gpu_hour_price": 2}
@@ -196,6 +204,8 @@ def test_plots_hold_the_expected_series(tmp_path):
     ids = {e.get("id") for e in ET.parse(tmp_path / "p.svg").iter() if e.get("id")}
     for gpu in ("h100-sxm-80gb", "a100-80gb"):
         assert {f"tokens_per_s:{gpu}", f"mfu:{gpu}", f"cost:{gpu}"} <= ids
+        # each curve shaded by its plans' error bands (planner/fidelity/band.py)
+        assert {f"band:tokens_per_s:{gpu}", f"band:mfu:{gpu}", f"band:cost:{gpu}"} <= ids
     assert {"pareto:front", "pareto:points"} <= ids
     api.sweep({**CHEAP, "gpus": [8, 16]}, backend="serial", plot=tmp_path / "p.html")
     page = (tmp_path / "p.html").read_text()

@@ -10,10 +10,12 @@ from planner.core.errors import NoFeasiblePlan, PlanInputError
 from planner.report.frames import plan_record
 
 # What a point's row says of its best plan (the fields of `plan solve --csv`, rounded as the plan
-# JSON rounds them, plus cp, ep, etp and the precision priced), or why there is none.
+# JSON rounds them, plus cp, ep, etp and the precision priced; the step time a run may measure
+# and whether that band is calibrated, planner/fidelity/band.py), or why there is none.
 OUTCOME_COLUMNS = ("status", "tp", "cp", "pp", "dp", "ep", "etp", "micro_batch",
                    "num_microbatches", "schedule", "virtual_stages", "recompute", "zero",
-                   "sequence_parallel", "step_time_s", "tokens_per_s", "tflops_per_gpu", "mfu",
+                   "sequence_parallel", "step_time_s", "step_time_low_s", "step_time_high_s",
+                   "band_calibrated", "tokens_per_s", "tflops_per_gpu", "mfu",
                    "hfu", "peak_memory_bytes", "bubble_fraction", "reason")
 OK, INFEASIBLE, INPUT = "ok", "infeasible", "input"  # status: a plan, nothing fits, bad combination
 
@@ -29,6 +31,10 @@ def outcome_of(solution) -> dict:
     par = plan.parallel
     out = {k: record[k] for k in OUTCOME_COLUMNS if k in record}
     out.update(status=OK, cp=par.cp, ep=par.ep, etp=par.expert_tp, reason=None)
+    if plan.error_band is not None:
+        low, high = plan.error_band["step_time_s"]
+        out.update(step_time_low_s=low, step_time_high_s=high,
+                   band_calibrated=plan.error_band["calibrated"])
     return {k: out.get(k) for k in OUTCOME_COLUMNS}
 
 

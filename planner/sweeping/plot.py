@@ -73,6 +73,25 @@ def _front_axes(frame):
                                                                  1.0)
 
 
+# Columns inverse to the step time (a slower run makes fewer tokens a second at a lower MFU);
+# the others (step time, time to train, cost) grow with it.
+_INVERSE = ("tokens_per_s", "mfu")
+
+
+def _band(rows, column: str, scale: float):
+    """(low, high) of ``column`` over ``rows`` from each plan's step-time band (the sweep's
+    step_time_low_s / step_time_high_s), or None where a row has none."""
+    if any(r.get("step_time_low_s") is None for r in rows):
+        return None
+    ratios = [(r["step_time_low_s"] / r["step_time_s"], r["step_time_high_s"] / r["step_time_s"])
+              for r in rows]
+    if column in _INVERSE:
+        return ([r[column] * scale / hi for r, (_, hi) in zip(rows, ratios)],
+                [r[column] * scale / lo for r, (lo, _) in zip(rows, ratios)])
+    return ([r[column] * scale * lo for r, (lo, _) in zip(rows, ratios)],
+            [r[column] * scale * hi for r, (_, hi) in zip(rows, ratios)])
+
+
 def figure_svg(frame, spec: SweepSpec) -> str:
     """The four panels as SVG text."""
     import matplotlib
@@ -96,6 +115,11 @@ def figure_svg(frame, spec: SweepSpec) -> str:
                 (line,) = ax.plot([r["gpus"] for r in rows], [r[column] * scale for r in rows],
                                   marker="o", label=label)
                 line.set_gid(f"{column}:{label}")
+                band = _band(rows, column, scale)
+                if band:
+                    shade = ax.fill_between([r["gpus"] for r in rows], *band,
+                                            color=line.get_color(), alpha=0.15, linewidth=0)
+                    shade.set_gid(f"band:{column}:{label}")
             ax.set_xscale("log", base=2)
             ticks = sorted({r["gpus"] for r in ok})
             ax.set_xticks(ticks, [str(t) for t in ticks])
