@@ -186,3 +186,13 @@ def test_solve_prints_the_band_line():
     result = runner.invoke(app, ["solve", "--gpus", "16", "--nodes", "2"])
     assert result.exit_code == 0, result.output
     assert "error band of plan 1" in result.output and "uncalibrated" in result.output
+
+
+def test_the_python_api_frame_carries_the_held_out_error():
+    from planner import api
+
+    frame = api.validate().to_frame()
+    row = frame.loc["bloom-176B-production"]
+    assert row.held_out_time_error < row.time_error < 0  # its host time was fitted on BLOOM
+    untouched = frame.loc["megatron2021-table1-1.7B"]
+    assert untouched.held_out_time_error == untouched.time_error

@@ -110,8 +110,9 @@ class Validation:
     held_out: tuple = ()  # the rows priced with each source held out (fidelity/holdout.py)
 
     def to_frame(self):
-        """One row per case (index: case name) with the signed errors."""
-        return frames.validation_frame(self.rows)
+        """One row per case (index: case name) with the signed errors, in-sample and with its
+        source held out."""
+        return frames.validation_frame(self.rows, self.held_out)
 
 
 @dataclass(frozen=True)

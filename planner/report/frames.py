@@ -91,11 +91,15 @@ def stages_frame(plan: Plan):
     return pd.DataFrame(rows).set_index("stage")
 
 
-def validation_frame(rows):
-    """One row per published case: its fields, and the signed errors (predicted / measured - 1)."""
+def validation_frame(rows, held_out=()):
+    """One row per published case: its fields, and the signed errors (predicted / measured - 1);
+    with ``held_out`` (the same cases priced with each source held out) its step-time error as
+    ``held_out_time_error``."""
     import pandas as pd
 
-    records = [{**asdict(r), "time_error": r.time_error, "memory_error": r.memory_error}
+    held = {r.case: r.time_error for r in held_out}
+    records = [{**asdict(r), "time_error": r.time_error, "memory_error": r.memory_error,
+                **({"held_out_time_error": held.get(r.case)} if held else {})}
                for r in rows]
     return pd.DataFrame(records).set_index("case")
 
