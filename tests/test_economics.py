@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+from hypothesis import given, strategies as st
 from typer.testing import CliRunner
 
 from cli import app
@@ -64,3 +65,35 @@ def test_solve_prints_and_reports_the_training_budget():
     tokens_per_s = plan["metrics"]["tokens_per_s"]
     assert doc["training"]["time_to_train_s"] == pytest.approx(1e12 / tokens_per_s, rel=1e-5)
     assert doc["training"]["cost"] == pytest.approx(2.5 * doc["training"]["gpu_hours"])
+    failures = doc["training"]["failures"]
+    assert failures["wall_time_s"] == pytest.approx(
+        doc["training"]["time_to_train_s"] / failures["goodput"])
+    assert any(row.startswith("GPU failures at") for row in text.output.splitlines())
+
+
+# --- failures and checkpointing (planner/predict/goodput.py) -------------------------------------
+
+def test_llama3_405b_failures_and_goodput():
+    """Llama 3 405B on 16,384 H100 (Dubey et al. 2024, sec. 3.3): 419 unexpected interruptions
+    in a 54-day snapshot, and more than 90% effective training time."""
+    from planner.predict.goodput import goodput
+
+    g = goodput(405e9, 16384)
+    assert g.interruptions(54 * 86400) == pytest.approx(419)  # the rate's own units, back
+    assert 0.90 < g.goodput < 1  # an upper bound (restarts not counted): above Meta's > 90%
+    assert g.save_s == pytest.approx(405e9 * 14 / 2e12)  # 14 bytes a parameter at 2 TB/s
+    assert g.interval_s == pytest.approx((2 * g.save_s * g.mtbf_s) ** 0.5)  # Young 1974
+
+
+@given(params=st.floats(1e8, 2e12), gpus=st.integers(8, 100_000))
+def test_young_interval_is_the_best_interval(params, gpus):
+    """Young's tau minimises the lost share delta/tau + tau/(2M): any other interval loses more."""
+    from planner.predict.goodput import goodput
+
+    g = goodput(params, gpus)
+
+    def lost(tau):
+        return g.save_s / tau + tau / (2 * g.mtbf_s)
+
+    assert lost(g.interval_s) <= min(lost(g.interval_s * 0.8), lost(g.interval_s * 1.25))
+    assert goodput(params * 2, gpus).goodput <= g.goodput  # a bigger checkpoint costs more

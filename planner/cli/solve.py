@@ -237,7 +237,8 @@ def solve(
         else:
             print_search(out, result, spec, cluster, wide=wide, hint=hint)
             if budget:
-                out.print(cost_of(result.plans[0], cluster, budget).line(budget[1]),
-                          highlight=False)
+                training = cost_of(result.plans[0], cluster, budget)
+                out.print(training.line(budget[1]), highlight=False)
+                out.print(training.failures_line(), highlight=False)
             if measured is not None:
                 out.print(for_rich(analytical_comparison(req, result.plans[0])), highlight=False)

@@ -6,7 +6,9 @@
     cost            = gpu_hours x gpu_hour_price
 
 At the plan's steady throughput, with no allowance for restarts, evaluation, a batch ramp-up or
-a long-context phase: a lower bound. Meta's Llama 3.1 405B bears it out: its 3.8e25 FLOPs at the
+a long-context phase: a lower bound. Beside it, what GPU failures take at Llama 3's failure rate,
+with checkpoints at Young's interval (planner/predict/goodput.py): the interruptions expected and
+the days the run takes at that goodput. Meta's Llama 3.1 405B bears it out: its 3.8e25 FLOPs at the
 400 TFLOP/s per GPU its 16,384 H100s sustained (Dubey et al. 2024, 'The Llama 3 Herd of Models',
 Table 4) take 26.4M GPU-hours by these formulas, where its model card reports "30.84M" GPU
 hours at "700" W (meta-llama/llama-models models/llama3_1/MODEL_CARD.md, tests/test_economics.py).
@@ -19,6 +21,7 @@ from dataclasses import dataclass
 
 from planner.core.arguments import number
 from planner.core.errors import PlanInputError
+from planner.predict.goodput import FAILURES_PER_GPU_HOUR, Goodput, goodput
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
@@ -52,15 +55,38 @@ class TrainingCost:
     gpu_hours: float
     energy_mwh: float | None = None
     cost: float | None = None
+    failures: Goodput | None = None  # failures and checkpointing (None: not asked)
 
     def __post_init__(self):
         if not self.time_to_train_s > 0 or not self.gpu_hours > 0:
             raise ValueError("TrainingCost needs a positive time and GPU-hours")
 
     def to_dict(self) -> dict:
-        return {"train_tokens": self.train_tokens, "time_to_train_s": self.time_to_train_s,
-                "days": self.time_to_train_s / SECONDS_PER_DAY, "gpu_hours": self.gpu_hours,
-                "energy_mwh": self.energy_mwh, "cost": self.cost}
+        doc = {"train_tokens": self.train_tokens, "time_to_train_s": self.time_to_train_s,
+               "days": self.time_to_train_s / SECONDS_PER_DAY, "gpu_hours": self.gpu_hours,
+               "energy_mwh": self.energy_mwh, "cost": self.cost}
+        if self.failures is not None:
+            doc["failures"] = {**self.failures.to_dict(),
+                               "interruptions": self.failures.interruptions(self.wall_s),
+                               "wall_time_s": self.wall_s}
+        return doc
+
+    @property
+    def wall_s(self) -> float:
+        """The time to train at the goodput failures leave (the steady time without them)."""
+        return self.time_to_train_s / (self.failures.goodput if self.failures else 1.0)
+
+    def failures_line(self) -> str | None:
+        """``GPU failures at 1.97e-05 per GPU-hour (Llama 3's rate): 419 interruptions expected,
+        a checkpoint every 4.1 min (Young), goodput at most 97.7%: 55.3 days``."""
+        f = self.failures
+        if f is None:
+            return None
+        return (f"GPU failures at {FAILURES_PER_GPU_HOUR:.3g} per GPU-hour (Llama 3's rate): "
+                f"{f.interruptions(self.wall_s):,.0f} interruptions expected, a checkpoint every "
+                f"{f.interval_s / 60:.3g} min (Young's interval for a {f.save_s:.3g} s save), "
+                f"goodput at most {f.goodput:.1%} (restarts not counted): "
+                f"{self.wall_s / SECONDS_PER_DAY:.1f} days")
 
     def line(self, price: float | None) -> str:
         """``training 15T tokens: 64.1 days, 25.2M GPU-hours, 17.6 GWh of board power, $63.0M
@@ -76,14 +102,17 @@ class TrainingCost:
 
 
 def training_cost(tokens_per_s: float, gpus: int, train_tokens: float,
-                  board_w: float | None = None, price: float | None = None) -> TrainingCost:
+                  board_w: float | None = None, price: float | None = None,
+                  params: float | None = None) -> TrainingCost:
     """The formulas of the module docstring; ``board_w`` each GPU's board power (its rated
-    power, or the --power-limit it runs at)."""
+    power, or the --power-limit it runs at); ``params``, the model's parameters, adds the
+    failures and checkpointing (planner/predict/goodput.py)."""
     seconds = train_tokens / tokens_per_s
     gpu_hours = seconds / SECONDS_PER_HOUR * gpus
     return TrainingCost(train_tokens=train_tokens, time_to_train_s=seconds, gpu_hours=gpu_hours,
                         energy_mwh=gpu_hours * board_w / 1e6 if board_w else None,
-                        cost=gpu_hours * price if price is not None else None)
+                        cost=gpu_hours * price if price is not None else None,
+                        failures=goodput(params, gpus) if params else None)
 
 
 def training_budget(train_tokens: str | None, price) -> tuple[float, float | None] | None:
@@ -104,7 +133,7 @@ def cost_of(plan, cluster, budget: tuple[float, float | None]) -> TrainingCost:
     GPU's board power (its rated power, or the power limit it runs at)."""
     tokens, price = budget
     return training_cost(plan.metrics.tokens_per_s, cluster.gpus, tokens,
-                         board_w=cluster.hardware.tdp_w, price=price)
+                         board_w=cluster.hardware.tdp_w, price=price, params=plan.model.params)
 
 
 def _short(value: float) -> str:
