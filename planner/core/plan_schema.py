@@ -38,7 +38,8 @@ PLAN_SCHEMAS = ("plan3d/plan/v1", "plan3d/plan/v2")
 # The top-level keys plan.json v2 writes (planner/launchers/plan_json.py); "plans" wraps them in
 # the output of `plan solve --json`.
 V2_KEYS = ("schema", "plan_digest", "conventions", "model", "precision", "layers", "cluster",
-           "parallel", "stages", "loss_stage", "engines", "metrics", "layout", "notes", "stack")
+           "parallel", "stages", "loss_stage", "engines", "metrics", "layout", "notes", "stack",
+           "memory")
 
 _STAGE_COMMON = {
     "stage": Int(0, MAX_CHUNKS),
