@@ -55,7 +55,8 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
                     elapsed_s=result.elapsed_s, notes=result.notes,
-                    hint=batch_hint(req, result.plans[0], search))
+                    hint=batch_hint(req, result.plans[0], search),
+                    candidates=result.candidates)
 
 
 def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
