@@ -20,9 +20,7 @@ def report(
     out_file: Path = typer.Option(..., "--out", "-o", help="HTML file to write."),
     force: bool = _flag(False, "--force", "Overwrite --out."),
 ):
-    """Write the plans as one HTML page that opens offline: the ranked
-    plans, memory per rank, the schedule, ranks on nodes, step time
-    against memory and the validation record.
+    """Write the plans as one HTML page that opens offline: plans, memory, schedule, ranks.
 
     Examples:\n
       plan solve --gpus 16 --nodes 2 --export json --out run/\n

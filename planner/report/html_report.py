@@ -95,7 +95,7 @@ def plans_table(report: ReportInput) -> str:
         row += f"<td>{_e(tokens(met['tokens_per_s']))}</td>"
         row += f"<td>{_band_cell(percent(met['mfu']), band and band.mfu, percent)}</td>"
         row += f"<td>{_e(gib(met['peak_memory_bytes']))}</td><td>{_e(percent(met['bubble_fraction']))}</td>"
-        rows.append(f'<tr class="{"best" if v.rank == 1 else "plan"}">{row}</tr>')
+        rows.append(f'<tr class="best">{row}</tr>' if v.rank == 1 else f"<tr>{row}</tr>")
     bands = [v for v in report.plans if v.error_band is not None]
     if bands:
         basis = {(b.error_band.basis, b.error_band.calibrated) for b in bands}

@@ -201,6 +201,12 @@ def _memory(value, origin: str, pp: int) -> tuple[RankMemory, ...]:
 
 def plan_view(doc, rank: int, origin: str) -> PlanView:
     """One plan document checked into what the report draws."""
+    if not isinstance(doc, dict):
+        raise PlanInputError(f"{origin}: expected a plan3d plan JSON object; write one with "
+                             "plan solve --export json --out DIR")
+    band = doc.get("error_band")
+    # the error band is checked here (_band), whether or not this plan3d's plan reader knows it
+    doc = {k: v for k, v in doc.items() if k != "error_band"}
     check_plan_document(doc, origin)  # schema, parallel, stages (what the Gantt runs)
     model = doc.get("model") if isinstance(doc.get("model"), dict) else {}
     parallel = check_object(doc["parallel"], PARALLEL, f"{origin}: parallel", tolerant=True)
@@ -223,7 +229,7 @@ def plan_view(doc, rank: int, origin: str) -> PlanView:
         rank=rank, doc=doc, model=str(model.get("name", "?")), cluster=cluster,
         parallel=parallel, metrics=metrics,
         memory=_memory(doc.get("memory"), origin, parallel["pp"]),
-        error_band=_band(doc.get("error_band"), origin), stack=name,
+        error_band=_band(band, origin), stack=name,
         stack_label=f"{name} {version}".strip() if name else None,
         layout=_layout(layout, origin),
         notes=tuple(check_value(n, Text(), f"{origin}: notes[{i}]") for i, n in enumerate(notes)))
