@@ -73,9 +73,9 @@ def memory_bars(ranks, capacity_bytes: float | None, width: int = 900) -> str:
         body.append(f'<text class="total" x="{x + 4:.2f}" y="{y + 14}">{_gib(r.total_bytes)} GiB'
                     "</text>")
     bottom = pad + legend_px + row_px * len(ranks)
-    if capacity_bytes:
+    if capacity_bytes:  # first, so the bars and their labels are drawn over it
         cx = label_px + capacity_bytes * px
-        body.append(f'<line x1="{cx:.2f}" y1="{pad + legend_px - 4}" x2="{cx:.2f}" '
+        body.insert(0, f'<line x1="{cx:.2f}" y1="{pad + legend_px - 4}" x2="{cx:.2f}" '
                     f'y2="{bottom}" stroke="#b00020" stroke-dasharray="4 3"/>'
                     f'<text x="{cx:.2f}" y="{bottom + 14}" text-anchor="middle" fill="#b00020">'
                     f"GPU memory {_gib(capacity_bytes)} GiB</text>")
