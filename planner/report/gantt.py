@@ -255,8 +255,8 @@ def to_svg(result: SimResult, width_px: int = 1000, row_px: int = 28,
 
 def svg_label(kind: str, microbatch: int, paired: bool, width_px: float) -> str:
     """What an op's box says, so the chart reads without colour: its kind and microbatch
-    ("F12", "&BW3") where they fit at 7 px a character (11 px monospace) and 4 px of margin, else its kind alone,
-    else nothing (its <title> tooltip still says it all)."""
+    ("F12", "&BW3") where they fit at 7 px a character (11 px monospace) and 4 px of margin,
+    else its kind alone, else nothing (its <title> tooltip still says it all)."""
     name = ("&" if paired else "") + kind
     for label in (f"{name}{microbatch}", name):
         if width_px >= SVG_CHAR_PX * len(label) + 4:

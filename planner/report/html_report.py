@@ -87,14 +87,16 @@ def plans_table(report: ReportInput) -> str:
     rows = []
     for v in report.plans:
         par, met, band = v.parallel, v.metrics, v.error_band
-        cells = [str(v.rank), _dims(par), f"{par.get('micro_batch', '?')}×{par['num_microbatches']}",
-                 _schedule(par), str(par.get("recompute", "?")), str(par.get("zero", "?")),
+        cells = [str(v.rank), _dims(par),
+                 f"{par.get('micro_batch', '?')}×{par['num_microbatches']}", _schedule(par),
+                 str(par.get("recompute", "?")), str(par.get("zero", "?")),
                  "on" if par.get("sequence_parallel") else "off"]
         row = "".join(f"<td>{_e(c)}</td>" for c in cells)
-        row += f"<td>{_band_cell(seconds(met['step_time_s']), band and band.step_time_s, seconds)}</td>"
-        row += f"<td>{_e(tokens(met['tokens_per_s']))}</td>"
-        row += f"<td>{_band_cell(percent(met['mfu']), band and band.mfu, percent)}</td>"
-        row += f"<td>{_e(gib(met['peak_memory_bytes']))}</td><td>{_e(percent(met['bubble_fraction']))}</td>"
+        step = _band_cell(seconds(met["step_time_s"]), band and band.step_time_s, seconds)
+        mfu = _band_cell(percent(met["mfu"]), band and band.mfu, percent)
+        row += (f"<td>{step}</td><td>{_e(tokens(met['tokens_per_s']))}</td><td>{mfu}</td>"
+                f"<td>{_e(gib(met['peak_memory_bytes']))}</td>"
+                f"<td>{_e(percent(met['bubble_fraction']))}</td>")
         rows.append(f'<tr class="best">{row}</tr>' if v.rank == 1 else f"<tr>{row}</tr>")
     bands = [v for v in report.plans if v.error_band is not None]
     if bands:

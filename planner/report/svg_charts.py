@@ -144,8 +144,8 @@ def scatter(candidates, capacity_bytes: float | None, width: int = 900, height: 
                         f'fill="#9aa7b8"><title>{escape(tip)}</title></circle>')
             continue
         fill = "#d1495b" if c.rank == 1 else "#2f5d9e"
-        body.append(f'<circle class="plan" cx="{px:.1f}" cy="{py:.1f}" r="{7 if c.rank == 1 else 5}"'
-                    f' fill="{fill}"><title>{escape(tip)}</title></circle>'
+        body.append(f'<circle class="plan" cx="{px:.1f}" cy="{py:.1f}" '
+                    f'r="{7 if c.rank == 1 else 5}" fill="{fill}"><title>{escape(tip)}</title></circle>'
                     f'<text x="{px + 8:.1f}" y="{py - 6:.1f}">{c.rank}</text>')
     return _svg(width, height, "step time against peak memory of the feasible candidates", body)
 
