@@ -100,3 +100,38 @@ def test_a_long_run_draws_its_short_run_and_says_so():
 def test_a_short_schedule_is_not_compressed():
     r = simulate("1f1b", 4, 8, fwd_s=1.0, bwd_s=2.0)
     assert all("⋯" not in line for line in _plain_rows(r, 120))
+
+
+def _labels(svg: str) -> list[str]:
+    root = ET.fromstring(svg)
+    return [e.text for e in root.iter(SVG + "text") if e.text]
+
+
+def test_svg_ops_say_their_kind_and_microbatch_not_only_their_colour():
+    """#33 item 4: each op wide enough reads F3 / B3 / W3 in the SVG too, and the legend names
+    the kinds in words."""
+    r = simulate("zb-h1", 4, 8, fwd_s=1.0, bwd_s=2.0, wgrad_s=1.0)
+    labels = _labels(to_svg(r))
+    ops = [t for row in r.timeline for t in row]
+    assert sorted(x for x in labels if x[0] in "FBW" and x[1:].isdigit()) == \
+        sorted(f"{t.op.kind}{t.op.microbatch}" for t in ops)
+    assert {"forward", "backward", "weight grad"} <= set(labels)
+
+
+def test_a_long_step_compressed_keeps_its_ops_labelled():
+    """Uncompressed, 1F1B over 64 microbatches gives each op a few pixels: no label fits.
+    Compressed, the start and end are drawn at a readable scale with the steady state cut at ⋯,
+    every box drawn whole says what it is, and the axis names the seconds each part shows."""
+    r = simulate("1f1b", 4, 64, fwd_s=1.0, bwd_s=2.0)
+    assert r.timeline_m is None  # every op in the timeline
+    plain = [x for x in _labels(to_svg(r)) if x[0] in "FB" and x[1:].isdigit()]
+    assert plain == []
+    svg = to_svg(r, compress=True)
+    labels = _labels(svg)
+    assert labels.count("⋯") == r.p
+    numbered = [x for x in labels if x[0] in "FB" and x[1:].isdigit()]
+    assert "F0" in numbered and "B63" in numbered
+    assert f"{r.makespan_s:.4g} s" in labels and "0 s" in labels
+    root = ET.fromstring(svg)
+    widths = [float(e.get("width")) for e in root.iter(SVG + "rect") if e.get("class") == "op"]
+    assert sorted(widths)[len(widths) // 2] >= 7 * 2 + 4  # the median box fits "F1"

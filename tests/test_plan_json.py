@@ -194,3 +194,23 @@ def _saved(tmp_path, doc):
     path = tmp_path / "edited.json"
     path.write_text(json.dumps(doc))
     return path
+
+
+def test_a_predicted_plan_carries_its_memory_by_part_per_rank(tmp_path):
+    """A plan predicted by the model (not built by hand) writes each pipeline rank's peak by
+    part; the parts sum to the rank's total (to the byte rounding of each part), the largest
+    total is the plan's peak, the document validates and `plan simulate --plan` still reads it."""
+    from planner.predict.step import evaluate
+    plan = make_plan()
+    predicted = evaluate(plan.model, plan.cluster,
+                         plan.parallel, bounds=[(s.first, s.last) for s in plan.stages])
+    doc = exported(predicted, tmp_path)
+    VALIDATOR.validate(doc)
+    ranks = doc["memory"]["ranks"]
+    assert [r["rank"] for r in ranks] == list(range(plan.parallel.pp))
+    for r in ranks:
+        assert abs(sum(r["parts"].values()) - r["total_bytes"]) <= len(r["parts"])
+        assert r["parts"]["weights"] > 0 and r["parts"]["activations"] > 0
+    assert max(r["total_bytes"] for r in ranks) == doc["metrics"]["peak_memory_bytes"]
+    assert simulation_job(None, None, None, None, None, None, tmp_path / "plan.json")
+    assert "memory" not in exported(plan, tmp_path)  # a plan built without its parts: none

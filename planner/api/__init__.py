@@ -16,7 +16,7 @@ The CLI's one front door: planner/cli/ calls these (and the catalog, measuring a
 functions beside them) and renders with planner.report. By concept: results.py (the result
 types), inputs.py (arguments checked into the planner's objects), planning.py (solve, explain,
 partition, sweep), fidelity.py (validate, calibrate), measure.py (profile, simulate, layout),
-catalog.py (models, stacks, components, GPUs). No submodule shares a name with a function here.
+catalog.py (models, stacks, components, GPUs), reporting.py (the HTML report). No submodule shares a name with a function here.
 
 Floor: top (beside planner/cli/); ``planner/__init__.py`` re-exports the first names lazily, so
 ``import planner`` (and ``plan --help``) does not pay for the search modules or pandas.
@@ -32,6 +32,7 @@ from planner.api.measure import (layout, measure_layers, measure_machine, profil
                                  simulation, simulation_summary)
 from planner.api.planning import (PARTITION_SOLVERS, check_pipeline, compare_partitions, explain,
                                   partition, solve, sweep, with_bands)
+from planner.api.reporting import report
 from planner.api.results import (Explanation, Partition, Profiled, Solution, Stages,
                                  Validation)
 from planner.core.errors import NoFeasiblePlan, PlanInputError
@@ -46,4 +47,4 @@ __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "
            "validate_runs", "single_source_settings", "with_bands", "parse_factors", "calibrate",
            "calibrated_hardware",
            "measure_layers", "measure_machine", "simulation", "simulate", "simulation_summary",
-           "layout"]
+           "layout", "report"]

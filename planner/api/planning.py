@@ -58,7 +58,8 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
                     elapsed_s=result.elapsed_s, notes=result.notes,
-                    hint=batch_hint(req, result.plans[0], search))
+                    hint=batch_hint(req, result.plans[0], search),
+                    candidates=result.candidates)
 
 
 def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
@@ -167,5 +168,8 @@ def check_pipeline(pp: int, microbatches: int, virtual_stages: int) -> None:
 
 
 def with_bands(result):
-    """A search result whose plans carry their error band (planner/fidelity/band.py)."""
-    return replace(result, plans=tuple(with_band(p) for p in result.plans))
+    """A search result whose plans carry their error band (planner/fidelity/band.py); the
+    candidates that are shown plans are those same banded plans."""
+    banded = {id(p): with_band(p) for p in result.plans}
+    return replace(result, plans=tuple(banded[id(p)] for p in result.plans),
+                   candidates=tuple(banded.get(id(c), c) for c in result.candidates))

@@ -33,6 +33,8 @@ class Solution:
     elapsed_s: float
     notes: tuple[str, ...]
     hint: str | None = None  # a larger global batch, when the best plan's pipeline idles
+    # every feasible plan, ranked (``plans`` are the first distinct ones, up to ``top``)
+    candidates: tuple[Plan, ...] = ()
 
     @property
     def best(self) -> Plan:

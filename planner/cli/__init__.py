@@ -18,7 +18,7 @@ except ImportError:
     from click import ClickException as _UsageProblem
 
 # the command modules register their commands on `app` when imported
-from planner.cli import catalog, fidelity, measure, partition, solve, sweep  # noqa: F401
+from planner.cli import catalog, fidelity, measure, partition, report, solve, sweep  # noqa: F401
 from planner.cli.common import _fail, app, err
 from planner.report.output import INPUT_ERROR
 

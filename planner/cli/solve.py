@@ -10,7 +10,8 @@ import typer
 
 from planner import api
 from planner.core.errors import PlanInputError
-from planner.core.files import write_text
+from planner import api
+from planner.core.files import refuse_overwrite, write_text
 from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
 from planner.hardware.power import power_limited
@@ -135,6 +136,10 @@ def solve(
     as_json: bool = _flag(False, "--json", "Print the plans as JSON.", OUTPUT),
     csv_file: Optional[Path] = typer.Option(None, "--csv", help="Also write the plans as CSV.",
                                             rich_help_panel=OUTPUT),
+    report_file: Optional[Path] = typer.Option(None, "--report", metavar="FILE",
+                                               help="Also write an HTML report of the plans "
+                                                    "and every feasible candidate.",
+                                               rich_help_panel=OUTPUT),
     explain_it: bool = _flag(False, "--explain", "Explain the pinned configuration: fits or "
                                                  "not, by how much.", OUTPUT),
     export: Optional[str] = typer.Option(None, "--export",
@@ -172,10 +177,13 @@ def solve(
         targets = parse_targets(export)
         # flags that would be ignored: refused before anything is loaded or searched
         problem = output_refusal(explain=explain_it, targets=targets, out_dir=out_dir,
-                                 csv_file=csv_file, force=force, as_json=as_json, wide=wide) or \
+                                 csv_file=csv_file, force=force, as_json=as_json, wide=wide,
+                                 report_file=report_file) or \
             explain_refusal(explain_it, max_bubble=max_bubble)
         if problem:
             raise PlanInputError(problem)
+        if report_file is not None:  # before the search, not after it
+            refuse_overwrite([report_file], force)
         budget = training_budget(train_tokens, gpu_hour_price)
         spec = planned_model(model, seq_len)
         gpu_kind = load_hardware(gpu, hardware)
@@ -222,6 +230,9 @@ def solve(
                 hint = batch_hint(req, result.plans[0], search)
         if csv_file is not None:
             write_text(csv_file, plans_csv(result.plans), force=force)
+        if report_file is not None:
+            api.report(result, out=report_file, force=force)
+            err.print(f"wrote {for_rich(str(report_file))}", highlight=False)
         if targets:
             written = export_plan(result.plans[0], targets, out_dir, force=force)
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)

@@ -39,7 +39,7 @@ PLAN_SCHEMAS = ("plan3d/plan/v1", "plan3d/plan/v2")
 # the output of `plan solve --json`.
 V2_KEYS = ("schema", "plan_digest", "conventions", "model", "precision", "layers", "cluster",
            "parallel", "stages", "loss_stage", "engines", "metrics", "layout", "notes", "stack",
-           "error_band")  # error_band: --json's, optional (planner/fidelity/band.py)
+           "memory", "error_band")  # error_band: --json's and plan.json's, optional (fidelity/band.py)
 
 _STAGE_COMMON = {
     "stage": Int(0, MAX_CHUNKS),

@@ -39,13 +39,15 @@ def stack_refusal(stack: Stack, launcher: str | None, asked: str | None = None) 
 
 
 def output_refusal(*, explain: bool = False, targets=(), out_dir=None, csv_file=None,
-                   force: bool = False, as_json: bool = False, wide: bool = False) -> str | None:
+                   force: bool = False, as_json: bool = False, wide: bool = False,
+                   report_file=None) -> str | None:
     """Output flags of `plan solve` that would do nothing. --explain prints one pinned
     configuration and returns: it writes no export and no CSV (drop --explain: the search
     keeps the pins, so with every dimension pinned it finds that plan, and exports it)."""
     if explain:
         given = [flag for flag, on in (("--export", bool(targets)), ("--csv", csv_file is not None),
-                                       ("--out", out_dir is not None)) if on]
+                                       ("--out", out_dir is not None),
+                                       ("--report", report_file is not None)) if on]
         if given:
             return (f"--explain with {' and '.join(given)}: --explain prices one pinned plan and "
                     "writes no file; drop --explain to search and write them (the pins still hold)")
@@ -54,8 +56,8 @@ def output_refusal(*, explain: bool = False, targets=(), out_dir=None, csv_file=
     if out_dir is not None and not targets:
         return ("--out DIR is where --export writes; add --export TARGETS (json, megatron, "
                 "deepspeed, torchtitan, torchrun) or drop --out")
-    if force and not targets and csv_file is None:
-        return "--force overwrites the files of --export or --csv; it needs one of them"
+    if force and not targets and csv_file is None and report_file is None:
+        return "--force overwrites the files of --export, --csv or --report; it needs one of them"
     if wide and as_json:
         return "--wide widens the table, which --json does not print; drop --wide"
     return None

@@ -7,7 +7,8 @@ ranges with their module names and split backward times, the precision the plan 
 stage computes the loss, and per engine the names it takes verbatim (or the rule it breaks).
 ``planner/launchers/plan.schema.json`` is its JSON Schema. JSON has no comments, so this file
 carries no header; ``schema`` names the format and ``plan_digest`` is the digest the other
-exported files quote in their headers.
+exported files quote in their headers. ``memory`` (each pipeline rank's peak by part) is there
+when the plan was predicted with its parts (every plan the search returns).
 """
 
 from __future__ import annotations
@@ -177,7 +178,17 @@ def document(plan: Plan) -> dict:
     doc.update(base)  # metrics, layout, notes and any block added later (e.g. the stack)
     if plan.error_band is not None:
         doc["error_band"] = plan.error_band
+    if plan.memory_parts:
+        doc["memory"] = memory(plan)
     return doc
+
+
+def memory(plan: Plan) -> dict:
+    """Each pipeline rank's peak bytes, in total and by part (predict/memory.py MEMORY_PARTS:
+    the parts sum to the total); what `plan report` draws as the memory bar per rank."""
+    return {"ranks": [{"rank": r, "total_bytes": int(total),
+                       "parts": {part: int(per_rank[r]) for part, per_rank in plan.memory_parts}}
+                      for r, total in enumerate(plan.rank_memory_bytes)]}
 
 
 @lru_cache(maxsize=1)

@@ -19,7 +19,7 @@ from planner.pipeline.simulate import closed_form_bubble, simulate
 from planner.stack import Stack
 from planner.stack.spec import check_value
 
-__all__ = ["SimulationJob", "simulation_job", "refuse_flags_with_plan", "on_stack",
+__all__ = ["SimulationJob", "simulation_job", "job_of_document", "refuse_flags_with_plan", "on_stack",
            "run_simulation", "simulation_summary"]
 
 
@@ -137,13 +137,20 @@ def _from_plan(path: Path) -> SimulationJob:
     problem = verify_set(path.parent) if path.name == "plan.json" else None
     if problem:  # an export set cut short or mixed: its plan.json may not be the launch files'
         raise PlanInputError(problem)
-    schema, par, stages = check_plan_document(doc, str(path))  # types, ranges: core/plan_schema.py
+    return job_of_document(doc, str(path))
+
+
+def job_of_document(doc, origin: str) -> SimulationJob:
+    """The schedule of a plan JSON document (checked: core/plan_schema.py), with its stage and
+    transfer times and its stack's per-action costs; ``origin`` names it in errors."""
+    schema, par, stages = check_plan_document(doc, origin)  # types, ranges: core/plan_schema.py
     backward = [_backward(s, schema) for s in stages]
+    plan = doc["plans"][0] if "plans" in doc else doc
     return SimulationJob(
         schedule=par["schedule"], p=par["pp"], m=par["num_microbatches"],
         v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
         bwd_s=tuple(b for b, _ in backward), wgrad_s=tuple(w for _, w in backward),
-        comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]), **_engine_costs(doc, str(path)))
+        comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]), **_engine_costs(plan, origin))
 
 
 def _engine_costs(doc: dict, origin: str) -> dict:

@@ -71,6 +71,9 @@ class Plan:
     stages: tuple[Stage, ...]
     metrics: Metrics
     rank_memory_bytes: tuple[float, ...] = ()
+    # per pipeline rank, its peak by part (predict/memory.py MEMORY_PARTS, in that order): pairs
+    # (part, bytes per rank) that sum to rank_memory_bytes; () for a plan built without them
+    memory_parts: tuple[tuple[str, tuple[float, ...]], ...] = field(default=(), compare=False)
     notes: tuple[str, ...] = field(default=(), compare=False)
     stack: Stack | None = field(default=None, compare=False)  # the stack it was priced on
     # what a run may measure, by the validation record (planner/fidelity/band.py ErrorBand.to_dict),

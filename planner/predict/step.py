@@ -170,6 +170,8 @@ def predict_plan(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack 
                 metrics=metrics_of(model, cluster, par, pred,
                                    getattr(profile, "peak_flops", None)),
                 rank_memory_bytes=tuple(float(x) for x in pred.rank_memory_bytes),
+                memory_parts=tuple((part, tuple(float(x) for x in bytes_))
+                                   for part, bytes_ in pred.memory_parts.items()),
                 notes=_notes(opts) + moe.notes(model, par, opts), stack=opts)
     return plan, pred
 

@@ -31,6 +31,9 @@ from planner.pipeline.simulate import closed_form_bubble
 STYLE = {"F": "white on blue", "B": "black on green", "W": "black on yellow",
          "BW": "black on cyan"}
 FILL = {"F": "#4a78c2", "B": "#4caf50", "W": "#e6c229", "BW": "#26a69a"}
+INK = {"F": "white", "B": "black", "W": "black", "BW": "black"}  # a label readable on its fill
+CELL_PX = 10  # one cell of a compressed SVG chart: MIN_CELLS of them label an op ("F12")
+SVG_CHAR_PX = 7  # width of one character of the SVG's 11 px monospace font, rounded up
 MARK = {"F": "-", "B": "=", "W": "~", "BW": "#"}  # fills an op's span: readable without colour
 MIN_CELLS = 3  # cells the median op needs to show its kind and a microbatch number
 CUT = " ⋯ "  # where a compressed chart leaves out the middle of the step
@@ -186,16 +189,28 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
     console.print(peak)
 
 
-def to_svg(result: SimResult, width_px: int = 1000, row_px: int = 28) -> str:
-    """A standalone SVG of the timeline: one <rect> with a <title> tooltip per compute op."""
+def to_svg(result: SimResult, width_px: int = 1000, row_px: int = 28,
+           compress: bool = False) -> str:
+    """A standalone SVG of the timeline: one <rect> with a <title> tooltip per compute op, labelled
+    with its kind and microbatch where it fits (:func:`svg_label`), and a legend in words. With
+    ``compress``, a step too long to label is drawn as the terminal chart draws it
+    (:func:`drawn_windows`): its start and end at a readable scale, the steady state between cut
+    out at a ⋯ column, and the axis says which seconds are drawn."""
     label_px, pad = 60, 10
     plot_w = width_px - label_px - pad
-    height = pad * 2 + row_px * result.p + 20
+    height = pad * 2 + row_px * result.p + 38
     span = drawn_span_s(result)
     scale = plot_w / span if span > 0 else 0.0
     finite("the SVG's scale (pixels per second)", scale,  # a denormal step: plot_w / span = inf
            f"the step ({span:.3g} s) is too short to draw; give stage times of at least "
            f"{MIN_PASS_S:g} s")
+    windows = drawn_windows(result, plot_w // CELL_PX) if compress else (Window(0, span, 0),)
+    if len(windows) == 1:  # the whole step over the whole width
+        placed = [(0.0, span, float(label_px), float(plot_w))]
+    else:
+        (a, b), gap = windows, len(CUT) * CELL_PX
+        placed = [(a.start_s, a.end_s, float(label_px), a.cells * CELL_PX),
+                  (b.start_s, b.end_s, label_px + a.cells * CELL_PX + gap, b.cells * CELL_PX)]
     out = [
         f'<svg xmlns="http://www.w3.org/2000/svg" width="{width_px}" height="{height}" '
         f'viewBox="0 0 {width_px} {height}" font-family="monospace" font-size="11">',
@@ -207,19 +222,58 @@ def to_svg(result: SimResult, width_px: int = 1000, row_px: int = 28) -> str:
     for r, row in enumerate(result.timeline):
         y = pad + r * row_px
         out.append(f'<text x="4" y="{y + row_px * 0.65:.1f}">rank {r}</text>')
+        if len(placed) > 1:
+            gap_x = placed[0][2] + placed[0][3] + len(CUT) * CELL_PX / 2
+            out.append(f'<text x="{gap_x:.1f}" y="{y + row_px * 0.65:.1f}" '
+                       f'text-anchor="middle">{CUT.strip()}</text>')
         for t in row:
-            x = label_px + t.start_s * scale
-            w = max((t.end_s - t.start_s) * scale, 0.5)
             tip = (f"rank {r} {t.op.kind} microbatch {t.op.microbatch} chunk {t.op.chunk}: "
                    f"{t.start_s:.6g}-{t.end_s:.6g} s")
-            out.append(f'<rect class="op" x="{x:.2f}" y="{y + 2}" width="{w:.2f}" height="{row_px - 4}" '
-                       f'fill="{FILL[t.op.kind]}" stroke="white" stroke-width="0.5">'
-                       f"<title>{escape(tip)}</title></rect>")
-            if w >= 8 * len(str(t.op.microbatch)):
-                out.append(f'<text x="{x + w / 2:.2f}" y="{y + row_px * 0.65:.1f}" text-anchor="middle" '
-                           f'fill="white">{t.op.microbatch}</text>')
-    out.append(f'<text x="{label_px}" y="{height - 8}">0 s</text>')
-    out.append(f'<text x="{width_px - pad}" y="{height - 8}" text-anchor="end">'
-               f"{span:.4g} s</text>")
+            for w_start, w_end, x0, w_px in placed:
+                inside = min(t.end_s, w_end) - max(t.start_s, w_start)
+                if not (inside > 0 or t.start_s == t.end_s and w_start <= t.start_s <= w_end):
+                    continue
+                px = w_px / (w_end - w_start) if w_end > w_start else 0.0
+                x = x0 + (max(t.start_s, w_start) - w_start) * px
+                w = max((min(t.end_s, w_end) - max(t.start_s, w_start)) * px, 0.5)
+                out.append(f'<rect class="op" x="{x:.2f}" y="{y + 2}" width="{w:.2f}" '
+                           f'height="{row_px - 4}" fill="{FILL[t.op.kind]}" stroke="white" '
+                           f'stroke-width="0.5"><title>{escape(tip)}</title></rect>')
+                label = svg_label(t.op.kind, t.op.microbatch, t.op.paired, w) \
+                    if t.start_s >= w_start else ""
+                if label:
+                    out.append(f'<text x="{x + w / 2:.2f}" y="{y + row_px * 0.65:.1f}" '
+                               f'text-anchor="middle" fill="{INK[t.op.kind]}">{label}</text>')
+    axis_y = height - 26
+    for w_start, w_end, x0, w_px in placed:
+        out.append(f'<text x="{x0:.1f}" y="{axis_y}">{w_start:.4g} s</text>'
+                   f'<text x="{x0 + w_px:.1f}" y="{axis_y}" text-anchor="end">{w_end:.4g} s</text>')
+    out += _svg_legend(result, label_px, height - 8)
     out.append("</svg>")
     return "\n".join(out)
+
+
+def svg_label(kind: str, microbatch: int, paired: bool, width_px: float) -> str:
+    """What an op's box says, so the chart reads without colour: its kind and microbatch
+    ("F12", "&BW3") where they fit at 7 px a character (11 px monospace) and 4 px of margin,
+    else its kind alone, else nothing (its <title> tooltip still says it all)."""
+    name = ("&" if paired else "") + kind
+    for label in (f"{name}{microbatch}", name):
+        if width_px >= SVG_CHAR_PX * len(label) + 4:
+            return label
+    return ""
+
+
+def _svg_legend(result: SimResult, x: float, y: float) -> list[str]:
+    """One boxed sample per kind the schedule runs, labelled in words, on the axis line."""
+    traits = schedule_traits(result.schedule)
+    out = []
+    for kind, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"),
+                       ("BW", "both grads")):
+        if (kind == "W" and not traits.weight_grad_ops) or (kind == "BW" and not traits.mirrored):
+            continue
+        out.append(f'<rect x="{x:.1f}" y="{y - 10}" width="22" height="13" fill="{FILL[kind]}"/>'
+                   f'<text x="{x + 11:.1f}" y="{y}" text-anchor="middle" fill="{INK[kind]}">'
+                   f'{kind}</text><text x="{x + 26:.1f}" y="{y}">{name}</text>')
+        x += 30 + SVG_CHAR_PX * len(name)
+    return out + [f'<text x="{x:.1f}" y="{y}">(F3: forward of microbatch 3; blank: idle)</text>']

@@ -18,7 +18,7 @@ MAX_NODES = 8  # nodes drawn in the grid; beyond this, the first and last half a
 MAX_GROUPS = 6  # groups listed per dimension
 
 
-def _head_tail(items: list, limit: int) -> tuple[list, int]:
+def head_tail(items: list, limit: int) -> tuple[list, int]:
     """The first and last limit/2 items, and how many were dropped in between."""
     if len(items) <= limit:
         return items, 0
@@ -26,8 +26,8 @@ def _head_tail(items: list, limit: int) -> tuple[list, int]:
     return items[:half] + items[-half:], len(items) - 2 * half
 
 
-def _group_line(groups, limit: int = MAX_GROUPS) -> str:
-    shown, dropped = _head_tail([list(g) for g in groups], limit)
+def group_line(groups, limit: int = MAX_GROUPS) -> str:
+    shown, dropped = head_tail([list(g) for g in groups], limit)
     parts = [_short(g) for g in shown]
     if dropped:
         parts.insert(len(parts) // 2, f"… {dropped} more …")
@@ -54,7 +54,7 @@ def render_layout(layout: RankLayout, console: Console) -> None:
     table.add_column("node", justify="right")
     for local in range(gpn):
         table.add_column(f"gpu{local}", justify="center")
-    nodes, dropped = _head_tail(list(range(layout.num_nodes)), MAX_NODES)
+    nodes, dropped = head_tail(list(range(layout.num_nodes)), MAX_NODES)
     for i, node in enumerate(nodes):
         if dropped and i == len(nodes) // 2:
             table.add_row("…", *[Text("…", style="dim")] * gpn)
@@ -79,7 +79,7 @@ def render_layout(layout: RankLayout, console: Console) -> None:
         dims += [("CP", layout.cp_groups), ("EP", layout.ep_groups),
                  ("expert TP", layout.expert_tp_groups), ("expert DP", layout.expert_dp_groups)]
     for name, groups in dims + [("embedding", layout.embedding_groups)]:
-        console.print(f"[bold]{name} groups[/bold] ({len(groups)}): {_group_line(groups)}")
+        console.print(f"[bold]{name} groups[/bold] ({len(groups)}): {group_line(groups)}")
     where = "nodes" if layout.domain == layout.gpus_per_node else \
         f"NVLink domains of {layout.domain}"
     tp_note = (f"TP within {where}" if layout.tp_within_node

@@ -51,6 +51,9 @@ class SearchResult:
     not_refined: int = 0
     feasible: int = 0
     folded: int = 0
+    # every feasible plan, ranked like ``plans`` (folded and below --top ones too): what
+    # `plan solve --report` plots as step time against memory
+    candidates: tuple[Plan, ...] = field(default=(), compare=False)
 
     @property
     def below_top(self) -> int:
@@ -103,7 +106,8 @@ def search(req: Request, progress=None) -> SearchResult:
     return SearchResult(plans=tuple(plans[: req.top]), rejected=dict(sorted(rejected.items())),
                         screened=len(configs), elapsed_s=time.perf_counter() - start,
                         notes=tuple(notes), refined=costs.refinements, considered=considered,
-                        not_refined=not_refined, feasible=len(refined), folded=hidden)
+                        not_refined=not_refined, feasible=len(refined), folded=hidden,
+                        candidates=tuple(refined))
 
 
 def screen(req: Request, costs: SearchCosts, configs: list[Parallel], rejected: Counter,
