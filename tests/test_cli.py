@@ -173,7 +173,7 @@ def test_explain_says_whether_it_fits_and_by_how_much():
     result = run("solve", "--gpus", "16", "--nodes", "2", "--tp", "2", "--pp", "2",
                  "--micro-batch", "4", "--explain")
     assert result.exit_code == 0, result.output
-    assert "GiB of 80 GiB per GPU" in result.output
+    assert "GiB of 77.7 GiB per GPU (80.0 less 2.9% headroom)" in result.output
     bad = run("solve", "--gpus", "16", "--nodes", "2", "--tp", "16", "--pp", "1", "--explain")
     assert "crosses nodes" in bad.output
 

@@ -182,8 +182,9 @@ def test_the_command_prints_a_table_and_a_summary(tmp_path):
     assert done.exit_code == 0, done.output
     lines = done.output.splitlines()
     assert "tp·pp·dp" in lines[0] and "precision" in lines[0]
-    assert "4 points: 2 with a plan, 2 without; 4 solved, 0 from the cache" in done.output
-    assert any(line.startswith("points 1, 3: nothing fits:") for line in lines)
+    # 8 GPUs in bf16 fit the H100's 79.65 GiB, not with the default 2.9% headroom kept free
+    assert "4 points: 1 with a plan, 3 without; 4 solved, 0 from the cache" in done.output
+    assert any(line.startswith("points 0, 1, 3: nothing fits:") for line in lines)
 
 
 # --- plots ---------------------------------------------------------------------------------------

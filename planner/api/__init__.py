@@ -31,7 +31,8 @@ from planner.api.fidelity import (calibrate, calibrated_hardware, parse_factors,
 from planner.api.measure import (layout, measure_layers, measure_machine, profile, simulate,
                                  simulation, simulation_summary)
 from planner.api.planning import (PARTITION_SOLVERS, check_pipeline, compare_partitions, explain,
-                                  partition, solve, sweep, with_bands)
+                                  partition, solve, sweep, with_bands,
+                                  with_headroom)
 from planner.api.reporting import report
 from planner.api.results import (Explanation, Partition, Profiled, Solution, Stages,
                                  Validation)
@@ -44,7 +45,7 @@ __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "
            "compare_partitions", "check_pipeline", "PARTITION_SOLVERS",
            "models", "model", "model_template", "sequence_note", "stacks", "components",
            "hardware_profiles", "hardware_sources", "hardware", "stack",
-           "validate_runs", "single_source_settings", "with_bands", "parse_factors", "calibrate",
+           "validate_runs", "single_source_settings", "with_bands", "with_headroom", "parse_factors", "calibrate",
            "calibrated_hardware",
            "measure_layers", "measure_machine", "simulation", "simulate", "simulation_summary",
            "layout", "report"]

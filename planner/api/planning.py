@@ -10,8 +10,8 @@ from planner.api.results import Explanation, Partition, Solution
 from planner.core.errors import PlanInputError
 from planner.core.parallel import Parallel
 from planner.core.schedules import DEFAULT_SCHEDULE
-from planner.fidelity.band import with_band
-from planner.hardware.profiles import make_cluster
+from planner.fidelity.band import default_headroom, with_band
+from planner.hardware.profiles import MAX_MEMORY_HEADROOM, make_cluster
 from planner.partitioning.problem import PartitionError
 from planner.pipeline.job import check_sizes
 from planner.pipeline.schedule import ScheduleError
@@ -38,13 +38,16 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
           recompute: str | None = None, zero: int | None = None,
           sequence_parallel: bool | None = None, cp: int | None = None,
           ep: int | None = None, etp: int | None = None, power_limit: float | None = None,
-          expert_load: float | None = None, progress=None) -> Solution:
+          expert_load: float | None = None, memory_headroom: float | None = None,
+          progress=None) -> Solution:
     """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
     return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension; ``stack``
     is a stack name, file or Stack (default: the launcher's, else megatron-core), ``flash`` ...
     ``grad_dtype``, ``precision``, ``expert_load`` override its fields; ``power_limit`` (watts)
-    caps the board power; ``progress(done, total)`` is called while screening. A wrong type or
-    value of any argument raises PlanInputError."""
+    caps the board power; ``memory_headroom`` is the share of each GPU's memory a plan keeps
+    free (default: the worst memory under-estimate of comparable published runs);
+    ``progress(done, total)`` is called while screening. A wrong type or value of any argument
+    raises PlanInputError."""
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
@@ -54,6 +57,7 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
     req = request_of(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
                      max_bubble, top, refine, launcher, partition, profile,
                      with_expert_load(run_stack, expert_load), pins, power_limit)
+    req = with_headroom(req, memory_headroom)
     result = with_bands(search(req, progress))
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
@@ -165,6 +169,16 @@ def check_pipeline(pp: int, microbatches: int, virtual_stages: int) -> None:
     """Raise PlanInputError unless ``pp`` ranks of ``virtual_stages`` chunks can run
     ``microbatches`` microbatches (the sizes every schedule needs); return nothing."""
     check_sizes(pp, microbatches, virtual_stages)
+
+
+def with_headroom(req: Request, asked: float | None, name: str = "memory_headroom") -> Request:
+    """``req`` whose cluster keeps ``asked`` (a share of each GPU's memory) free, or by default
+    the worst memory under-estimate of comparable published runs (fidelity/band.py)."""
+    if asked is None:
+        asked = default_headroom(req.options.name, req.cluster, req.model.is_moe)
+    else:
+        arg.number(name, asked, low=0, high=MAX_MEMORY_HEADROOM)
+    return replace(req, cluster=replace(req.cluster, memory_headroom=float(asked)))
 
 
 def with_bands(result):

@@ -47,7 +47,7 @@ def solution_input(result) -> ReportInput:
         for c in (result.candidates or plans))
     return report_input([plan_document(p) for p in plans], "plan solve",
                         candidates=candidates, feasible=len(result.candidates) or None,
-                        capacity_bytes=plans[0].cluster.hardware.memory_bytes)
+                        capacity_bytes=plans[0].cluster.capacity_bytes)
 
 
 def _label(plan) -> str:

@@ -108,6 +108,10 @@ def solve(
     etp: Optional[int] = typer.Option(None, "--etp", show_default="tp",
                                       help="Expert tensor-parallel size (MoE models).",
                                       rich_help_panel=PINS),
+    memory_headroom: Optional[float] = typer.Option(
+        None, "--memory-headroom", metavar="SHARE",
+        show_default="the worst under-estimate of comparable published runs",
+        help="Share of each GPU's memory a plan keeps free (0.05: 5%).", rich_help_panel=PLAN),
     expert_load: Optional[float] = typer.Option(None, "--expert-load",
                                                 show_default="the stack's (1.0)",
                                                 help="MoE: busiest GPU's routed tokens over "
@@ -208,6 +212,8 @@ def solve(
                                         precision),
                           "--expert-load", **({} if expert_load is None
                                               else {"moe_expert_load": expert_load})))
+        req = api.with_headroom(req, memory_headroom, "--memory-headroom")
+        cluster = req.cluster
         check_fp8(cluster.hardware, req.options)
         rule = (device_mismatch(measured, req.cluster.hardware)
                 or stack_refusal(req.options, launcher, asked or f"--export {launcher}")

@@ -11,8 +11,10 @@ With errors e = predicted / measured - 1 in [lo, hi], a measured step time lies 
 
 Where fewer than ``MIN_RUNS`` comparable runs were measured, the band is "uncalibrated": it spans
 the held-out errors of every run of the same kind on any stack and GPU, which is wider, and says
-so. Memory shows the worst under-estimate among the comparable runs that published memory (or
-among all, uncalibrated): the peak may be that much higher.
+so. Memory shows the worst under-estimate among the comparable runs that published memory (among
+every run of the kind that did where none of those did, and among all where no run of the kind
+did): the peak may be that much higher, and by default a plan keeps that much of each GPU free
+(default_headroom).
 """
 
 from __future__ import annotations
@@ -97,7 +99,11 @@ def error_band(record: tuple[Family, ...], stack: str, hardware: str, moe: bool,
              if calibrated else
              f"uncalibrated: under {MIN_RUNS} {kind} runs on {stack} with {gen or hardware} "
              f"GPUs, so it spans {runs} {kind} runs on any stack")
-    memory = [f.min_memory_error for f in chosen if f.min_memory_error is not None]
+    # memory from the comparable runs that published it, else from every run of the kind, else
+    # from every run that did: no reading is no evidence that memory is never under-estimated
+    memory = next(([f.min_memory_error for f in fams if f.min_memory_error is not None]
+                   for fams in (chosen, same_kind, record)
+                   if any(f.min_memory_error is not None for f in fams)), [])
     return ErrorBand(low=min(f.held_out_min_error for f in chosen),
                      high=max(f.held_out_max_error for f in chosen), runs=runs,
                      calibrated=calibrated, basis=basis,
@@ -121,3 +127,10 @@ def plan_band(plan: Plan) -> ErrorBand:
     stack = plan.stack.name if plan.stack is not None else default_stack().name
     return error_band(_bundled_record(), stack, plan.cluster.hardware.name, plan.model.is_moe,
                       plan.cluster.gpus)
+
+
+def default_headroom(stack: str, cluster, moe: bool) -> float:
+    """The memory headroom a plan keeps by default: the worst under-estimate of peak memory
+    among the comparable published runs (the band's), 0 where none was under-estimated."""
+    band = error_band(_bundled_record(), stack, cluster.hardware.name, moe, cluster.gpus)
+    return -band.memory_under

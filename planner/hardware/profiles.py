@@ -90,11 +90,30 @@ class Hardware:
         return self.memory_gib * GIB
 
 
+# A plan may keep at most this share of each GPU's memory free as headroom: more is a typo.
+MAX_MEMORY_HEADROOM = 0.5
+
+
 @dataclass(frozen=True)
 class Cluster:
     hardware: Hardware
     nodes: int
     gpus_per_node: int
+    # the share of each GPU's memory a plan keeps free: what the model may under-estimate
+    # (`plan solve --memory-headroom`; planner/fidelity/band.py gives the default)
+    memory_headroom: float = 0.0
+
+    def __post_init__(self):
+        h = self.memory_headroom
+        if isinstance(h, bool) or not isinstance(h, (int, float)) or not \
+                0 <= h <= MAX_MEMORY_HEADROOM:
+            raise PlanInputError(f"--memory-headroom must be a share from 0 to "
+                                 f"{MAX_MEMORY_HEADROOM:g} of the GPU's memory, got {h!r}")
+
+    @property
+    def capacity_bytes(self) -> float:
+        """What a plan may use of each GPU: its memory less the headroom."""
+        return self.hardware.memory_bytes * (1 - self.memory_headroom)
 
     @property
     def gpus(self) -> int:

@@ -171,6 +171,8 @@ def document(plan: Plan) -> dict:
            "model": architecture(plan.model), "precision": precision(plan),
            "layers": layers(plan.model)}
     doc["cluster"] = base.pop("cluster")
+    if plan.cluster.memory_headroom:  # what the plan was fitted under (not in the digest)
+        doc["cluster"]["memory_headroom"] = plan.cluster.memory_headroom
     doc["parallel"] = base.pop("parallel")
     doc["stages"] = stages(plan)
     doc["loss_stage"] = loss

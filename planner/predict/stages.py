@@ -83,7 +83,7 @@ def usable_bytes(cluster: Cluster, churn: float) -> float:
     """Bytes of tensors a GPU can hold: its memory less the framework's reserve and the
     allocator's fragmentation under a recompute of this ``churn`` (cost/fragmentation.py; True /
     False read as full recompute / none)."""
-    return (cluster.hardware.memory_bytes - constants.RESERVED_BYTES) * (
+    return (cluster.capacity_bytes - constants.RESERVED_BYTES) * (
         1 - fragmentation(churn))
 
 

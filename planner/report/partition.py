@@ -128,7 +128,7 @@ def compare_splits(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stac
     even = megatron_split(model, cluster, par, opts, tables)
     return SplitComparison(
         optimal=run(best), even=run(even), equal_params=run(params), method=best.how,
-        capacity_bytes=cluster.hardware.memory_bytes, placement=placement)
+        capacity_bytes=cluster.capacity_bytes, placement=placement)
 
 
 def _split_table(title: str, plan: Plan, capacity: float) -> Table:

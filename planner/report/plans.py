@@ -91,6 +91,24 @@ def band_columns(band: ErrorBand) -> tuple[Column, ...]:
             Column("MFU range", lambda p: span(band.mfu_range(p.metrics.mfu), ".0%"), knob=False))
 
 
+def _capacity(exp) -> str:
+    """What a plan may use of each GPU, and the headroom kept when there is one."""
+    cluster = exp.plan.cluster if exp.plan is not None else None
+    text = f"{exp.capacity_bytes / GIB:.1f} GiB per GPU"
+    if cluster is None or not cluster.memory_headroom:
+        return text
+    return (f"{text} ({cluster.hardware.memory_bytes / GIB:.1f} less "
+            f"{cluster.memory_headroom:.1%} headroom)")
+
+
+def headroom_line(cluster) -> str:
+    """What each plan keeps free of a GPU's memory, and why."""
+    return (f"memory headroom {cluster.memory_headroom:.1%}: every plan fits "
+            f"{cluster.capacity_bytes / GIB:.1f} of {cluster.hardware.memory_bytes / GIB:.1f} GiB "
+            "(by default the worst memory under-estimate of comparable published runs; "
+            "--memory-headroom to change)")
+
+
 def band_line(band: ErrorBand, plan: Plan) -> str:
     """One line: what plan 1 may measure, and what the range rests on."""
     lo, hi = band.step_range(plan.metrics.step_time_s)
@@ -264,6 +282,8 @@ def print_search(console: Console, result, model: ModelSpec, cluster, wide: bool
     console.print(f"[dim]{for_rich(record_line(load_record(), stack, cluster.hardware.name))}"
                   "[/dim]", highlight=False)
     console.print(for_rich(band_line(band, best)), highlight=False)
+    if cluster.memory_headroom > 0:
+        console.print(for_rich(headroom_line(cluster)), highlight=False)
 
 
 
@@ -309,13 +329,13 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
     if exp.no_split is not None:
         console.print(f"[red]does not fit[/red]: {exp.no_split}; Megatron's even split below "
                       f"needs {m.peak_memory_bytes / GIB:.1f} GiB of "
-                      f"{exp.capacity_bytes / GIB:.0f} GiB per GPU", highlight=False)
+                      f"{_capacity(exp)}", highlight=False)
     elif spare >= 0:
         console.print(f"[green]fits[/green]: {m.peak_memory_bytes / GIB:.1f} GiB of "
-                      f"{exp.capacity_bytes / GIB:.0f} GiB per GPU ({spare / GIB:.1f} GiB spare)")
+                      f"{_capacity(exp)} ({spare / GIB:.1f} GiB spare)")
     else:
         console.print(f"[red]does not fit[/red]: needs {m.peak_memory_bytes / GIB:.1f} GiB of "
-                      f"{exp.capacity_bytes / GIB:.0f} GiB per GPU ({-spare / GIB:.1f} GiB over); "
+                      f"{_capacity(exp)} ({-spare / GIB:.1f} GiB over); "
                       "try recompute, more pipeline stages or a higher ZeRO stage")
     moe = any(s.a2a_s for s in exp.plan.stages)
     table = Table(title="per pipeline rank" + (" (all-to-all: MoE token dispatch and combine, "

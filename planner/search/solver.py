@@ -66,7 +66,7 @@ class SearchResult:
 
 
 def capacity_bytes(cluster: Cluster) -> float:
-    return cluster.hardware.memory_bytes
+    return cluster.capacity_bytes
 
 
 def _rank_key(par: Parallel, step_s: float, memory_bytes: float):
