@@ -231,7 +231,8 @@ def solve(
                    "rejected": result.rejected,
                    "search": {"considered": result.considered, "screened": result.screened,
                               "not_refined": result.not_refined, "feasible": result.feasible,
-                              "folded": result.folded, "returned": len(result.plans)}}
+                              "folded": result.folded, "returned": len(result.plans),
+                              "notes": list(result.notes)}}
             print_json(doc)
         else:
             print_search(out, result, spec, cluster, wide=wide, hint=hint)
