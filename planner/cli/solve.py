@@ -122,7 +122,8 @@ def solve(
     refine: str = typer.Option("auto", "--refine", metavar="auto|K",
                                help="auto: partition and simulate screened configurations "
                                     "until a lower bound proves plan 1 the fastest (within "
-                                    "a few seconds, else a note says so); K: at most K.",
+                                    "a work budget, else a note says how close); K: at most "
+                                    "K.",
                                rich_help_panel=LIMITS),
     partition_solver: str = typer.Option("auto", "--partition",
                                          help="Stage split solver: auto (the exact DP for one "

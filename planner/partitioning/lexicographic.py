@@ -45,8 +45,9 @@ NODE_LIMIT = 1000
 solver's work limit in place of a time limit, so a split never depends on the machine or its
 load (issue #32).  Measured with benchmarks/bench_partition.py and benchmarks/bench_solve.py:
 every solve of their cases ends at the root node, bar DualPipe over DeepSeek-V3's dense and MoE
-blocks (7 nodes at most, stopped by the 2 s time limit this replaces); a thousand is far above
-what the partitioner needs and below what would make one refinement cost minutes."""
+blocks (bench_solve's 2,048 H800s on megatron-core listing DualPipe: 477 nodes and 2.3 s of CPU
+at most to the proof, which the 2 s time limit this replaces cut short on a loaded machine); a
+thousand is twice that, and keeps one solve to seconds."""
 RETRY_SLACK = 1e-5
 """Relative slack on the B and T caps handed to the solver (its feasibility tolerance is ~1e-6 on
 O(1) rows); every split it returns is re-checked exactly with ``TIE_RTOL``."""
@@ -56,7 +57,7 @@ def build(prep: Prepared, ub: float | None, chunk_cap: float | None = None,
           known_chunk: float | None = None) -> MilpModel | None:
     """The formulation for this instance, or None when no split can fit (a chunk has no option
     that fits its mode's capacity). Raises PartitionError when the boundary model would be too
-    large to build within a time limit.
+    large to solve within the node limit.
 
     Interleaved (K > p): ``ub`` must bound the bottleneck of the splits whose largest chunk is
     ``chunk_cap`` (step 0 of the tie-break rule). The block-count model gets its least largest

@@ -168,7 +168,7 @@ class SearchCosts:
             if not par.schedule_traits.mirrored:
                 return "memory (no stage split fits)"
             # DualPipe's stages of a model whose layers differ (the boundary MILP) may find no
-            # split in the time limit: Megatron's even split where it fits, labelled so
+            # split within its node limit: Megatron's even split where it fits, labelled so
             split = megatron_split(r.model, r.cluster, par, r.options, known)
             if not fits(split.partition):
                 return "memory (no stage split fits)"
