@@ -295,6 +295,33 @@ def test_node_limit_falls_back_to_dp(monkeypatch):
     assert res.boundaries == partition_dp(prob, 4, 4).boundaries
 
 
+@pytest.mark.parametrize("solver", SOLVERS)
+def test_a_solve_the_node_limit_stops_reads_as_feasible(solver):
+    """A knapsack whose proof takes HiGHS some 30 nodes: stopped at 1 node the solve has an
+    incumbent, not a proof (HiGHS says kSolutionLimit, which pulp alone cannot read), and the
+    simplex iterations it took are counted; with room it is proven optimal."""
+    import random
+
+    import pulp
+
+    from planner.partitioning import lexicographic
+
+    rng = random.Random(1)
+    prob = pulp.LpProblem("knapsack", pulp.LpMaximize)
+    x = [prob.add_variable(f"x{i}", cat="Binary") for i in range(40)]
+    rows = [[rng.randint(20, 100) for _ in x] for _ in range(6)]
+    prob += pulp.lpSum(rng.randint(20, 100) * xi for xi in x)
+    for weights in rows:
+        prob += pulp.lpSum(w * xi for w, xi in zip(weights, x)) <= sum(weights) // 2
+    model = type("Model", (), {"prob": prob})()
+    stopped = lexicographic.Work(node_limit=1)
+    assert lexicographic.run_milp(model, solver, stopped)[0] == "feasible"
+    roomy = lexicographic.Work()
+    assert lexicographic.run_milp(model, solver, roomy)[0] == "optimal"
+    if solver == "highs":
+        assert 0 < stopped.iterations < roomy.iterations
+
+
 def test_solver_crash_is_not_shown(monkeypatch):
     import planner.partitioning.lexicographic as mod
 

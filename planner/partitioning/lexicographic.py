@@ -13,6 +13,7 @@ key ranges is minimal exactly at the lexicographic minimum).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
@@ -40,14 +41,15 @@ HIGHS_MIP_FEASIBILITY_TOLERANCE = 1e-9
 # HiGHS 1.16's default (1e-6) lies above CAP_SLACK, and with it HiGHS proved a tie-break step
 # "optimal" at objective 144 where 129 is feasible (the interleaved case in tests/test_partition.py;
 # with presolve off, or this tolerance at 1e-8 or below, it finds 129). Kept below CAP_SLACK.
-NODE_LIMIT = 1000
+NODE_LIMIT = 50
 """Branch-and-bound nodes one solve may explore (HiGHS mip_max_nodes, CBC maxNodes), the
 solver's work limit in place of a time limit, so a split never depends on the machine or its
 load (issue #32).  Measured with benchmarks/bench_partition.py and benchmarks/bench_solve.py:
 every solve of their cases ends at the root node, bar DualPipe over DeepSeek-V3's dense and MoE
-blocks (bench_solve's 2,048 H800s on megatron-core listing DualPipe: 477 nodes and 2.3 s of CPU
-at most to the proof, which the 2 s time limit this replaces cut short on a loaded machine); a
-thousand is twice that, and keeps one solve to seconds."""
+blocks (2,048 H800s on megatron-core listing DualPipe), whose solves close within 15 nodes but
+for three that did not close in 200; those spend most of their time at the root (the hardest:
+9.6 s of CPU to 50 nodes, 9.9 s to 200), which no HiGHS limit but time bounds, so that search
+takes 27 s of CPU where the 2 s time limit cut it to 14 s (docs/speed.md)."""
 RETRY_SLACK = 1e-5
 """Relative slack on the B and T caps handed to the solver (its feasibility tolerance is ~1e-6 on
 O(1) rows); every split it returns is re-checked exactly with ``TIE_RTOL``."""
@@ -297,13 +299,37 @@ def _make_solver(name: str, node_limit: int):
     import pulp
 
     if name == "highs":
-        return pulp.HiGHS(msg=False, gapRel=0.0, gapAbs=1e-9, threads=1,
-                          mip_max_nodes=int(node_limit),
-                          mip_feasibility_tolerance=HIGHS_MIP_FEASIBILITY_TOLERANCE)
+        return _node_limited_highs()(msg=False, gapRel=0.0, gapAbs=1e-9, threads=1,
+                                     mip_max_nodes=int(node_limit),
+                                     mip_feasibility_tolerance=HIGHS_MIP_FEASIBILITY_TOLERANCE)
     with warnings.catch_warnings():  # bundled CBC: deprecated name, still the one that ships
         warnings.simplefilter("ignore", DeprecationWarning)
         return pulp.PULP_CBC_CMD(msg=False, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True,
                                  maxNodes=int(node_limit))
+
+
+@functools.cache
+def _node_limited_highs():
+    """pulp's HiGHS interface, reading a solve the node limit stopped: HiGHS reports it as
+    kSolutionLimit, which pulp 3.3.2 maps to no status (a KeyError once the values are read);
+    it is read as pulp reads a time limit: the incumbent where HiGHS has one, else none."""
+    import highspy
+    import pulp
+
+    class NodeLimitedHiGHS(pulp.HiGHS):
+        def findSolutionValues(self, lp):
+            try:
+                return super().findSolutionValues(lp)
+            except KeyError:
+                if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
+                    raise
+                info = lp.solverModel.getInfo()
+                feasible = int(highspy.SolutionStatus.kSolutionStatusFeasible)
+                if int(info.primal_solution_status) == feasible:
+                    return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
+                return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
+
+    return NodeLimitedHiGHS
 
 
 def run_milp(model, name: str, work: Work) -> tuple[str, float | None]:
