@@ -291,7 +291,8 @@ def test_node_limit_falls_back_to_dp(monkeypatch):
     monkeypatch.setattr(mod, "run_milp", lambda *a, **k: ("none", None))
     prob = _vocab_model()
     res = partition(prob, 4, 4, solver="cbc", node_limit=7)
-    assert res.method == "dp" and res.label == "dp (cbc solver failed: no split within 7 nodes a solve)"
+    assert res.method == "dp"
+    assert res.label == "dp (cbc solver failed: no split within 7 nodes a solve)"
     assert res.boundaries == partition_dp(prob, 4, 4).boundaries
 
 

@@ -25,12 +25,14 @@ from planner.search.request import Request
 # on the machine and its load): one unit a configuration refined (partitioned and simulated),
 # and one more for every ITERATIONS_PER_REFINEMENT simplex iterations its partition MILP took
 # (HiGHS's count, Partition.work), which is where DualPipe over dense and MoE layers spends its
-# seconds.  Chosen with benchmarks/bench_solve.py and bench_regret.py in view, to stop where the
-# 5 s of CPU it replaces stopped on this project's 2-core machine: Qwen3-30B-A3B on 16 H100s
-# (megatron-core listing DualPipe) refined 387 configurations (24 iterations) in its 5 s;
-# DeepSeek-V3 on 2,048 H800s (the same stack) 18 configurations and 58,259 iterations in 9 s:
-# 390 and 600 units, so about 400 units in 5 s at both ends (13 ms a refinement, 0.15 ms an
-# iteration).  Every other bench_solve and bench_regret case is proven far below it.
+# seconds: a refinement costs about 13 ms of CPU and an iteration 0.15 to 0.3 ms, so 100
+# iterations count as one.  Chosen with benchmarks/bench_solve.py and bench_regret.py in view,
+# to stop about where the 5 s of CPU it replaces stopped on this project's 2-core machine: every
+# bench_solve case is proven within 44 refinements, and the searches that ran out of 5 s
+# (megatron-core listing DualPipe) run out of this: Qwen3-30B-A3B on 16 H100s refined 387
+# configurations in 5 s and stops at 403 (5.1 s); DeepSeek-V3 on 2,048 H800s spends 1,216 units
+# on its first 18 refinements (23 s: seconds each, at the root of their MILPs), where the time
+# budget also stopped it, once a plan fit.
 AUTO_FIRST = 20
 AUTO_WORK = 400
 ITERATIONS_PER_REFINEMENT = 100
@@ -97,12 +99,13 @@ def _refine_until_proven(req: Request, costs: SearchCosts, capped: list[list[Par
     the screen gave it.  ``capped`` is emptied of what gets refined or proven slower.  A budget
     of ``AUTO_WORK`` units of work (`_spent`) stops it where the proof would take longer; it
     counts work, not time, so the same search answers the same on any machine at any load; the
-    reason is returned, None when the proof ended it.  The chunks' mixed-integer program, which costs about what a refinement does (tens
-    of milliseconds on 8 to 32 chunks, measured on benchmarks/bench_regret.py's interleaved
-    cases), is tried only until the first configuration it cannot rule out: from there each
-    refinement also lowers the incumbent, and the linear relaxation alone prunes (measured on
-    megatron-1.7b, 8 x A100-80GB, interleaved: 2.6 s of CPU to the proof against over 5 s with
-    the program throughout); while it holds, a proof costs what the fixed cap's did.  The budget
+    reason is returned, None when the proof ended it.  The chunks' mixed-integer program, which
+    costs about what a refinement does (tens of milliseconds on 8 to 32 chunks, measured on
+    benchmarks/bench_regret.py's interleaved cases), is tried only until the first
+    configuration it cannot rule out: from there each refinement also lowers the incumbent, and
+    the linear relaxation alone prunes (measured on megatron-1.7b, 8 x A100-80GB, interleaved:
+    2.6 s of CPU to the proof against over 5 s with the program throughout); while it holds, a
+    proof costs what the fixed cap's did.  The budget
     counts from the search's first refinement: refinements that cost seconds each (DualPipe's
     MILP over dense and MoE layers) stop the first pass too, once a plan fits."""
     order = sorted(capped, key=lambda alive: min(costs.bound(par, with_memory=True).cheap_s
@@ -164,7 +167,10 @@ def _notes(req: Request, costs: SearchCosts, capped: bool, open_best: list[Paral
         why = (f"--refine {req.refine}" if req.refine is not None else stopped)
         fix = ("raise --refine" if req.refine is not None else
                "pass --refine K to refine up to K configurations with no work budget")
-        gap = "" if best is None else f"{gap_bound(best, costs.lowest_bound(open_best))}; "
+        # what the chunk bound left out may still be faster by TIE_RTOL (`_unproven`)
+        lowest = None if best is None else min(costs.lowest_bound(open_best),
+                                               best * (1 - TIE_RTOL))
+        gap = "" if best is None else f"{gap_bound(best, lowest)}; "
         return [f"refinement stopped at {why}: {gap}{len(open_best)} configurations whose lower "
                 f"bound is below plan 1 were not refined, so a faster plan may exist ({fix})"]
     if capped:
