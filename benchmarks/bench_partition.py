@@ -7,7 +7,7 @@ or the gap to the solver's bound. Interleaved rows prove the least largest chunk
 under it (the tie-break rule's steps 0 and 1). The MILP never sees the DP's answer; a row whose split came
 from the DP fallback says so.
 
-    PYTHONPATH=. python benchmarks/bench_partition.py [--repeats 5] [--time-limit 2]
+    PYTHONPATH=. python benchmarks/bench_partition.py [--repeats 5] [--node-limit 1000]
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ from planner.partitioning.dp import partition_dp
 from planner.partitioning.baselines import even_split
 from planner.partitioning.problem import PartitionProblem
 from planner.partitioning.split import fits
+from planner.partitioning.lexicographic import NODE_LIMIT
 from planner.partitioning.solve import _highs_available, partition
 
 GOAL_S = 2.0  # issue #17: v = 4, 512 layers proven optimal (or gap <= 1% printed) within 2 s
@@ -70,13 +71,14 @@ def _proven(r, v: int) -> str:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
-    ap.add_argument("--time-limit", type=float, default=GOAL_S)
+    ap.add_argument("--node-limit", type=int, default=NODE_LIMIT,
+                    help="branch-and-bound nodes a solve may explore (the partitioner's default)")
     args = ap.parse_args()
     cases = [("128 layers / 16 stages", 126, 16, 16), ("512 layers / 64 stages", 510, 64, 64),
              ("512 layers / 256 chunks (v=4, 64 ranks)", 510, 256, 64)]
     solvers = (["highs"] if _highs_available() else []) + ["cbc"]
     print(f"HiGHS (highspy) {'available' if _highs_available() else 'missing: CBC only'}; "
-          f"time limit {args.time_limit:g} s; medians of {args.repeats}")
+          f"node limit {args.node_limit:,} a solve; medians of {args.repeats}")
     print(f"{'case':42} {'method':10} {'median s':>9} {'bottleneck ms':>14} {'largest chunk ms':>17}"
           f"  proven")
     for name, blocks, K, p in cases:
@@ -84,7 +86,7 @@ def main() -> None:
         v = K // p
         steps = 3 if v == 1 else 1
         for s in solvers:
-            sec, r = timed(lambda: partition(prob, K, p, solver=s, time_limit_s=args.time_limit,
+            sec, r = timed(lambda: partition(prob, K, p, solver=s, node_limit=args.node_limit,
                                              tie_break_steps=steps), args.repeats)
             goal = "" if v == 1 else ("  goal met" if sec <= GOAL_S and (r.optimal or r.gap <= 0.01)
                                       else "  GOAL MISSED")

@@ -116,7 +116,7 @@ def test_dp_milp_and_brute_force_agree(n_blocks, p, v, cap, slow):
     pr, _ = _problem(n_blocks, cap, inflight, slow)
     ref = _exhaustive(prepare(pr, K, p))
     dp = None if v > 1 else _solve(lambda: partition_dp(pr, K, p))
-    milp = _solve(lambda: partition(pr, K, p, solver="highs", time_limit_s=20))
+    milp = _solve(lambda: partition(pr, K, p, solver="highs"))
     if ref is None:
         assert milp is None and dp is None
         return

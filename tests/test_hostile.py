@@ -817,7 +817,7 @@ def test_solver_files_are_removed_on_ctrl_c(monkeypatch, solver):
     monkeypatch.setattr(pulp.LpProblem, "solve", interrupted)
     model = type("Model", (), {"prob": pulp.LpProblem("p")})()
     with pytest.raises(KeyboardInterrupt):
-        lexicographic.run_milp(model, solver, 1.0)
+        lexicographic.run_milp(model, solver, lexicographic.Work())
     if solver == "cbc":
         assert seen and not os.path.exists(seen[0])
     else:  # HiGHS runs in process and writes no files: no scratch directory is made

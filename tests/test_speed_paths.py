@@ -240,7 +240,7 @@ def test_keeping_the_even_split_without_a_solve_matches_the_milp(seed, monkeypat
 
     def run():
         try:
-            res = partition(prob, K, p, prefer=even, time_limit_s=30.0)
+            res = partition(prob, K, p, prefer=even)
         except PartitionError as exc:
             return str(exc)
         return (res.boundaries, res.recompute, res.bottleneck_s, res.method, res.optimal,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from planner.core.errors import PlanInputError
@@ -30,7 +30,7 @@ class Solution:
     considered: int  # configurations of the search space = sum(rejected) + not refined + feasible
     rejected: dict[str, int]
     screened: int
-    elapsed_s: float
+    elapsed_s: float = field(compare=False)  # reported only, never compared (issue #32)
     notes: tuple[str, ...]
     hint: str | None = None  # a larger global batch, when the best plan's pipeline idles
     # every feasible plan, ranked (``plans`` are the first distinct ones, up to ``top``)

@@ -128,7 +128,8 @@ def solve(
     refine: str = typer.Option("auto", "--refine", metavar="auto|K",
                                help="auto: partition and simulate screened configurations "
                                     "until a lower bound proves plan 1 the fastest (within "
-                                    "a few seconds, else a note says so); K: at most K.",
+                                    "a work budget, else a note says how close); K: at most "
+                                    "K.",
                                rich_help_panel=LIMITS),
     partition_solver: str = typer.Option("auto", "--partition",
                                          help="Stage split solver: auto (the exact DP for one "
@@ -249,7 +250,8 @@ def solve(
                    "rejected": result.rejected,
                    "search": {"considered": result.considered, "screened": result.screened,
                               "not_refined": result.not_refined, "feasible": result.feasible,
-                              "folded": result.folded, "returned": len(result.plans)}}
+                              "folded": result.folded, "returned": len(result.plans),
+                              "notes": list(result.notes)}}
             print_json(doc)
         else:
             print_search(out, result, spec, cluster, wide=wide, hint=hint)

@@ -13,10 +13,10 @@ key ranges is minimal exactly at the lexicographic minimum).
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 import os
 import sys
-import time
 import warnings
 from dataclasses import dataclass
 from typing import Sequence
@@ -41,6 +41,15 @@ HIGHS_MIP_FEASIBILITY_TOLERANCE = 1e-9
 # HiGHS 1.16's default (1e-6) lies above CAP_SLACK, and with it HiGHS proved a tie-break step
 # "optimal" at objective 144 where 129 is feasible (the interleaved case in tests/test_partition.py;
 # with presolve off, or this tolerance at 1e-8 or below, it finds 129). Kept below CAP_SLACK.
+NODE_LIMIT = 50
+"""Branch-and-bound nodes one solve may explore (HiGHS mip_max_nodes, CBC maxNodes), the
+solver's work limit in place of a time limit, so a split never depends on the machine or its
+load (issue #32).  Measured with benchmarks/bench_partition.py and benchmarks/bench_solve.py:
+every solve of their cases ends at the root node, bar DualPipe over DeepSeek-V3's dense and MoE
+blocks (2,048 H800s on megatron-core listing DualPipe), whose solves close within 15 nodes but
+for three that did not close in 200; those spend most of their time at the root (the hardest:
+9.6 s of CPU to 50 nodes, 9.9 s to 200), which no HiGHS limit but time bounds, so that search
+takes 27 s of CPU where the 2 s time limit cut it to 14 s (docs/speed.md)."""
 RETRY_SLACK = 1e-5
 """Relative slack on the B and T caps handed to the solver (its feasibility tolerance is ~1e-6 on
 O(1) rows); every split it returns is re-checked exactly with ``TIE_RTOL``."""
@@ -50,7 +59,7 @@ def build(prep: Prepared, ub: float | None, chunk_cap: float | None = None,
           known_chunk: float | None = None) -> MilpModel | None:
     """The formulation for this instance, or None when no split can fit (a chunk has no option
     that fits its mode's capacity). Raises PartitionError when the boundary model would be too
-    large to build within a time limit.
+    large to solve within the node limit.
 
     Interleaved (K > p): ``ub`` must bound the bottleneck of the splits whose largest chunk is
     ``chunk_cap`` (step 0 of the tie-break rule). The block-count model gets its least largest
@@ -82,13 +91,25 @@ def build(prep: Prepared, ub: float | None, chunk_cap: float | None = None,
 # ---------------------------------------------------------------- solving
 
 
+class Work:
+    """What the solves of one partition may spend and have spent: ``node_limit`` nodes a solve
+    (:data:`NODE_LIMIT`), and the simplex iterations HiGHS reports (``iterations``, the measure
+    of work the search's budget counts: planner/search/refinement.py; CBC reports none)."""
+
+    def __init__(self, node_limit: int = NODE_LIMIT):
+        if isinstance(node_limit, bool) or not isinstance(node_limit, int) or node_limit < 1:
+            raise ValueError(f"node_limit must be a positive integer, got {node_limit!r}")
+        self.node_limit = node_limit
+        self.iterations = 0
+
+
 @dataclass(frozen=True)
 class Outcome:
     """What :func:`solve_lexicographic` reached.
 
     ``status``: 'optimal' (all three tie-break steps proven), 'feasible' (a split, B not proven
     optimal: ``bound_s`` is the solver's lower bound), 'infeasible', or 'none' (no split within
-    the time). ``note`` says which tie-break step, if any, ran out of time."""
+    the node limit). ``note`` says which tie-break step, if any, ran out of nodes."""
 
     status: str
     ends: tuple[int, ...] = ()
@@ -98,7 +119,7 @@ class Outcome:
     kept: bool = False
 
 
-def solve_lexicographic(model: MilpModel, name: str, deadline: float,
+def solve_lexicographic(model: MilpModel, name: str, work: Work,
                         keep: tuple[Sequence[int], Sequence[int], float] | None = None,
                         steps: int = 3) -> Outcome:
     """The steps of the tie-break rule, each proven by the solver (see module docstring).
@@ -113,7 +134,7 @@ def solve_lexicographic(model: MilpModel, name: str, deadline: float,
     if model.C is not None and model.C.upBound is None:
         # step 0 (interleaved, boundary model): the least largest chunk, then capped
         model.prob.setObjective(model.C)
-        status, _ = run_milp(model, name, deadline - time.monotonic())
+        status, _ = run_milp(model, name, work)
         if status != "optimal":
             return Outcome("none" if status == "feasible" else status)
         ends, modes = model.solution()
@@ -128,10 +149,10 @@ def solve_lexicographic(model: MilpModel, name: str, deadline: float,
             model = RankModel(model)
         except NoChunkFits:
             return Outcome("infeasible")
-    status, bound = run_milp(model, name, deadline - time.monotonic())
+    status, bound = run_milp(model, name, work)
     if status == "infeasible" and c_star is not None and model.C is not None:
         model.C.upBound = c_star * (1 + RETRY_SLACK) / model.tscale  # C* cut off by tolerance
-        status, bound = run_milp(model, name, deadline - time.monotonic())
+        status, bound = run_milp(model, name, work)
     if status in ("infeasible", "none"):
         return Outcome(status)
     ends, modes = model.solution()
@@ -158,12 +179,12 @@ def solve_lexicographic(model: MilpModel, name: str, deadline: float,
     if prep.n_options > 1:
         step2.warm_start(ends, modes)
         step2.prob.setObjective(step2.compute_time())
-        status, _ = run_milp(step2, name, deadline - time.monotonic())
+        status, _ = run_milp(step2, name, work)
         if status == "infeasible":  # B* itself cut off by the solver's tolerance: loosen once
             step2.B.upBound = b_star * (1 + RETRY_SLACK) / step2.tscale
-            status, _ = run_milp(step2, name, deadline - time.monotonic())
+            status, _ = run_milp(step2, name, work)
         if status != "optimal":
-            why = "timed out" if status in ("feasible", "none") else f"was {status}"
+            why = "ran out of nodes" if status in ("feasible", "none") else f"was {status}"
             return Outcome("optimal", tuple(ends), tuple(modes), b_star,
                            f"least-recompute step {why}; ties may differ from the DP")
         ends, modes = step2.solution()
@@ -184,13 +205,13 @@ def solve_lexicographic(model: MilpModel, name: str, deadline: float,
         if prep.K > 1:
             model.warm_start(ends, modes)
             model.prob.setObjective(pulp.lpSum(model.end(k) for k in range(prep.K - 1)))
-            status, _ = run_milp(model, name, deadline - time.monotonic())
+            status, _ = run_milp(model, name, work)
             if status != "optimal":
                 return Outcome("optimal", tuple(ends), tuple(modes), b_star,
-                               "tie-break step timed out; ties may differ from the DP")
+                               "tie-break step ran out of nodes; ties may differ from the DP")
             ends, modes = model.solution()
         return Outcome("optimal", tuple(ends), tuple(modes), b_star)
-    return _lexicographic_keys(model, name, deadline, ends, modes, b_star)
+    return _lexicographic_keys(model, name, work, ends, modes, b_star)
 
 
 def _keep_proven(model: OptionModel, keep) -> bool:
@@ -206,7 +227,7 @@ def _keep_proven(model: OptionModel, keep) -> bool:
             and keep[2] <= model.rank_bound_s * (1 + TIE_RTOL))
 
 
-def _lexicographic_keys(model: MilpModel, name: str, deadline: float, ends: list[int],
+def _lexicographic_keys(model: MilpModel, name: str, work: Work, ends: list[int],
                         modes: list[int], b_star: float) -> Outcome:
     """Step 3: fix the chunk keys in order, each window of chunks by one solve of a mixed-radix
     objective; a chunk whose key in the incumbent is already the smallest possible after the
@@ -239,10 +260,10 @@ def _lexicographic_keys(model: MilpModel, name: str, deadline: float, ends: list
         weights.reverse()
         model.warm_start(ends, modes)
         model.prob.setObjective(sum((wt * model.key(j) for wt, j in zip(weights, window)), 0))
-        status, _ = run_milp(model, name, deadline - time.monotonic())
+        status, _ = run_milp(model, name, work)
         if status != "optimal":
             return Outcome("optimal", tuple(ends), tuple(modes), b_star,
-                           f"tie-break stopped at chunk {k} (time limit); ties may differ from the DP")
+                           f"tie-break stopped at chunk {k} (node limit); ties may differ from the DP")
         ends, modes = model.solution()
         for j in window:
             model.prob += model.key(j) == key(ends, modes, j)
@@ -271,42 +292,66 @@ def quiet_stdout():
         os.close(devnull)
 
 
-def _make_solver(name: str, time_limit_s: float):
+def _make_solver(name: str, node_limit: int):
+    """The solver with a node limit and no time limit, one thread: the same model gives the same
+    answer on any machine at any load (HiGHS's and CBC's branch and bound are deterministic on
+    one thread; a time limit would stop them at a point that depends on the machine)."""
     import pulp
 
-    tl = max(float(time_limit_s), 0.01)
     if name == "highs":
-        return pulp.HiGHS(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1,
-                          mip_feasibility_tolerance=HIGHS_MIP_FEASIBILITY_TOLERANCE)
+        return _node_limited_highs()(msg=False, gapRel=0.0, gapAbs=1e-9, threads=1,
+                                     mip_max_nodes=int(node_limit),
+                                     mip_feasibility_tolerance=HIGHS_MIP_FEASIBILITY_TOLERANCE)
     with warnings.catch_warnings():  # bundled CBC: deprecated name, still the one that ships
         warnings.simplefilter("ignore", DeprecationWarning)
-        return pulp.PULP_CBC_CMD(msg=False, timeLimit=tl, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True)
+        return pulp.PULP_CBC_CMD(msg=False, gapRel=0.0, gapAbs=1e-9, threads=1, warmStart=True,
+                                 maxNodes=int(node_limit))
 
 
-def run_milp(model, name: str, time_limit_s: float) -> tuple[str, float | None]:
-    """Run the solver; returns ('optimal'|'feasible'|'infeasible'|'none', dual bound in scaled units)."""
+@functools.cache
+def _node_limited_highs():
+    """pulp's HiGHS interface, reading a solve the node limit stopped: HiGHS reports it as
+    kSolutionLimit, which pulp 3.3.2 maps to no status (a KeyError once the values are read);
+    it is read as pulp reads a time limit: the incumbent where HiGHS has one, else none."""
+    import highspy
     import pulp
 
-    if time_limit_s <= 0:
-        return "none", None
-    solver = _make_solver(name, time_limit_s)
-    try:
-        # CBC's model and solution files go to a scratch directory, removed even on Ctrl-C;
-        # HiGHS runs in process and writes none (the directory cost ~2.5 ms a solve under the
-        # profiler: 0.15 s of gpt3-175b's search on 1,024 GPUs, 60 solves)
-        scratch = scratch_dir() if name != "highs" else contextlib.nullcontext(None)
-        with scratch as tmp, quiet_stdout():  # HiGHS prints a banner before msg=False
-            if tmp is not None:
-                solver.tmpDir = tmp
-            model.prob.solve(solver)
-    except pulp.PulpSolverError:
-        if time_limit_s < 1.0:  # CBC killed at its limit leaves no solution file: a timeout
-            return "none", None
-        raise
+    class NodeLimitedHiGHS(pulp.HiGHS):
+        def findSolutionValues(self, lp):
+            try:
+                return super().findSolutionValues(lp)
+            except KeyError:
+                if lp.solverModel.getModelStatus() != highspy.HighsModelStatus.kSolutionLimit:
+                    raise
+                info = lp.solverModel.getInfo()
+                feasible = int(highspy.SolutionStatus.kSolutionStatusFeasible)
+                if int(info.primal_solution_status) == feasible:
+                    return pulp.LpStatusOptimal, pulp.LpSolutionIntegerFeasible
+                return pulp.LpStatusNotSolved, pulp.LpSolutionNoSolutionFound
+
+    return NodeLimitedHiGHS
+
+
+def run_milp(model, name: str, work: Work) -> tuple[str, float | None]:
+    """Run the solver within ``work``'s node limit, adding HiGHS's simplex iterations to it;
+    returns ('optimal'|'feasible'|'infeasible'|'none', dual bound in scaled units)."""
+    import pulp
+
+    solver = _make_solver(name, work.node_limit)
+    # CBC's model and solution files go to a scratch directory, removed even on Ctrl-C;
+    # HiGHS runs in process and writes none (the directory cost ~2.5 ms a solve under the
+    # profiler: 0.15 s of gpt3-175b's search on 1,024 GPUs, 60 solves)
+    scratch = scratch_dir() if name != "highs" else contextlib.nullcontext(None)
+    with scratch as tmp, quiet_stdout():  # HiGHS prints a banner before msg=False
+        if tmp is not None:
+            solver.tmpDir = tmp
+        model.prob.solve(solver)
     bound = None
     if name == "highs":
         try:
-            bound = float(model.prob.solverModel.getInfo().mip_dual_bound)
+            info = model.prob.solverModel.getInfo()
+            work.iterations += max(int(info.simplex_iteration_count), 0)
+            bound = float(info.mip_dual_bound)
         except Exception:  # noqa: BLE001 - the bound is informative only
             bound = None
         if bound is not None and not math.isfinite(bound):

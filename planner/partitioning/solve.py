@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import replace
 from typing import Sequence
 
@@ -39,7 +38,7 @@ def partition(
     p: int,
     *,
     solver: str = "auto",
-    time_limit_s: float = 2.0,
+    node_limit: int = lexicographic.NODE_LIMIT,
     lp_path: str | os.PathLike | None = None,
     prefer: Sequence[int] | None = None,
     tie_break_steps: int = 3,
@@ -53,7 +52,9 @@ def partition(
     ``highspy`` imports, else CBC), 'highs', 'cbc', or 'dp' (the exact reference; v > 1 by
     enumeration, tiny cases only).
 
-    When the solver fails (crash, no split within ``time_limit_s``, a split that fails the
+    Each solve may explore ``node_limit`` branch-and-bound nodes and has no time limit, so the
+    answer is the same on any machine; ``Partition.work`` counts the simplex iterations spent.
+    When the solver fails (crash, no split within the node limit, a split that fails the
     exact memory check) the DP answers instead, labelled ``method='dp'`` with the reason in
     ``note`` (:attr:`Partition.label`: ``dp (solver failed: ...)``); for v > 1 beyond the DP's
     reach the best split found is returned with ``optimal=False`` and its ``gap`` (or a
@@ -71,7 +72,8 @@ def partition(
     if name == "dp":
         return partition_dp(problem, num_chunks, p)
     method = f"ilp-{name}"
-    deadline = time.monotonic() + float(time_limit_s)
+    work = lexicographic.Work(node_limit)
+    limit = f"{node_limit:,} nodes a solve"
 
     def fallback(reason: str, best: Partition | None = None) -> Partition:
         try:
@@ -81,11 +83,11 @@ def partition(
                 raise
             res = None  # v > 1 beyond exhaustive search
         if res is not None:
-            return replace(res, note=f"{name} solver failed: {reason}")
+            return replace(res, note=f"{name} solver failed: {reason}", work=work.iterations)
         if best is not None:
             return best
         raise PartitionError(f"the {name} solver failed ({reason}) and no split is known; "
-                             "try a longer time limit")
+                             "try a higher node limit")
 
     heur = heuristic_upper_bound(prep)
     kept = None
@@ -114,7 +116,7 @@ def partition(
     keep = None if kept is None else (kept.boundaries, option_indices(problem, kept),
                                       kept.bottleneck_s, max(c.time_s for c in kept.chunks))
     try:
-        out = lexicographic.solve_lexicographic(model, name, deadline, keep, tie_break_steps)
+        out = lexicographic.solve_lexicographic(model, name, work, keep, tie_break_steps)
     except PartitionError:
         raise
     except Exception as exc:  # noqa: BLE001 - solver missing/crashed: never show its trace
@@ -124,21 +126,21 @@ def partition(
             return fallback("reported a feasible instance infeasible")
         raise infeasible_error(prep)
     if out.status == "none":
-        return fallback(f"no split within {time_limit_s:g} s")
+        return fallback(f"no split within {limit}")
     if out.kept:
-        return replace(kept, method=method, optimal=True,
+        return replace(kept, method=method, optimal=True, work=work.iterations,
                        note="even split kept: no split has a smaller "
                             + ("largest chunk or bottleneck" if prep.K > prep.p else "bottleneck"))
-    res = score_split(prep, out.ends, out.modes, method=method, optimal=out.status == "optimal",
-                   note=out.note)
+    res = replace(score_split(prep, out.ends, out.modes, method=method,
+                              optimal=out.status == "optimal", note=out.note), work=work.iterations)
     if not fits(res):
         return fallback("its split failed the exact memory check")
     if out.status == "feasible":
         if prep.K == prep.p:
-            return fallback(f"not proven optimal within {time_limit_s:g} s")
+            return fallback(f"not proven optimal within {limit}")
         # v > 1: the exhaustive reference is out of reach at this size; say how far off it may be
         return replace(res, gap=relative_gap(res.bottleneck_s, out.bound_s),
-                       note=f"not proven optimal within {time_limit_s:g} s")
+                       note=f"not proven optimal within {limit}")
     return res
 
 

@@ -5,7 +5,7 @@ fits (`fits`) and its total compute (step 2 of the tie-break rule in
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Sequence
 
 import numpy as np
@@ -47,6 +47,9 @@ class Partition:
     gap: float = 0.0
     note: str = ""
     rank_capacity_bytes: tuple[float, ...] = ()
+    # the simplex iterations the MILP spent on it (HiGHS's count; 0 for the DP, CBC or a given
+    # split): the work the search's budget counts (planner/search/refinement.py), not the split
+    work: int = field(default=0, compare=False)
 
     @property
     def label(self) -> str:

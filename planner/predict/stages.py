@@ -225,7 +225,7 @@ def best_split(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack,
         # Interleaved (and DualPipe's two stages a rank): among splits of equal bottleneck the
         # schedule still runs some faster (its critical path crosses every chunk); keep
         # Megatron's even split on a tie. The chunk-order tie-break (step 3) is left out there:
-        # with many chunks it can take the whole time limit, and the order of equal chunks is
+        # with many chunks it can take the whole node limit, and the order of equal chunks is
         # not what the step time ranks.
         even = [b for _, b in even_block_bounds(model, par.num_chunks)] if several else None
         return _solved(lambda problem: partition(problem, par.num_chunks, ranks,

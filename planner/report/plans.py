@@ -243,8 +243,9 @@ def search_title(result, model: ModelSpec, cluster) -> str:
 
 
 def funnel_lines(result) -> list[str]:
-    """Where the configurations went, as sums that add up (SearchResult.accounted)."""
-    lines = [f"{result.considered} configurations considered in {result.elapsed_s:.2f} s = "
+    """Where the configurations went, as sums that add up (SearchResult.accounted).  No
+    elapsed time: the same search prints the same lines on any machine (issue #32)."""
+    lines = [f"{result.considered} configurations considered = "
              f"{sum(result.rejected.values())} rejected + {result.not_refined} not refined "
              f"(proven slower by a lower bound, or past --refine) + {result.feasible} feasible"]
     if result.rejected:

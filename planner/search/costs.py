@@ -27,8 +27,9 @@ from planner.predict.stages import (BLOCK_PIN, allowed_modes, best_split, megatr
                                     one_block_count, partition_problem)
 
 # Chunks up to which the chunk bound's mixed-integer program is tried after its linear one:
-# beyond, it ran into its time limit (0.1 s) on gpt3-175b's 48 to 96 chunks, several times what
-# refining the configuration costs (measured on benchmarks/bench_solve.py's cases)
+# beyond, it ran into its limit (then 0.1 s; chunk_bound.NODE_LIMIT nodes now) on gpt3-175b's 48
+# to 96 chunks, several times what refining the configuration costs (measured on
+# benchmarks/bench_solve.py's cases)
 MILP_CHUNKS = 32
 
 
@@ -45,8 +46,10 @@ class SearchCosts:
         self.layer_times: dict = {}
         self.chunk_bounds: dict = {}
         self.problems: dict = {}
+        self.chunk_best: dict = {}  # the highest chunk bound found for a configuration
         self.refinements = 0  # configurations refined
         self.refined_groups = 0  # of them, distinct up to ZeRO
+        self.solver_iterations = 0  # the simplex iterations their partition MILPs took
 
     def bound(self, par: Parallel, with_memory: bool = False) -> Bound:
         """A lower bound on the refined step time of ``par`` (planner/search/bound.py);
@@ -97,9 +100,26 @@ class SearchCosts:
             if key not in self.chunk_bounds:
                 self.chunk_bounds[key] = chunk_bound(par, self.problem(par), self.known(par),
                                                      integer=whole, cutoff=value - rest)
-            if self.chunk_bounds[key] + rest > value:
+            found = self.chunk_bounds[key] + rest
+            self.chunk_best[par] = max(found, self.chunk_best.get(par, 0.0))
+            if found > value:
                 return True
         return False
+
+    def lowest_bound(self, configs: list[Parallel]) -> float:
+        """The least lower bound on the refined step of any of ``configs``, each bounded by the
+        best it has: the closed forms with memory and the split inequalities
+        (planner/search/bound.py, `Bound.value`), and its chunk bound where one was computed.
+        In order of the cheap bound, and only until it passes the least found: a bound is at
+        least its cheap part."""
+        lowest = float("inf")
+        for par in sorted(configs, key=lambda par: self.bound(par, with_memory=True).cheap_s):
+            memory = self.bound(par, with_memory=True)
+            if memory.cheap_s >= lowest:
+                break
+            lowest = min(lowest, max(memory.value(), self.bound(par).cheap_s,
+                                     self.chunk_best.get(par, 0.0)))
+        return lowest
 
     def shape_key(self, par: Parallel) -> tuple:
         """What a layer's cost depends on besides SP, micro-batch, recompute and the expert
@@ -143,11 +163,12 @@ class SearchCosts:
         known = self.known(par)
         try:
             split = best_split(r.model, r.cluster, par, r.options, known, r.partition_method)
+            self.solver_iterations += split.partition.work
         except PartitionError as exc:
             if not par.schedule_traits.mirrored:
                 return "memory (no stage split fits)"
             # DualPipe's stages of a model whose layers differ (the boundary MILP) may find no
-            # split in the time limit: Megatron's even split where it fits, labelled so
+            # split within its node limit: Megatron's even split where it fits, labelled so
             split = megatron_split(r.model, r.cluster, par, r.options, known)
             if not fits(split.partition):
                 return "memory (no stage split fits)"

@@ -3,13 +3,13 @@
 In screen order, every configuration whose lower bound (planner/search/bound.py) cannot enter the
 top list is skipped; then (``--refine auto``, the default) lowest bound first until no
 configuration left could beat plan 1, so plan 1 is what refining every screened configuration
-would give (benchmarks/bench_regret.py measures it); the notes say what a cap or the time budget
-left unproven.
+would give (benchmarks/bench_regret.py measures it); the notes say what a cap or the work budget
+left unproven, and how far from the best plan 1 can then be.
 """
 
 from __future__ import annotations
 
-import time
+import math
 from collections import Counter
 from dataclasses import replace
 
@@ -20,12 +20,22 @@ from planner.search.request import Request
 
 # --refine auto: the configurations refined in screen order before the rest goes lowest bound
 # first (the fixed cap's old default, under which most searches are already proven: the screen
-# finds a near-best incumbent early), and the CPU seconds the rest may take before the output
-# says what is left unproven.  Set to "a few seconds" of waiting before any result; kept after
-# looking at benchmarks: 1 s would bring gpt3-175b on 1,024 GPUs under 2 s but left 1.5% regret
-# on a bench_regret case (megatron-1.7b on 8 GPUs, interleaved), so the budget stays at 5 s.
+# finds a near-best incumbent early), and the work the search may spend before the output says
+# what is left unproven.  Work, not seconds (issue #32: a CPU-time budget made the answer depend
+# on the machine and its load): one unit a configuration refined (partitioned and simulated),
+# and one more for every ITERATIONS_PER_REFINEMENT simplex iterations its partition MILP took
+# (HiGHS's count, Partition.work), which is where DualPipe over dense and MoE layers spends its
+# seconds: a refinement costs about 13 ms of CPU and an iteration 0.15 to 0.3 ms, so 100
+# iterations count as one.  Chosen with benchmarks/bench_solve.py and bench_regret.py in view,
+# to stop about where the 5 s of CPU it replaces stopped on this project's 2-core machine: every
+# bench_solve case is proven within 44 refinements, and the searches that ran out of 5 s
+# (megatron-core listing DualPipe) run out of this: Qwen3-30B-A3B on 16 H100s refined 387
+# configurations in 5 s and stops at 403 (5.1 s); DeepSeek-V3 on 2,048 H800s spends 1,216 units
+# on its first 18 refinements (23 s: seconds each, at the root of their MILPs), where the time
+# budget also stopped it, once a plan fit.
 AUTO_FIRST = 20
-AUTO_BUDGET_S = 5.0
+AUTO_WORK = 400
+ITERATIONS_PER_REFINEMENT = 100
 
 # A configuration the chunk bound puts within this share of plan 1 counts as a tie, not as
 # faster: the bound is a solver's (chunk_bound.MIP_GAP, and chunk_bound.SAFETY kept below its
@@ -52,7 +62,6 @@ def branch_and_bound(req: Request, costs: SearchCosts, ranked: list[Parallel], r
     refined: list[Plan] = []
     best_of_group: list[float] = []  # best refined step of each configuration-up-to-ZeRO
     capped: list[list[Parallel]] = []  # not refined for the cap alone
-    start = time.process_time()  # --refine auto's budget counts from the first refinement
     for cheap, variants in groups:
         best = sorted(best_of_group)
         incumbent = best[req.top - 1] if len(best) >= req.top else float("inf")
@@ -63,8 +72,7 @@ def branch_and_bound(req: Request, costs: SearchCosts, ranked: list[Parallel], r
         if not alive:
             continue
         if costs.refined_groups >= (AUTO_FIRST if req.refine is None else req.refine) or (
-                req.refine is None and best_of_group
-                and time.process_time() - start > AUTO_BUDGET_S):
+                req.refine is None and best_of_group and _spent(costs)):
             capped.append(alive)
             continue
         _refine_group(req, costs, alive, refined, best_of_group, rejected, capacity)
@@ -73,31 +81,33 @@ def branch_and_bound(req: Request, costs: SearchCosts, ranked: list[Parallel], r
     was_capped = bool(capped)
     if req.refine is None and capped:
         stopped = _refine_until_proven(req, costs, capped, refined, best_of_group, rejected,
-                                       capacity, start)
+                                       capacity)
         best = sorted(best_of_group)
     open_best = [par for alive in capped for par in alive
                  if best and not costs.bound(par, with_memory=True).exceeds(best[0])]
     open_best = _unproven(costs, open_best, best[0]) if best else open_best
-    return refined, _notes(req, costs, was_capped, open_best, bool(best), stopped)
+    return refined, _notes(req, costs, was_capped, open_best, best[0] if best else None,
+                           stopped)
 
 
 def _refine_until_proven(req: Request, costs: SearchCosts, capped: list[list[Parallel]],
                          refined: list[Plan], best_of_group: list[float], rejected: Counter,
-                         capacity: float, start: float) -> str | None:
+                         capacity: float) -> str | None:
     """``--refine auto``: refine what the first ``AUTO_FIRST`` left, lowest bound first, every
     configuration whose lower bound (the closed forms, then the chunks' relaxation) is below plan
     1, until none is left: plan 1 is then the best of every screened configuration, whatever rank
     the screen gave it.  ``capped`` is emptied of what gets refined or proven slower.  A budget
-    of ``AUTO_BUDGET_S`` CPU seconds stops it where the proof would take longer (a search on a
-    shared machine then answers the same as alone); the reason is returned, None when the proof
-    ended it.  The chunks' mixed-integer program, which costs about what a refinement does (tens
-    of milliseconds on 8 to 32 chunks, measured on benchmarks/bench_regret.py's interleaved
-    cases), is tried only until the first configuration it cannot rule out: from there each
-    refinement also lowers the incumbent, and the linear relaxation alone prunes (measured on
-    megatron-1.7b, 8 x A100-80GB, interleaved: 2.6 s of CPU to the proof against over 5 s with
-    the program throughout); while it holds, a proof costs what the fixed cap's did.  The budget
-    counts from ``start``, the search's first refinement: refinements that cost seconds each
-    (DualPipe's MILP over dense and MoE layers) stop the first pass too, once a plan fits."""
+    of ``AUTO_WORK`` units of work (`_spent`) stops it where the proof would take longer; it
+    counts work, not time, so the same search answers the same on any machine at any load; the
+    reason is returned, None when the proof ended it.  The chunks' mixed-integer program, which
+    costs about what a refinement does (tens of milliseconds on 8 to 32 chunks, measured on
+    benchmarks/bench_regret.py's interleaved cases), is tried only until the first
+    configuration it cannot rule out: from there each refinement also lowers the incumbent, and
+    the linear relaxation alone prunes (measured on megatron-1.7b, 8 x A100-80GB, interleaved:
+    2.6 s of CPU to the proof against over 5 s with the program throughout); while it holds, a
+    proof costs what the fixed cap's did.  The budget
+    counts from the search's first refinement: refinements that cost seconds each (DualPipe's
+    MILP over dense and MoE layers) stop the first pass too, once a plan fits."""
     order = sorted(capped, key=lambda alive: min(costs.bound(par, with_memory=True).cheap_s
                                                  for par in alive))
     capped.clear()
@@ -112,9 +122,9 @@ def _refine_until_proven(req: Request, costs: SearchCosts, capped: list[list[Par
                                              linear_only=refining)]
         if not open_:
             continue
-        if time.process_time() - start > AUTO_BUDGET_S:
+        if _spent(costs):
             capped.extend(order[n:])
-            return f"its time budget ({AUTO_BUDGET_S:g} s of CPU)"
+            return f"its work budget ({AUTO_WORK:,} refinements' worth)"
         refining = True
         _refine_group(req, costs, open_, refined, best_of_group, rejected, capacity)
     return None
@@ -141,15 +151,27 @@ def _refine_group(req: Request, costs: SearchCosts, alive: list[Parallel], refin
         best_of_group.append(min(steps))
 
 
+def _spent(costs: SearchCosts) -> bool:
+    """Whether --refine auto's work budget is spent: ``AUTO_WORK`` units, one a configuration
+    refined and one every ``ITERATIONS_PER_REFINEMENT`` simplex iterations of its partitioner
+    (the constants' comment says how they were chosen)."""
+    return costs.refinements + costs.solver_iterations / ITERATIONS_PER_REFINEMENT > AUTO_WORK
+
+
 def _notes(req: Request, costs: SearchCosts, capped: bool, open_best: list[Parallel],
-           found: bool, stopped: str | None) -> list[str]:
+           best: float | None, stopped: str | None) -> list[str]:
     """What the output says about the proof of plan 1 (nothing when every candidate was
-    refined or bounded out within the first pass)."""
-    if open_best or (capped and not found):
+    refined or bounded out within the first pass); where a cap or the budget stopped it short
+    of the proof, how far from the best plan 1 may be (`gap_bound`)."""
+    if open_best or (capped and best is None):
         why = (f"--refine {req.refine}" if req.refine is not None else stopped)
         fix = ("raise --refine" if req.refine is not None else
-               "pass --refine K to refine up to K configurations with no time limit")
-        return [f"refinement stopped at {why}: {len(open_best)} configurations whose lower "
+               "pass --refine K to refine up to K configurations with no work budget")
+        # what the chunk bound left out may still be faster by TIE_RTOL (`_unproven`)
+        lowest = None if best is None else min(costs.lowest_bound(open_best),
+                                               best * (1 - TIE_RTOL))
+        gap = "" if best is None else f"{gap_bound(best, lowest)}; "
+        return [f"refinement stopped at {why}: {gap}{len(open_best)} configurations whose lower "
                 f"bound is below plan 1 were not refined, so a faster plan may exist ({fix})"]
     if capped:
         how = (f"the {req.refine} refined (--refine)" if req.refine is not None else
@@ -157,6 +179,16 @@ def _notes(req: Request, costs: SearchCosts, capped: bool, open_best: list[Paral
         return [f"plan 1 is proven the fastest of all screened configurations (to "
                 f"{TIE_RTOL:.2%}); the rest of the list is the best of {how}"]
     return []
+
+
+def gap_bound(best: float, lowest: float) -> str:
+    """How far plan 1 (step ``best``) may be from the best screened plan, which is no faster
+    than ``lowest``, the least lower bound of what was left unrefined: (best / lowest - 1),
+    rounded up to 0.1% so the printed figure is still a bound."""
+    if not lowest > 0 or not math.isfinite(lowest):
+        return "no bound on how far plan 1 is from the best"
+    gap = max(best / lowest - 1.0, 0.0)
+    return f"plan 1 is within {math.ceil(gap * 1000) / 10:.1f}% of the best"
 
 
 def _unproven(costs: SearchCosts, open_best: list[Parallel], best: float) -> list[Parallel]:

@@ -68,7 +68,7 @@ def default_global_batch(seq_len: int) -> int:
 
 
 def parse_refine(value) -> int | None:
-    """``--refine``: "auto" (None: refine until plan 1 is proven, within a time budget) or a
+    """``--refine``: "auto" (None: refine until plan 1 is proven, within a work budget) or a
     whole number K >= 1 (at most K configurations refined)."""
     if value is None or (isinstance(value, str) and value.strip().lower() == "auto"):
         return None

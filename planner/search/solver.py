@@ -44,7 +44,7 @@ class SearchResult:
     plans: tuple[Plan, ...]
     rejected: dict[str, int]
     screened: int
-    elapsed_s: float
+    elapsed_s: float = field(compare=False)  # reported only, never compared (issue #32)
     notes: tuple[str, ...] = field(default=())
     refined: int = 0  # configurations partitioned and simulated
     considered: int = 0
