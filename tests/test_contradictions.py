@@ -32,8 +32,7 @@ def no_search(monkeypatch):
     def reached(*args, **kwargs):
         raise AssertionError("the search ran before the contradiction was refused")
 
-    for name in ("planner.cli.solve.search", "planner.cli.solve.explain", "planner.api.planning.search",
-                 "planner.api.planning.explain_request"):
+    for name in ("planner.api.solving.search", "planner.api.solving._explain"):
         monkeypatch.setattr(name, reached)
 
 

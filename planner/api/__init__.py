@@ -15,8 +15,10 @@ objects (Plan, Profile, ValidationRow, ...), so nothing is lost by the frames.
 The CLI's one front door: planner/cli/ calls these (and the catalog, measuring and calibrating
 functions beside them) and renders with planner.report. By concept: results.py (the result
 types), inputs.py (arguments checked into the planner's objects), planning.py (solve, explain,
-partition, sweep), fidelity.py (validate, calibrate), measure.py (profile, simulate, layout),
-catalog.py (models, stacks, components, GPUs), reporting.py (the HTML report). No submodule shares a name with a function here.
+partition, sweep), solving.py (`plan solve` in steps: request, search, hint, explain, training,
+exports), fidelity.py (validate, calibrate), measure.py (profile, simulate, layout), catalog.py
+(models, stacks, components, GPUs), reporting.py (the HTML report). No submodule shares a name
+with a function here.
 
 Floor: top (beside planner/cli/); ``planner/__init__.py`` re-exports the first names lazily, so
 ``import planner`` (and ``plan --help``) does not pay for the search modules or pandas.
@@ -31,8 +33,7 @@ from planner.api.fidelity import (calibrate, calibrated_hardware, parse_factors,
 from planner.api.measure import (layout, measure_layers, measure_machine, profile, simulate,
                                  simulation, simulation_summary)
 from planner.api.planning import (PARTITION_SOLVERS, check_pipeline, compare_partitions, explain,
-                                  partition, solve, sweep, with_bands,
-                                  with_headroom)
+                                  partition, solve, sweep)
 from planner.api.reporting import report
 from planner.api.results import (Explanation, Partition, Profiled, Solution, Stages,
                                  Validation)
@@ -45,7 +46,7 @@ __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "
            "compare_partitions", "check_pipeline", "PARTITION_SOLVERS",
            "models", "model", "model_template", "sequence_note", "stacks", "components",
            "hardware_profiles", "hardware_sources", "hardware", "stack",
-           "validate_runs", "single_source_settings", "with_bands", "with_headroom", "parse_factors", "calibrate",
+           "validate_runs", "single_source_settings", "parse_factors", "calibrate",
            "calibrated_hardware",
            "measure_layers", "measure_machine", "simulation", "simulate", "simulation_summary",
            "layout", "report"]

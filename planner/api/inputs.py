@@ -92,10 +92,11 @@ def with_expert_load(stack: Stack, expert_load: float | None) -> Stack:
 
 def request_of(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
                max_bubble, top, refine, launcher, partition_solver, profile, stack: Stack,
-               pins: dict, power_limit: float | None = None) -> Request:
+               pins: dict, power_limit: float | None = None, asked: str | None = None) -> Request:
     """The search request of `plan solve`: every argument checked, the model, cluster and profile
     loaded, and the CLI's refusals (a profile of another device, a stack or precision the
-    launcher cannot run, an expert load on a dense model) raised as PlanInputError."""
+    launcher cannot run, an expert load on a dense model) raised as PlanInputError; ``asked``
+    names the flag that chose the launcher (``--export megatron``) in such a line."""
     arg.whole("global_batch", global_batch)
     arg.number("max_bubble", max_bubble)
     arg.whole("top", top, optional=False)
@@ -107,17 +108,15 @@ def request_of(gpus, nodes, model, gpu, hardware, global_batch, global_batch_ran
     check_pins(pins)
     spec = model_spec(model, seq_len)
     refuse_unbuildable(launcher, spec)  # e.g. torchtitan builds only its own flavors
-    measured = profile
-    if isinstance(profile, (str, Path)):
-
-        measured = load_profile(profile)
+    measured = load_profile(profile) if isinstance(profile, (str, Path)) else profile
     if measured is not None:
         check_profile_matches(measured, spec)
     cluster = cluster_of(gpus, nodes, gpu, hardware, power_limit)
     check_fp8(cluster.hardware, stack)  # FP8 on a GPU without FP8: one line
     # the CLI's rules: a profile of another device, a stack another launcher runs (its plans
     # would not run as priced), a precision the launcher lacks (DeepSpeed has no FP8)
-    rule = (device_mismatch(measured, cluster.hardware) or stack_refusal(stack, launcher) or precision_allows(launcher, spec, stack)
+    rule = (device_mismatch(measured, cluster.hardware) or stack_refusal(stack, launcher, asked)
+            or precision_allows(launcher, spec, stack)
             or expert_load_refusal(spec, stack))  # dense: nothing routed to weigh
     if rule:
         raise PlanInputError(rule)

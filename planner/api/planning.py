@@ -2,26 +2,20 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
-from planner.api.inputs import (check_pins, hardware_of, model_spec, request_of, stack_of,
-                                with_expert_load)
+from planner.api.inputs import check_pins, hardware_of, model_spec, stack_of
+from planner.api.solving import batch_hint, explain_request, search_plans, solve_request
 from planner.api.results import Explanation, Partition, Solution
 from planner.core.errors import PlanInputError
 from planner.core.parallel import Parallel
 from planner.core.schedules import DEFAULT_SCHEDULE
-from planner.fidelity.band import default_headroom, with_band
-from planner.hardware.profiles import MAX_MEMORY_HEADROOM, make_cluster
+from planner.hardware.profiles import make_cluster
 from planner.partitioning.problem import PartitionError
 from planner.pipeline.job import check_sizes
 from planner.pipeline.schedule import ScheduleError
 from planner.predict.stages import METHODS
 from planner.report.partition import compare_splits, place_nodes
-from planner.search.advice import batch_hint
-from planner.search.explain import explain as explain_request
 from planner.search.request import Pins, Request
 from planner.search.rules import tp_rule
-from planner.search.solver import search
 from planner.search.validation import validate_pins
 from planner.sweeping import DEFAULT_MAX_POINTS, SweepResult, run_sweep
 from planner.core import arguments as arg
@@ -53,17 +47,19 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                 sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
     arg.callback("progress", progress)
-    run_stack = stack_of(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision)
-    req = request_of(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
-                     max_bubble, top, refine, launcher, partition, profile,
-                     with_expert_load(run_stack, expert_load), pins, power_limit)
-    req = with_headroom(req, memory_headroom)
-    result = with_bands(search(req, progress))
+    req = solve_request(gpus, nodes, model, gpu=gpu, hardware=hardware,
+                        global_batch=global_batch, global_batch_range=global_batch_range,
+                        seq_len=seq_len, max_bubble=max_bubble, top=top, refine=refine,
+                        launcher=launcher, partition=partition, profile=profile, stack=stack,
+                        flash=flash, overlap=overlap, tp_overlap=tp_overlap,
+                        grad_dtype=grad_dtype, precision=precision, pins=pins,
+                        power_limit=power_limit, expert_load=expert_load,
+                        memory_headroom=memory_headroom)
+    result = search_plans(req, progress)
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,
                     elapsed_s=result.elapsed_s, notes=result.notes,
-                    hint=batch_hint(req, result.plans[0], search),
-                    candidates=result.candidates)
+                    hint=batch_hint(req, result.plans[0]), candidates=result.candidates)
 
 
 def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware=None,
@@ -76,16 +72,18 @@ def explain(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardwa
             zero: int | None = None, sequence_parallel: bool | None = None,
             cp: int | None = None, ep: int | None = None,
             etp: int | None = None, power_limit: float | None = None,
-            expert_load: float | None = None) -> Explanation:
+            expert_load: float | None = None,
+            memory_headroom: float | None = None) -> Explanation:
     """Predict one pinned configuration (`plan solve --explain`): fits or not, by how much."""
 
     pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                 virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                 sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
-    run_stack = stack_of(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision)
-    req = request_of(gpus, nodes, model, gpu, hardware, global_batch, None, seq_len, None, 10, 20,
-                     launcher, "auto", None, with_expert_load(run_stack, expert_load), pins,
-                     power_limit)
+    req = solve_request(gpus, nodes, model, gpu=gpu, hardware=hardware, global_batch=global_batch,
+                        seq_len=seq_len, refine=20, launcher=launcher, stack=stack, flash=flash,
+                        overlap=overlap, tp_overlap=tp_overlap, grad_dtype=grad_dtype,
+                        precision=precision, pins=pins, power_limit=power_limit,
+                        expert_load=expert_load, memory_headroom=memory_headroom)
     exp = explain_request(req)
     return Explanation(exp.parallel, exp.plan, exp.capacity_bytes, exp.rule)
 
@@ -169,21 +167,3 @@ def check_pipeline(pp: int, microbatches: int, virtual_stages: int) -> None:
     """Raise PlanInputError unless ``pp`` ranks of ``virtual_stages`` chunks can run
     ``microbatches`` microbatches (the sizes every schedule needs); return nothing."""
     check_sizes(pp, microbatches, virtual_stages)
-
-
-def with_headroom(req: Request, asked: float | None, name: str = "memory_headroom") -> Request:
-    """``req`` whose cluster keeps ``asked`` (a share of each GPU's memory) free, or by default
-    the worst memory under-estimate of comparable published runs (fidelity/band.py)."""
-    if asked is None:
-        asked = default_headroom(req.options.name, req.cluster, req.model.is_moe)
-    else:
-        arg.number(name, asked, low=0, high=MAX_MEMORY_HEADROOM)
-    return replace(req, cluster=replace(req.cluster, memory_headroom=float(asked)))
-
-
-def with_bands(result):
-    """A search result whose plans carry their error band (planner/fidelity/band.py); the
-    candidates that are shown plans are those same banded plans."""
-    banded = {id(p): with_band(p) for p in result.plans}
-    return replace(result, plans=tuple(banded[id(p)] for p in result.plans),
-                   candidates=tuple(banded.get(id(c), c) for c in result.candidates))

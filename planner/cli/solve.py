@@ -9,26 +9,12 @@ from typing import Optional
 import typer
 
 from planner import api
+from planner.api import solving as steps
 from planner.core.errors import PlanInputError
-from planner import api
 from planner.core.files import refuse_overwrite, write_text
-from planner.cost.precision import check_fp8
 from planner.core.text import for_rich
-from planner.hardware.power import power_limited
-from planner.hardware.profiles import load_hardware, make_cluster
-from planner.launchers import (expert_load_refusal, explain_refusal, export_plan,
-                               implied_launcher, output_refusal, parse_targets, plan_document,
-                               precision_allows, refuse_unbuildable, stack_refusal)
-from planner.predict.economics import cost_of, training_budget
-from planner.profiling.record import device_mismatch, load_profile
 from planner.report.frames import plans_csv
 from planner.report.plans import explanation_dict, print_explanation, print_search
-from planner.search.advice import batch_hint
-from planner.search.explain import explain
-from planner.search.profiled import analytical_comparison, check_profile_matches
-from planner.search.request import Pins, Request, parse_refine
-from planner.search.solver import search
-from planner.stack import resolve_stack, with_overrides
 from planner.cli.common import (LIMITS, OUTPUT, PINS, PLAN, _flag, app, err, out, parse_range,
                                 planned_model, print_json, progress_bar, stack_options, user_errors)
 
@@ -179,73 +165,56 @@ def solve(
     with user_errors(as_json):
         if gpu is not None and hardware is not None:
             raise PlanInputError("give --gpu NAME or --hardware FILE, not both")
-        targets = parse_targets(export)
+        targets = steps.parse_targets(export)
         # flags that would be ignored: refused before anything is loaded or searched
-        problem = output_refusal(explain=explain_it, targets=targets, out_dir=out_dir,
-                                 csv_file=csv_file, force=force, as_json=as_json, wide=wide,
-                                 report_file=report_file) or \
-            explain_refusal(explain_it, max_bubble=max_bubble)
+        problem = steps.output_refusal(explain=explain_it, targets=targets, out_dir=out_dir,
+                                       csv_file=csv_file, force=force, as_json=as_json,
+                                       wide=wide, report_file=report_file) or \
+            steps.explain_refusal(explain_it, max_bubble=max_bubble)
         if problem:
             raise PlanInputError(problem)
         if report_file is not None:  # before the search, not after it
             refuse_overwrite([report_file], force)
-        budget = training_budget(train_tokens, gpu_hour_price)
+        budget = steps.training_budget(train_tokens, gpu_hour_price)
         spec = planned_model(model, seq_len)
-        gpu_kind = load_hardware(gpu, hardware)
-        if power_limit is not None:
-            gpu_kind = power_limited(gpu_kind, power_limit)
-        cluster = make_cluster(gpu_kind, gpus, nodes)
-        pins = Pins(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
+        asked = f"--launcher {launcher}" if launcher else None  # else, if any, --export's
+        launcher = steps.implied_launcher(launcher, targets)  # --export X: X's rules and stack
+        pins = dict(tp=tp, pp=pp, dp=dp, micro_batch=micro_batch, schedule=schedule,
                     virtual_stages=virtual_stages, recompute=recompute, zero=zero,
                     sequence_parallel=sequence_parallel, cp=cp, ep=ep, etp=etp)
-        asked = f"--launcher {launcher}" if launcher else None  # else, if any, --export's
-        launcher = implied_launcher(launcher, targets)  # --export X runs X's rules and stack
-        refuse_unbuildable(launcher, spec)
-        measured = load_profile(profile_file) if profile_file is not None else None
-        if measured is not None:
-            check_profile_matches(measured, spec)
-        req = Request(model=spec, cluster=cluster, global_batch=global_batch,
-                      batch_range=parse_range(batch_range), max_bubble=max_bubble,
-                      profile=measured, pins=pins, top=top, refine=parse_refine(refine),
-                      launcher=launcher, partition_method=partition_solver,
-                      options=with_overrides(
-                          resolve_stack(stack, launcher, flash, overlap, tp_overlap, grad_dtype,
-                                        precision),
-                          "--expert-load", **({} if expert_load is None
-                                              else {"moe_expert_load": expert_load})))
-        req = api.with_headroom(req, memory_headroom, "--memory-headroom")
+        req = steps.solve_request(
+            gpus, nodes, spec, gpu=gpu, hardware=hardware, global_batch=global_batch,
+            global_batch_range=parse_range(batch_range), max_bubble=max_bubble, top=top,
+            refine=refine, launcher=launcher, partition=partition_solver, profile=profile_file,
+            stack=stack, flash=flash, overlap=overlap, tp_overlap=tp_overlap,
+            grad_dtype=grad_dtype, precision=precision, pins=pins, power_limit=power_limit,
+            expert_load=expert_load, memory_headroom=memory_headroom,
+            asked=asked or f"--export {launcher}", headroom_flag="--memory-headroom")
         cluster = req.cluster
-        check_fp8(cluster.hardware, req.options)
-        rule = (device_mismatch(measured, req.cluster.hardware)
-                or stack_refusal(req.options, launcher, asked or f"--export {launcher}")
-                or precision_allows(launcher, spec, req.options)
-                or expert_load_refusal(spec, req.options))
-        if rule:  # no configuration changes the stack or precision: refused before the search
-            raise PlanInputError(rule)
         if explain_it:
-            explanation = explain(req)
+            explanation = steps.explain_request(req)
             if as_json:
                 print_json(explanation_dict(explanation))
             else:
                 print_explanation(out, explanation, wide=wide)
             return
         with progress_bar("searching") as progress:
-            result = api.with_bands(search(req, progress))
+            result = steps.search_plans(req, progress)
         hint = None
         if not as_json:
             with progress_bar("checking a larger batch") as progress:
-                hint = batch_hint(req, result.plans[0], search)
+                hint = steps.batch_hint(req, result.plans[0])
         if csv_file is not None:
             write_text(csv_file, plans_csv(result.plans), force=force)
         if report_file is not None:
             api.report(result, out=report_file, force=force)
             err.print(f"wrote {for_rich(str(report_file))}", highlight=False)
         if targets:
-            written = export_plan(result.plans[0], targets, out_dir, force=force)
+            written = steps.export_plan(result.plans[0], targets, out_dir, force=force)
             err.print("wrote " + for_rich(", ".join(str(p) for p in written)), highlight=False)
         if as_json:
-            doc = {"plans": [plan_document(p) for p in result.plans],  # plan.json v2 each
-                   **({"training": cost_of(result.plans[0], cluster, budget).to_dict()}
+            doc = {"plans": [steps.plan_document(p) for p in result.plans],  # plan.json v2
+                   **({"training": steps.training_cost(result.plans[0], budget).to_dict()}
                       if budget else {}),
                    "rejected": result.rejected,
                    "search": {"considered": result.considered, "screened": result.screened,
@@ -256,8 +225,9 @@ def solve(
         else:
             print_search(out, result, spec, cluster, wide=wide, hint=hint)
             if budget:
-                training = cost_of(result.plans[0], cluster, budget)
+                training = steps.training_cost(result.plans[0], budget)
                 out.print(training.line(budget[1]), highlight=False)
                 out.print(training.failures_line(), highlight=False)
-            if measured is not None:
-                out.print(for_rich(analytical_comparison(req, result.plans[0])), highlight=False)
+            if req.profile is not None:
+                out.print(for_rich(steps.analytical_comparison(req, result.plans[0])),
+                          highlight=False)
