@@ -162,6 +162,35 @@ def test_a_recovery_killed_midway_is_finished_by_the_next(tmp_path):
     assert ends == {"old", "new"}
 
 
+def test_plan_simulate_reads_the_recovered_plan_after_a_kill_at_any_step(tmp_path):
+    """``plan simulate --plan DIR/plan.json`` recovers a killed export first, then replays the
+    old plan or the new one, never a plan.json that its launch files do not belong to."""
+    from typer.testing import CliRunner
+
+    from cli import app
+
+    def solve(out, *more):
+        done = CliRunner().invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--launcher",
+                                        "megatron", "--export", "json,megatron,torchrun",
+                                        "--out", str(out), *more])
+        assert done.exit_code == 0, done.output
+        return fileset.read_set(out)
+
+    out = tmp_path / "run"
+    old, new = solve(out), solve(tmp_path / "new", "--micro-batch", "2")
+    assert old["plan.json"] != new["plan.json"]
+    digests = {json.loads(t["plan.json"])["plan_digest"]: t for t in (old, new)}
+
+    def simulated(_kill_at):
+        sim = CliRunner().invoke(app, ["simulate", "--plan", str(out / "plan.json"), "--json"])
+        assert sim.exit_code == 0, sim.output
+        found = fileset.read_set(out)
+        assert found == digests[json.loads(found["plan.json"])["plan_digest"]]
+        assert sorted(p.name for p in out.iterdir()) == sorted([*found, fileset.MANIFEST])
+
+    _kill_at_every_step(out, {"do": "write", "files": new}, simulated)
+
+
 def test_a_reader_that_cannot_write_reports_the_set_incomplete(tmp_path, monkeypatch):
     out = _start(tmp_path, "old set")
     # killed at its fourth step: journal in, old manifest aside, one old file aside
