@@ -253,8 +253,8 @@ def verified_set(out_dir: str | Path):
         try:
             with _locked(out_dir, exclusive=True):
                 rec.recover(out_dir)
-        except OSError:
-            pass  # a read-only directory: the set is reported incomplete below
+        except (OSError, PlanInputError):
+            pass  # a directory this reader may not change: the set is reported incomplete below
     with _locked(out_dir, exclusive=False):
         problem = _problem(out_dir)
         if problem:
