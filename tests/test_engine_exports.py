@@ -6,6 +6,7 @@ When torchtitan is importable the exported TOML is parsed by its own ConfigManag
 golden files stand in.
 """
 
+import hashlib
 import json
 import os
 import shutil
@@ -16,6 +17,7 @@ from pathlib import Path
 import pytest
 from conftest import engine_module
 
+from planner.core.fileset import MANIFEST
 from planner.launchers import ExportError, export_plan, render_all
 from planner.launchers import deepspeed, torchtitan
 from planner.model.presets import PRESETS
@@ -222,6 +224,17 @@ def test_launch_sh_refuses_two_frameworks_beside_it(tmp_path):
     # export sets replace each other whole, so a second framework arrives only by hand
     (other,) = export_plan(ddp(), ["torchtitan"], tmp_path / "other")
     shutil.copy(other, tmp_path / other.name)
-    done = subprocess.run(["bash", str(tmp_path / "launch.sh")], capture_output=True, text=True,
-                          env={"PATH": os.environ["PATH"], "MASTER_ADDR": "n0"})
+
+    def launch():
+        return subprocess.run(["bash", str(tmp_path / "launch.sh")], capture_output=True,
+                              text=True, env={"PATH": os.environ["PATH"], "MASTER_ADDR": "n0"})
+
+    # a framework file its manifest does not list: not the export set launch.sh belongs to
+    done = launch()
+    assert done.returncode == 1 and "export set incomplete or modified" in done.stderr
+    # listed by hand too: the set checks out, and launch.sh still runs one framework
+    manifest = json.loads((tmp_path / MANIFEST).read_text())
+    manifest["files"][other.name] = hashlib.sha256(other.read_bytes()).hexdigest()
+    (tmp_path / MANIFEST).write_text(json.dumps(manifest))
+    done = launch()
     assert done.returncode == 2 and "keep one framework" in done.stderr

@@ -267,6 +267,58 @@ def test_launch_sh_runs_torchrun_with_megatron_args(plan, tmp_path):
     assert "--decoder-first-pipeline-num-layers" in out and out[-3:-1] == ["--data-path", "/d"]
 
 
+def _flip_one_byte(path: Path, at: int | None = None) -> None:
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2 if at is None else at] ^= 1
+    path.write_bytes(bytes(data))
+
+
+LAUNCH_DAMAGE = {
+    "megatron_args.sh one byte": lambda d: _flip_one_byte(d / "megatron_args.sh"),
+    "plan.json one byte": lambda d: _flip_one_byte(d / "plan.json"),
+    "launch.sh one byte": lambda d: _flip_one_byte(d / "launch.sh", at=30),  # its header
+    "megatron_args.sh removed": lambda d: (d / "megatron_args.sh").unlink(),
+    "plan.json removed": lambda d: (d / "plan.json").unlink(),
+    "manifest removed": lambda d: (d / "plan3d-manifest.json").unlink(),
+    "manifest not JSON": lambda d: (d / "plan3d-manifest.json").write_text("{"),
+    "manifest of another set": lambda d: export_plan(
+        make_plan(micro_batch=2, num_microbatches=8), ["json", "megatron", "torchrun"], d,
+        force=True) and (d / "megatron_args.sh").write_text((d.parent / "keep").read_text()),
+}
+
+
+@pytest.mark.parametrize("damage", [None, *LAUNCH_DAMAGE])
+def test_exported_launch_sh_runs_only_its_whole_unchanged_set(plan, tmp_path, damage):
+    """The real launch.sh under bash, a stand-in torchrun on PATH: it runs an intact set and
+    refuses, before it runs anything, one with a byte changed, a file removed or mixed in."""
+    import shutil
+    import subprocess
+
+    if shutil.which("bash") is None or shutil.which("python3") is None:
+        pytest.skip("no bash or python3")
+    out = tmp_path / "run"
+    export_plan(plan, ["json", "megatron", "torchrun"], out)
+    (tmp_path / "keep").write_text((out / "megatron_args.sh").read_text())
+    ran = tmp_path / "torchrun-ran"
+    fake = tmp_path / "bin" / "torchrun"
+    fake.parent.mkdir()
+    fake.write_text(f'#!/bin/sh\ntouch {ran}\nfor a in "$@"; do echo "$a"; done\n')
+    fake.chmod(0o755)
+    if damage is not None:
+        LAUNCH_DAMAGE[damage](out)
+    done = subprocess.run(["bash", str(out / "launch.sh")], capture_output=True, text=True,
+                          env={"PATH": f"{fake.parent}:{os.environ['PATH']}",
+                               "MASTER_ADDR": "node0"}, timeout=60)
+    if damage is None:
+        assert done.returncode == 0, done.stderr
+        assert ran.exists() and "pretrain_gpt.py" in done.stdout.split("\n")
+        return
+    assert done.returncode == 1, (done.returncode, done.stderr)
+    assert done.stderr.count("\n") == 1 and done.stderr.startswith(
+        "launch.sh: export set incomplete or modified: rerun plan solve --export")
+    assert not ran.exists() and done.stdout == ""
+
+
 def test_nonstandard_model_refused_by_megatron_and_torchtitan(tmp_path):
     from planner.model.spec import Layer
     from planner.launchers import torchtitan

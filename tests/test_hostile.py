@@ -564,10 +564,14 @@ def test_a_killed_export_is_reported_not_read(tmp_path):
 
     out = tmp_path / "run"
     fileset.write_set(out, [fileset.OutFile("plan.json", "{}")])
-    (out / fileset.MANIFEST).unlink()  # what a writer killed between its renames leaves:
-    (out / fileset.SWAPPING).touch()  # no manifest, and its marker (tests/test_fileset_kill.py)
+    # what a writer of an earlier release killed between its renames left: no manifest, and an
+    # empty marker with no journal to recover from (a journaled one: tests/test_fileset_kill.py)
+    (out / fileset.MANIFEST).unlink()
+    (out / fileset.SWAPPING).touch()
     with pytest.raises(Exception, match="incomplete"):
         fileset.read_set(out)
+    fileset.write_set(out, [fileset.OutFile("plan.json", "{}")], force=True)  # clears it
+    assert sorted(p.name for p in out.iterdir()) == ["plan.json", fileset.MANIFEST]
 
 
 # --- --json ---------------------------------------------------------------------------------------
@@ -673,6 +677,7 @@ def test_names_in_exports_are_data_never_code(tmp_path, label, benign_export):
     import subprocess
     import tomllib
 
+    from planner.core.fileset import MANIFEST
     from planner.launchers import export_plan
     from planner.launchers.megatron import parse_megatron_args
 
@@ -688,6 +693,8 @@ def test_names_in_exports_are_data_never_code(tmp_path, label, benign_export):
                 place = titan_dir if launcher == "torchtitan" else out
                 place.mkdir(exist_ok=True)
                 (place / path.name).symlink_to(path)
+            if launcher == "megatron":  # launch.sh's set: it checks the files its manifest lists
+                (out / MANIFEST).symlink_to(tmp_path / where / MANIFEST)
     env = {**os.environ, "PATH": f"{_stub_bin(tmp_path)}:{os.environ['PATH']}",
            "MASTER_ADDR": "127.0.0.1", "SLURM_JOB_NODELIST": "n1", "SLURM_SUBMIT_DIR": str(out),
            "SLURM_NODEID": "0"}

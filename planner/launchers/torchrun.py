@@ -11,10 +11,19 @@ megatron_args.sh, ``-m torchtitan.train --job.config_file`` with torchtitan.toml
 arguments go only to the framework's own entry point: with ``TRAIN_SCRIPT`` set (your own
 script) none are passed, and launch.sh refuses to start when both frameworks' files are beside
 it (one exporter run refuses to write both, see :func:`conflicts`).
+
+Before anything else launch.sh checks that it runs a whole, unchanged export set (issue #31):
+``plan3d-manifest.json`` (written last by the export, its commit point: core/fileset.py) exists
+and lists launch.sh, every file it lists has its SHA-256, and a framework file launch.sh would
+read (megatron_args.sh, torchtitan.toml) is one it lists; otherwise one line on stderr and exit 1.
+The check is a ``python3 -I`` script (isolated: no PYTHONPATH, no site packages): the standard
+library reads the JSON and hashes on Linux and macOS alike, where ``sha256sum -c`` would need
+coreutils and a second manifest format; python3 is there wherever torchrun is.
 """
 
 from __future__ import annotations
 
+from planner.core.fileset import MANIFEST
 from planner.launchers.common import Facts, header, structure_problems
 from planner.launchers.quoting import sh_token
 from planner.predict.plan import Plan
@@ -23,6 +32,26 @@ TARGET = "torchrun (PyTorch 2.1+, checked with 2.13) with c10d rendezvous"
 NAME = "torchrun"
 SBATCH_TARGET = "Slurm 21.08+ sbatch (one task per node running launch.sh)"
 DEFAULT_PORT = 29500
+
+# launch.sh's check of its export set (module docstring); a FIFO or device is not read, it fails
+_SET_CHECK = f"""\
+import hashlib, json, os, stat, sys
+here = sys.argv[1]
+def data(name):
+    fd = os.open(os.path.join(here, name), os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        return f.read() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+try:
+    files = json.loads(data("{MANIFEST}"))["files"]
+    ok = isinstance(files, dict) and "launch.sh" in files and all(
+        isinstance(n, str) and "/" not in n and n not in ("", ".", "..")
+        and hashlib.sha256(data(n)).hexdigest() == h for n, h in files.items()) and all(
+        n in files or not os.path.lexists(os.path.join(here, n))
+        for n in ("megatron_args.sh", "torchtitan.toml"))
+except Exception:
+    ok = False
+sys.exit(0 if ok else 1)
+"""
 
 
 def conflicts(targets: list[str]) -> str | None:
@@ -52,7 +81,21 @@ def _launch(plan: Plan) -> str:
         + header(plan, TARGET)
         + "# Run once per node: NODE_RANK=<0..NNODES-1> MASTER_ADDR=<node 0 host> ./launch.sh\n"
         "set -euo pipefail\n"
-        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n\n'
+        'HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"\n'
+        f"# Refuse an export set cut short or edited: every file {MANIFEST} lists has its "
+        "SHA-256.\n"
+        "command -v python3 >/dev/null || {\n"
+        f'  echo "launch.sh: python3 is needed to check the export set ({MANIFEST})" >&2\n'
+        "  exit 1\n"
+        "}\n"
+        "if ! python3 -I - \"$HERE\" <<'PLAN3D_SET_CHECK' 2>/dev/null\n"
+        + _SET_CHECK
+        + "PLAN3D_SET_CHECK\n"
+        "then\n"
+        '  echo "launch.sh: export set incomplete or modified: rerun plan solve --export ... '
+        '--out $HERE --force" >&2\n'
+        "  exit 1\n"
+        "fi\n\n"
         f"NNODES={cl.nodes}\n"
         f"NPROC_PER_NODE={cl.gpus_per_node}  # world size {par.gpus} = "
         f"tp {par.tp} x pp {par.pp} x dp {par.dp}\n"

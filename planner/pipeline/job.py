@@ -7,7 +7,7 @@ from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
-from planner.core.fileset import verify_set
+from planner.core.fileset import verified_set
 from planner.core.arguments import finite, number
 from planner.core.limits import MAX_CHUNKS, MAX_MICROBATCHES, MAX_PASS_S, MIN_PASS_S
 from planner.core.plan_schema import check_plan_document
@@ -133,10 +133,12 @@ def _backward(stage: dict, schema: str) -> tuple[float, float]:
 
 
 def _from_plan(path: Path) -> SimulationJob:
-    doc = read_json(path, "plan file", "write one with plan solve --export json --out DIR")
-    problem = verify_set(path.parent) if path.name == "plan.json" else None
-    if problem:  # an export set cut short or mixed: its plan.json may not be the launch files'
-        raise PlanInputError(problem)
+    hint = "write one with plan solve --export json --out DIR"
+    if path.name == "plan.json":  # an export set cut short or mixed is refused, a killed swap
+        with verified_set(path.parent):  # recovered; read while no writer can swap files in
+            doc = read_json(path, "plan file", hint)
+    else:
+        doc = read_json(path, "plan file", hint)
     return job_of_document(doc, str(path))
 
 

@@ -5,6 +5,33 @@
 # Run once per node: NODE_RANK=<0..NNODES-1> MASTER_ADDR=<node 0 host> ./launch.sh
 set -euo pipefail
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
+# Refuse an export set cut short or edited: every file plan3d-manifest.json lists has its SHA-256.
+command -v python3 >/dev/null || {
+  echo "launch.sh: python3 is needed to check the export set (plan3d-manifest.json)" >&2
+  exit 1
+}
+if ! python3 -I - "$HERE" <<'PLAN3D_SET_CHECK' 2>/dev/null
+import hashlib, json, os, stat, sys
+here = sys.argv[1]
+def data(name):
+    fd = os.open(os.path.join(here, name), os.O_RDONLY | os.O_NONBLOCK)
+    with os.fdopen(fd, "rb") as f:
+        return f.read() if stat.S_ISREG(os.fstat(fd).st_mode) else None
+try:
+    files = json.loads(data("plan3d-manifest.json"))["files"]
+    ok = isinstance(files, dict) and "launch.sh" in files and all(
+        isinstance(n, str) and "/" not in n and n not in ("", ".", "..")
+        and hashlib.sha256(data(n)).hexdigest() == h for n, h in files.items()) and all(
+        n in files or not os.path.lexists(os.path.join(here, n))
+        for n in ("megatron_args.sh", "torchtitan.toml"))
+except Exception:
+    ok = False
+sys.exit(0 if ok else 1)
+PLAN3D_SET_CHECK
+then
+  echo "launch.sh: export set incomplete or modified: rerun plan solve --export ... --out $HERE --force" >&2
+  exit 1
+fi
 
 NNODES=2
 NPROC_PER_NODE=8  # world size 16 = tp 2 x pp 4 x dp 2
