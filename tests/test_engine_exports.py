@@ -87,13 +87,13 @@ def test_solve_for_torchtitan_refuses_a_model_without_flavor_before_searching(tm
     from typer.testing import CliRunner
 
     import planner
-    import planner.cli.solve as solve_mod
+    import planner.api.solving as solving
     from cli import app
 
     def no_search(*a, **k):
         raise AssertionError("searched a model torchtitan cannot build")
 
-    monkeypatch.setattr(solve_mod, "search", no_search)
+    monkeypatch.setattr(solving, "search", no_search)  # the CLI's search and the API's
     out = tmp_path / "out"
     for args in (["--export", "torchtitan", "--out", str(out)], ["--launcher", "torchtitan"]):
         res = CliRunner().invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--model",
