@@ -97,3 +97,30 @@ def test_young_interval_is_the_best_interval(params, gpus):
 
     assert lost(g.interval_s) <= min(lost(g.interval_s * 0.8), lost(g.interval_s * 1.25))
     assert goodput(params * 2, gpus).goodput <= g.goodput  # a bigger checkpoint costs more
+
+
+# --- the batch in tokens (--global-batch-tokens) ------------------------------------------------
+
+def test_llama3_batch_in_tokens_is_its_2048_sequences():
+    """Llama 3 405B trained at 16M tokens a step with 8,192-token sequences (Dubey et al. 2024,
+    Table 4): 16Mi = 2,048 x 8,192 exactly; a decimal 16M is the nearest whole count, 1,953."""
+    from planner.predict.economics import batch_of_tokens
+
+    assert parse_token_count("16Mi") == 2**24
+    assert batch_of_tokens("16Mi", 8192) == 2048
+    assert batch_of_tokens("16M", 8192) == 1953
+    assert batch_of_tokens("100", 8192) == 1  # never none
+
+
+def test_solve_takes_the_batch_in_tokens_once():
+    from planner import api
+
+    plan = api.solve(16, 2, global_batch_tokens="4Mi", top=1).best
+    assert plan.parallel.global_batch == 512  # 4Mi / 8192
+    with pytest.raises(PlanInputError, match="give the batch once"):
+        api.solve(16, 2, global_batch_tokens="4M", global_batch=64)
+    done = runner.invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--global-batch-tokens",
+                               "2Mi", "--top", "1"])
+    assert done.exit_code == 0, done.output
+    assert "--global-batch-tokens 2Mi: 256 sequences of 8192 tokens" in done.output
+    assert "global batch 256" in done.output

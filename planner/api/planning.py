@@ -33,13 +33,14 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
           sequence_parallel: bool | None = None, cp: int | None = None,
           ep: int | None = None, etp: int | None = None, power_limit: float | None = None,
           expert_load: float | None = None, memory_headroom: float | None = None,
-          progress=None) -> Solution:
+          global_batch_tokens=None, progress=None) -> Solution:
     """Search the parallel configurations of ``model`` on ``gpus`` GPUs in ``nodes`` nodes and
     return the best plans (`plan solve`). Pins (``tp``, ``pp``, ...) fix a dimension; ``stack``
     is a stack name, file or Stack (default: the launcher's, else megatron-core), ``flash`` ...
     ``grad_dtype``, ``precision``, ``expert_load`` override its fields; ``power_limit`` (watts)
     caps the board power; ``memory_headroom`` is the share of each GPU's memory a plan keeps
     free (default: the worst memory under-estimate of comparable published runs);
+    ``global_batch_tokens`` (``"16Mi"``, 4e6) gives the batch in tokens instead of sequences;
     ``progress(done, total)`` is called while screening. A wrong type or value of any argument
     raises PlanInputError."""
 
@@ -54,7 +55,7 @@ def solve(gpus: int, nodes: int, model=None, *, gpu: str | None = None, hardware
                         flash=flash, overlap=overlap, tp_overlap=tp_overlap,
                         grad_dtype=grad_dtype, precision=precision, pins=pins,
                         power_limit=power_limit, expert_load=expert_load,
-                        memory_headroom=memory_headroom)
+                        memory_headroom=memory_headroom, global_batch_tokens=global_batch_tokens)
     result = search_plans(req, progress)
     return Solution(plans=result.plans, considered=result.considered,
                     rejected=dict(result.rejected), screened=result.screened,

@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from planner.api.inputs import request_of, stack_of, with_expert_load
+from planner.api.inputs import model_spec, request_of, stack_of, with_expert_load
 from planner.core import arguments as arg
+from planner.core.errors import PlanInputError
 from planner.fidelity.band import default_headroom, with_band
 from planner.hardware.profiles import MAX_MEMORY_HEADROOM
 from planner.launchers import (explain_refusal, export_plan, implied_launcher, output_refusal,
                                parse_targets, plan_document)
-from planner.predict.economics import TrainingCost, cost_of, training_budget
+from planner.predict.economics import TrainingCost, batch_of_tokens, cost_of, training_budget
 from planner.search.advice import batch_hint as _batch_hint
 from planner.search.explain import explain as _explain
 from planner.search.profiled import analytical_comparison
@@ -31,17 +32,30 @@ def solve_request(gpus: int, nodes: int, model=None, *, gpu=None, hardware=None,
                   top: int = 10, refine="auto", launcher=None, partition: str = "auto",
                   profile=None, stack=None, flash=None, overlap=None, tp_overlap=None,
                   grad_dtype=None, precision=None, pins: dict | None = None, power_limit=None,
-                  expert_load=None, memory_headroom=None, asked: str | None = None,
-                  headroom_flag: str = "memory_headroom") -> Request:
+                  expert_load=None, memory_headroom=None, global_batch_tokens=None,
+                  asked: str | None = None, cli: bool = False) -> Request:
     """The search request :func:`planner.api.solve` runs, its arguments checked, with the
-    memory headroom it keeps (:func:`with_headroom`). ``asked`` names the flag that chose the
-    launcher in a refusal (``--export megatron``); ``headroom_flag`` the headroom's name."""
+    memory headroom it keeps (:func:`with_headroom`); ``global_batch_tokens`` (``16Mi``)
+    gives the batch in tokens instead, as the nearest whole number of sequences. ``asked``
+    names the flag that chose the launcher in a refusal (``--export megatron``); ``cli`` names
+    the arguments as the CLI's flags in messages."""
+    def named(arg_name: str) -> str:
+        return "--" + arg_name.replace("_", "-") if cli else arg_name
+
     run_stack = with_expert_load(
         stack_of(stack, launcher, flash, overlap, tp_overlap, grad_dtype, precision), expert_load)
+    if global_batch_tokens is not None:
+        if global_batch is not None or global_batch_range is not None:
+            raise PlanInputError(f"give the batch once: {named('global_batch_tokens')} or "
+                                 f"{named('global_batch')} ({named('global_batch_range')}), "
+                                 "not both")
+        model, seq_len = model_spec(model, seq_len), None
+        global_batch = batch_of_tokens(global_batch_tokens, model.seq_length,
+                                       named("global_batch_tokens"))
     req = request_of(gpus, nodes, model, gpu, hardware, global_batch, global_batch_range, seq_len,
                      max_bubble, top, refine, launcher, partition, profile, run_stack,
                      dict(pins or {}), power_limit, asked)
-    return with_headroom(req, memory_headroom, headroom_flag)
+    return with_headroom(req, memory_headroom, named("memory_headroom"))
 
 
 def with_headroom(req: Request, asked: float | None, name: str = "memory_headroom") -> Request:

@@ -39,6 +39,10 @@ def solve(
     global_batch: Optional[int] = typer.Option(None, "--global-batch",
                                                show_default="~4M tokens",
                                                help="Sequences per step.", rich_help_panel=PLAN),
+    global_batch_tokens: Optional[str] = typer.Option(
+        None, "--global-batch-tokens", metavar="TOKENS",
+        help="The batch in tokens (16Mi, 4M): the nearest whole number of sequences.",
+        rich_help_panel=PLAN),
     batch_range: Optional[str] = typer.Option(None, "--global-batch-range", metavar="MIN,MAX",
                                               help="Let the search choose the batch.",
                                               rich_help_panel=PLAN),
@@ -154,6 +158,8 @@ def solve(
     Examples:\n
       plan solve --gpus 16 --nodes 2\n
       plan solve --model gpt3-175b --gpus 1024 --nodes 128 --global-batch 1536\n
+      plan solve --model llama3-405b --gpus 16384 --nodes 2048 --gpu h100 \\
+          --global-batch-tokens 16Mi\n
       plan solve --model llama3-70b --gpus 64 --nodes 8 --gpu h100 --tp 8 --json\n
       plan solve --model llama3-8b --gpus 8 --nodes 1 --gpu h100 --power-limit 500\n
       plan solve --model llama3-70b --gpus 512 --nodes 64 \\
@@ -189,7 +195,12 @@ def solve(
             stack=stack, flash=flash, overlap=overlap, tp_overlap=tp_overlap,
             grad_dtype=grad_dtype, precision=precision, pins=pins, power_limit=power_limit,
             expert_load=expert_load, memory_headroom=memory_headroom,
-            asked=asked or f"--export {launcher}", headroom_flag="--memory-headroom")
+            global_batch_tokens=global_batch_tokens, asked=asked or f"--export {launcher}",
+            cli=True)
+        if global_batch_tokens is not None:
+            err.print(f"note: --global-batch-tokens {for_rich(global_batch_tokens)}: "
+                      f"{req.global_batch} sequences of {req.model.seq_length} tokens "
+                      f"({req.global_batch * req.model.seq_length:,} tokens)", highlight=False)
         cluster = req.cluster
         if explain_it:
             explanation = steps.explain_request(req)

@@ -25,20 +25,23 @@ from planner.predict.goodput import FAILURES_PER_GPU_HOUR, Goodput, goodput
 
 SECONDS_PER_HOUR = 3600.0
 SECONDS_PER_DAY = 86400.0
-# `--train-tokens 15T`: a count with an optional K, M, B (or G) or T suffix (powers of 1000)
-_SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12}
+# `--train-tokens 15T`: a count with an optional K, M, B (or G) or T suffix (powers of 1000), or
+# Ki, Mi, Gi, Ti (powers of 1024: Llama 3's "16M tokens" batch is 2,048 x 8,192 = 16Mi)
+_SUFFIX = {"": 1.0, "K": 1e3, "M": 1e6, "B": 1e9, "G": 1e9, "T": 1e12,
+           "KI": 2.0**10, "MI": 2.0**20, "GI": 2.0**30, "TI": 2.0**40}
 # Ten thousand times Llama 3's 15.6T tokens: above it a budget is a typo, not a plan.
 MAX_TRAIN_TOKENS = 1e17
 MAX_GPU_HOUR_PRICE = 1e4  # dollars; list prices of 2024-26 are 1-10 $ per GPU-hour
 
 
 def parse_token_count(text: str, name: str = "--train-tokens") -> float:
-    """``15T``, ``300B``, ``2.5e12`` as a number of tokens; one PlanInputError line otherwise."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([KMBGTkmbgt]?)\s*",
+    """``15T``, ``300B``, ``16Mi``, ``2.5e12`` as a number of tokens; one PlanInputError line
+    otherwise."""
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*((?:[KMGTkmgt]i?|[Bb])?)\s*",
                          str(text))
     if not match:
-        raise PlanInputError(f"{name} must be a token count such as 15T, 300B or 2.5e12, "
-                             f"got {text!r}")
+        raise PlanInputError(f"{name} must be a token count such as 15T, 300B, 16Mi or "
+                             f"2.5e12, got {text!r}")
     tokens = float(match.group(1)) * _SUFFIX[match.group(2).upper()]
     if not 1 <= tokens <= MAX_TRAIN_TOKENS:
         raise PlanInputError(f"{name} must be from 1 to {MAX_TRAIN_TOKENS:g} tokens, got {text!r}")
@@ -113,6 +116,13 @@ def training_cost(tokens_per_s: float, gpus: int, train_tokens: float,
                         energy_mwh=gpu_hours * board_w / 1e6 if board_w else None,
                         cost=gpu_hours * price if price is not None else None,
                         failures=goodput(params, gpus) if params else None)
+
+
+def batch_of_tokens(text, seq_len: int, name: str = "--global-batch-tokens") -> int:
+    """A global batch given in tokens (``16Mi``, ``4M``) as whole sequences of ``seq_len``: the
+    nearest count, at least one."""
+    tokens = parse_token_count(text, name)
+    return max(1, round(tokens / seq_len))
 
 
 def training_budget(train_tokens: str | None, price) -> tuple[float, float | None] | None:
