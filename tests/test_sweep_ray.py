@@ -8,7 +8,8 @@ from conftest import engine_module
 from planner import api
 
 SPEC = {"model": "llama3-8b", "gpu": ["h100", "a100"], "gpus": [8, 16], "pp": 1,
-        "micro_batch": 1, "tp": [1, 2], "precision": ["bf16", "fp8"]}  # 16 points, 6 without a plan
+        "micro_batch": 1, "tp": [1, 2], "precision": ["bf16", "fp8"]}  # 16 points, 7 without a plan
+# (8 H100 at tp 1 in bf16 fits their 79.65 GiB but not the default headroom)
 
 
 @pytest.fixture(scope="module")
@@ -24,5 +25,5 @@ def test_ray_rows_equal_the_local_pool(local_ray):
     on_ray = api.sweep(SPEC, backend="ray")
     assert local_ray.is_initialized()  # the sweep used the instance it found, and left it up
     assert [dict(r) for r in on_ray.rows] == [dict(r) for r in pooled.rows]
-    assert len(on_ray.rows) == 16 and on_ray.feasible == 10
+    assert len(on_ray.rows) == 16 and on_ray.feasible == 9
     assert on_ray.to_frame().equals(pooled.to_frame())
