@@ -35,3 +35,31 @@ def test_the_caps_hold_below_the_cli_too():
     assert build_layout(2, 4, 2, MAX_GPUS_PER_NODE).num_nodes == 1
     with pytest.raises(PlanInputError, match="at most 32,768"):
         planner.partition("llama3-8b", pp=2, tp=2**40)
+
+
+def _calibration_runs(family: str) -> list[dict]:
+    from planner.fidelity.cases import DEFAULT_FILES, load_cases
+    return [c for f in DEFAULT_FILES for c in load_cases(f) if c["group"] == family]
+
+
+def test_calibrate_refuses_more_runs_than_its_cap_before_pricing_any(monkeypatch):
+    import planner.fidelity.calibrate as cal
+    one = _calibration_runs("megatron2021_table1")[0]
+    runs = [{**one, "name": f"run-{i}"} for i in range(cal.MAX_CALIBRATION_RUNS + 1)]
+    monkeypatch.setattr(cal, "case_setup", lambda case: pytest.fail("priced a run"))
+    with pytest.raises(PlanInputError, match="at most 64 runs, got 65"):
+        cal.calibrate_to_runs(runs, ("matmul",))
+
+
+def test_the_linear_leave_one_out_matches_refitting(monkeypatch):
+    # the Gauss-Newton step that stands for each refit past EXACT_LOO_RUNS, forced onto a family
+    # small enough to refit: the ten Megatron-LM 2021 runs, one factor and all three
+    import planner.fidelity.calibrate as cal
+    runs = _calibration_runs("megatron2021_table1")
+    for factors in (("matmul",), tuple(cal.FACTORS)):
+        refit = cal.calibrate_to_runs(runs, factors)
+        monkeypatch.setattr(cal, "EXACT_LOO_RUNS", 0)
+        step = cal.calibrate_to_runs(runs, factors)
+        monkeypatch.undo()
+        assert step.loo_errors_after == pytest.approx(refit.loo_errors_after, abs=1e-3)
+        assert step.loo_errors_after != refit.loo_errors_after  # the two paths both ran
