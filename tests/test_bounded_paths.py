@@ -4,6 +4,9 @@ that the cap is met first."""
 
 from __future__ import annotations
 
+import copy
+import json
+
 import pytest
 from typer.testing import CliRunner
 
@@ -63,3 +66,55 @@ def test_the_linear_leave_one_out_matches_refitting(monkeypatch):
         monkeypatch.undo()
         assert step.loo_errors_after == pytest.approx(refit.loo_errors_after, abs=1e-3)
         assert step.loo_errors_after != refit.loo_errors_after  # the two paths both ran
+
+
+def _runs_file(tmp_path, edit) -> str:
+    """A runs file of one bundled Megatron-LM run (tp 8, pp 2, dp 32 on 512 GPUs) edited."""
+    run = copy.deepcopy(_calibration_runs("megatron2021_table1")[4])
+    assert run["config"]["pp"] == 2 and run["cluster"]["gpus"] == 512
+    edit(run)
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([run]))
+    return str(path)
+
+
+def _set(section, **values):
+    return lambda run: run[section].update(values)
+
+
+@pytest.mark.parametrize("edit, message", [
+    (_set("config", virtual_stages=1e15), "'virtual_stages' must be a count (a whole number"),
+    (_set("config", virtual_stages=10**15), "pp 2 x virtual_stages 1000000000000000 = "
+                                            "2,000,000,000,000,000 pipeline chunks; at most 256"),
+    (_set("config", virtual_stages=0), "'virtual_stages' must be at least 1"),
+    (_set("config", global_batch=2**31), "67,108,864 microbatches of 1 per DP rank; at most "
+                                         "1,000,000"),
+    (_set("cluster", gpus=2**31), "'gpus' must be positive, at most 32768"),
+    (_set("config", pp=4096), "'pp' must be positive, at most 256"),
+])
+def test_a_runs_file_past_a_cap_is_one_line(tmp_path, edit, message):
+    for command in (["validate", _runs_file(tmp_path, edit)],
+                    ["calibrate", "--runs", _runs_file(tmp_path, edit)]):
+        result = runner.invoke(app, command)
+        assert result.exit_code == 2 and message in result.output, result.output
+        assert len(result.output.strip().splitlines()) == 1
+
+
+def test_virtual_stages_a_run_leaves_unpublished_are_capped_too(tmp_path):
+    # pp 256 over 1,024 layers: the smallest interleaving of 4 layers a stage is v = 2, 512 chunks
+    def deep(run):
+        run["model"]["layers"] = 1024
+        run["config"].update(pp=256, dp=1, virtual_stages=None, global_batch=1024)
+        run["cluster"]["gpus"] = 8 * 256
+    result = runner.invoke(app, ["validate", _runs_file(tmp_path, deep)])
+    assert result.exit_code == 2
+    assert "pp 256 x 2 virtual stages = 512 pipeline chunks; at most 256" in result.output
+
+
+def test_a_runs_file_holds_at_most_max_cases(tmp_path):
+    from planner.fidelity.runs_schema import MAX_CASES
+    run = _calibration_runs("megatron2021_table1")[0]
+    path = tmp_path / "runs.json"
+    path.write_text(json.dumps([{**run, "name": f"r{i}"} for i in range(MAX_CASES + 1)]))
+    result = runner.invoke(app, ["validate", str(path)])
+    assert result.exit_code == 2 and f"at most {MAX_CASES}" in result.output
