@@ -45,6 +45,11 @@ def profile(
 ):
     """Measure per-layer forward/backward time with torch-free kernels on this machine.
 
+    At most 1,048,576 tokens (--micro-batch x --seq-len). On the CPU one
+    measurement holds at most 1.5 GiB: a layer whose weights do not fit is
+    timed with them held as column tiles, tile by tile, at its full work
+    (measured_at in the JSON says so).
+
     Examples:\n
       plan profile llama3-8b --out llama3-8b.cpu.json\n
       plan solve --gpus 16 --nodes 2 --profile llama3-8b.cpu.json\n

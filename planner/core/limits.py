@@ -54,3 +54,13 @@ MIN_PASS_RATE = 1e6
 # distinct layers (embedding, block, head), so an hour each is a profile of hours, the longest
 # anyone waits; the default is 10 s. Past it (10^308) the repeat count overflowed an int.
 MAX_BUDGET_S = 3600.0
+# Tokens of one profiled micro-batch, `plan profile --micro-batch` x `--seq-len`. Llama 3 405B's
+# longest context is 128K tokens (Llama 3 paper, sec. 3.4.2), 2^17; 2^20 is eight times that. The
+# profiler measures a long sequence's attention at its full length (fewer heads), so tokens
+# beyond it are no training run, and 10^6 x 8,192 held gigabytes before measuring (issue #31).
+MAX_PROFILE_TOKENS = 2**20
+# Bytes one profiled measurement may hold on the CPU (weights, gradients, activations). Layers
+# over it hold their weights as column tiles (planner/profiling/tiled.py), timed tile by tile at
+# the full work; llama3-405b's 3.2-billion-parameter block once took 24 GiB and more (issue #31).
+# 1.5 GiB keeps a profile's peak resident memory under 2 GiB with the interpreter and numpy.
+MAX_PROFILE_BYTES = 1.5 * 2**30

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
+from planner.core.limits import MAX_CHUNKS
 from planner.core.units import DATA_DIR
 from planner.fidelity.case_cluster import case_cluster
 from planner.fidelity.case_setup import CaseSetup
@@ -92,6 +93,11 @@ def case_setup(case: dict, hardware: Hardware | None = None,
     case (on ``hardware`` instead of the bundled profile of its GPU kind, when given); the
     case's own stage split (``config.stage_blocks``) where it gives one."""
     setup = _group_setup(case, hardware, stack)
+    par = setup.parallel
+    if par is not None and par.num_chunks > MAX_CHUNKS:  # an unpublished v the setup chose
+        raise PlanInputError(f"run '{setup.name}': pp {par.pp} x {par.virtual_stages} virtual "
+                             f"stages = {par.num_chunks} pipeline chunks; at most {MAX_CHUNKS} "
+                             "(core/limits.py)")
     blocks = case["config"].get("stage_blocks")
     if blocks is None or setup.unsupported:
         return setup

@@ -7,10 +7,14 @@ from __future__ import annotations
 from planner.core.schema import (Bool, Free, Int, Name, Num, OneOf, Text, check_list,
                                  check_object)
 from planner.core.errors import PlanInputError
+from planner.core.limits import MAX_CHUNKS, MAX_GPUS, MAX_GPUS_PER_NODE, MAX_MICROBATCHES
 from planner.model.schema import MAX_FFN, MAX_HEADS, MAX_HIDDEN, MAX_LAYERS, MAX_SEQ, MAX_VOCAB
 
-MAX_CASES = 10_000
-_COUNT = 2**31  # GPUs, batches: far beyond any published run
+# Runs in one file. `plan validate` simulates each run (~0.06 s of CPU for a bundled one on a
+# 2-core machine), so 256 runs take seconds, where 10,000 took minutes (issue #31); the bundled
+# files hold 41, 34 and 7.
+MAX_CASES = 256
+_COUNT = 2**31  # batches: far beyond any published run
 _RATE = 1e18  # tokens/s, TFLOP/s, PFLOP/s, GB/s
 
 MODEL = {
@@ -29,8 +33,8 @@ MODEL = {
 
 CLUSTER = {
     "gpu": Name(nullable=True),
-    "gpus": Int(1, _COUNT, required=True),
-    "gpus_per_node": Int(1, 1024, required=True),
+    "gpus": Int(1, MAX_GPUS, required=True),  # core/limits.py, as plan solve --gpus
+    "gpus_per_node": Int(1, MAX_GPUS_PER_NODE, required=True),
     "hbm_gb": Num(0, 1e6, low_open=True, nullable=True),
     # the source's own HBM bandwidth where its part differs from the bundled profile's (GB/s)
     "hbm_GBps": Num(0, 1e6, low_open=True, nullable=True),
@@ -44,8 +48,8 @@ CLUSTER = {
 
 CONFIG = {
     "tp": Int(1, 4096, required=True),
-    "pp": Int(1, 4096, required=True),
-    "dp": Int(1, _COUNT, required=True),
+    "pp": Int(1, MAX_CHUNKS, required=True),  # a stage is at least one chunk
+    "dp": Int(1, MAX_GPUS, required=True),
     "cp": Int(1, 4096, nullable=True),
     "ep": Int(1, 4096, nullable=True),
     "etp": Int(1, 4096, nullable=True),
@@ -146,6 +150,19 @@ def _check_consistent(case: dict, where: str) -> None:
     if product != cluster["gpus"]:
         raise PlanInputError(f"{where}: tp x cp x pp x dp = {product}, but cluster.gpus is "
                              f"{cluster['gpus']}; the degrees multiply to the GPUs")
-    if isinstance(config.get("virtual_stages"), bool):
-        raise PlanInputError(f"{where} config: 'virtual_stages' must be a count (or a sentence "
-                             f"saying why it is unpublished), got {config['virtual_stages']!r}")
+    v = config.get("virtual_stages")
+    if isinstance(v, bool) or (not isinstance(v, (int, str)) and v is not None):
+        raise PlanInputError(f"{where} config: 'virtual_stages' must be a count (a whole "
+                             f"number, or a sentence saying why it is unpublished), got {v!r}")
+    if isinstance(v, int) and v < 1:
+        raise PlanInputError(f"{where} config: 'virtual_stages' must be at least 1, got {v}")
+    if isinstance(v, int) and config["pp"] * v > MAX_CHUNKS:
+        raise PlanInputError(f"{where} config: pp {config['pp']} x virtual_stages {v} = "
+                             f"{config['pp'] * v:,} pipeline chunks; at most {MAX_CHUNKS} "
+                             "(core/limits.py)")
+    per_step = config.get("micro_batch") or 1
+    microbatches = -(-config["global_batch"] // (per_step * config["dp"]))
+    if microbatches > MAX_MICROBATCHES:
+        raise PlanInputError(f"{where} config: global_batch {config['global_batch']} makes "
+                             f"{microbatches:,} microbatches of {per_step} per DP rank; at most "
+                             f"{MAX_MICROBATCHES:,} (core/limits.py)")

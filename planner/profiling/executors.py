@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from planner.profiling import kernels as K
+from planner.profiling import tiled as T
 from planner.core.errors import PlanInputError
 from planner.model.spec import Layer
 from planner.profiling.clock import Clock
@@ -138,24 +139,28 @@ def layer_costs(layer: Layer, micro_batch: int, seq_len: int, tp: int = 1,
 
 
 def working_set_bytes(layer: Layer, micro_batch: int, seq_len: int, tp: int = 1,
-                      itemsize: int = 4, part: str = "dense") -> float:
-    """Rough peak memory of an executor (weights, gradients, kept activations, temporaries)."""
+                      itemsize: int = 4, part: str = "dense", tiles: int = 1) -> float:
+    """Rough peak memory of an executor (weights, gradients, kept activations, temporaries),
+    its weights held as ``tiles`` column tiles (planner/profiling/tiled.py)."""
     dims = shard_dims(layer, tp)
     t, h, n = micro_batch * seq_len, dims.hidden, itemsize
     if part == "attention":
         ss = micro_batch * dims.heads * seq_len * seq_len
         return n * (3 * ss + 8 * t * (dims.heads + 2 * dims.kv_heads) * dims.head_dim)
     if layer.kind == "embedding":
-        rows = dims.vocab + layer.position_embeddings
-        return n * (2 * rows * h + 4 * t * h)
+        rows = T.tile_columns(dims.vocab, tiles)
+        rows += max(layer.position_embeddings, seq_len) if layer.position_embeddings else 0
+        return n * (2 * rows * h + 4 * t * h) + 8 * t  # int64 token ids
     if layer.kind == "linear":
-        return n * (2 * h * dims.out_features + 3 * t * (h + dims.out_features))
+        out = dims.out_features
+        return n * (2 * h * T.tile_columns(out, tiles) + 3 * t * (h + out))
     if layer.kind == "head":
-        return n * (2 * h * dims.vocab + 4 * t * dims.vocab + 6 * t * h)
-    weights = (layer.params / tp) * 2
+        return (n * (2 * h * T.tile_columns(dims.vocab, tiles) + 4 * t * dims.vocab + 6 * t * h)
+                + 8 * t)  # int64 labels
+    weights = (layer.params / tp) * 2 / tiles
     acts = t * (14 * h + 3 * (dims.heads + 2 * dims.kv_heads) * dims.head_dim + 8 * dims.ffn)
     ss = micro_batch * dims.heads * seq_len * seq_len
-    return n * (weights + acts + 3 * ss)
+    return n * (weights + acts + 3 * ss + seq_len * seq_len) + seq_len * seq_len  # + the mask
 
 
 # --- executors ------------------------------------------------------------------------------------
@@ -178,20 +183,34 @@ class Executor:
     ``clock`` times the attention core inside a block under the name "attention".
     """
 
-    def __init__(self, xp, dtype, clock: Clock | None):
+    def __init__(self, xp, dtype, clock: Clock | None, tiles: int = 1):
         self.xp, self.dtype = xp, np.dtype(dtype)
         self.clock = clock or Clock(xp)
+        self.tiles = tiles  # weight matrices held as one column tile of 1 / tiles (tiled.py)
         self.params: dict = {}
         self.grads: dict = {}
+        self.widths: dict = {}  # a tiled weight's full column count
         self.out = self.dx = None
 
-    def _param(self, name, shape, seed, scale=0.02, fill=None):
+    def _param(self, name, shape, seed, scale=0.02, fill=None, tiled=False):
         xp = self.xp
+        if tiled:
+            self.widths[name] = shape[1]
+            shape = (shape[0], T.tile_columns(shape[1], self.tiles))
         value = xp.full(shape, fill, dtype=self.dtype) if fill is not None else \
             _fill(xp, shape, self.dtype, seed, scale)
         self.params[name] = value
         self.grads[name] = xp.zeros(shape, dtype=self.dtype)
         return value
+
+    def _fwd(self, name, x, b=None):
+        return T.linear_fwd(x, self.params[name], self.widths[name], b)
+
+    def _bwd_input(self, name, dy):
+        return T.linear_bwd_input(dy, self.params[name])
+
+    def _bwd_weight(self, name, x, dy, bias=False):
+        return T.linear_bwd_weight(x, dy, self.grads[name], bias)
 
     def forward(self):
         raise NotImplementedError
@@ -217,8 +236,8 @@ class BlockExecutor(Executor):
     """Pre-norm transformer block: x + attn(norm(x)), then + mlp(norm(.)); fused QKV and, for
     SwiGLU, fused gate/up matmuls (as Megatron-LM does)."""
 
-    def __init__(self, layer: Layer, b: int, s: int, tp: int, xp, dtype, clock=None):
-        super().__init__(xp, dtype, clock)
+    def __init__(self, layer: Layer, b: int, s: int, tp: int, xp, dtype, clock=None, tiles=1):
+        super().__init__(xp, dtype, clock, tiles)
         dims = shard_dims(layer, tp)
         self.layer, self.dims, self.b, self.s = layer, dims, b, s
         h, d = dims.hidden, dims.head_dim
@@ -231,7 +250,7 @@ class BlockExecutor(Executor):
                 self._param(f"norm{i}.beta", (h,), 0, fill=0.0)
         shapes = {"qkv": (h, qkv), "proj": (ctx, h), "fc1": (h, f_in), "fc2": (dims.ffn, h)}
         for seed, (name, shape) in enumerate(shapes.items(), start=1):
-            self._param(f"{name}.w", shape, seed)
+            self._param(f"{name}.w", shape, seed, tiled=True)
             if layer.bias:
                 self._param(f"{name}.b", (shape[1],), seed, fill=0.0)
         self.x = _fill(xp, (b, s, h), self.dtype, 11)
@@ -245,36 +264,36 @@ class BlockExecutor(Executor):
     def forward(self):
         p, norm, dims = self._p, self.layer.norm, self.dims
         n1, self.c1 = _norm_fwd(norm, self.x, p("norm1.gamma"), p("norm1.beta"))
-        qkv = K.linear_fwd(n1, p("qkv.w"), p("qkv.b"))
+        qkv = self._fwd("qkv.w", n1, p("qkv.b"))
         q4 = qkv.reshape(self.b, self.s, dims.heads + 2 * dims.kv_heads, dims.head_dim)
         hq, g = dims.heads, dims.kv_heads
         self.clock.start("attention")
         ctx, self.ac = K.attention_fwd(q4[:, :, :hq], q4[:, :, hq:hq + g], q4[:, :, hq + g:],
                                        self.mask)
         self.clock.stop("attention")
-        x1 = self.x + K.linear_fwd(ctx, p("proj.w"), p("proj.b"))
+        x1 = self.x + self._fwd("proj.w", ctx, p("proj.b"))
         n2, self.c2 = _norm_fwd(norm, x1, p("norm2.gamma"), p("norm2.beta"))
-        self.u = K.linear_fwd(n2, p("fc1.w"), p("fc1.b"))
+        self.u = self._fwd("fc1.w", n2, p("fc1.b"))
         self.a = K.swiglu_fwd(self.u) if self.layer.mlp == "swiglu" else K.gelu_fwd(self.u)
-        x1 += K.linear_fwd(self.a, p("fc2.w"), p("fc2.b"))
+        x1 += self._fwd("fc2.w", self.a, p("fc2.b"))
         self.n1, self.ctx, self.n2, self.out = n1, ctx, n2, x1
         return x1
 
     def backward_input(self):
         p, norm = self._p, self.layer.norm
-        da = K.linear_bwd_input(self.dy, p("fc2.w"))
+        da = self._bwd_input("fc2.w", self.dy)
         if self.layer.mlp == "swiglu":
             self.du = K.swiglu_bwd(da, self.u)
         else:
             self.du = K.gelu_bwd(da, self.u)
-        self.dn2 = K.linear_bwd_input(self.du, p("fc1.w"))
+        self.dn2 = self._bwd_input("fc1.w", self.du)
         dx1 = _norm_bwd_input(norm, self.dn2, p("norm2.gamma"), self.c2)
         dx1 += self.dy
-        dctx = K.linear_bwd_input(dx1, p("proj.w"))
+        dctx = self._bwd_input("proj.w", dx1)
         self.clock.start("attention")
         K.attention_bwd(dctx, self.ac, self.dqkv)
         self.clock.stop("attention")
-        self.dn1 = K.linear_bwd_input(self.dqkv.reshape(self.b, self.s, -1), p("qkv.w"))
+        self.dn1 = self._bwd_input("qkv.w", self.dqkv.reshape(self.b, self.s, -1))
         dx = _norm_bwd_input(norm, self.dn1, p("norm1.gamma"), self.c1)
         dx += dx1
         self.dx1, self.dx = dx1, dx
@@ -285,7 +304,7 @@ class BlockExecutor(Executor):
         pairs = (("qkv", self.n1, self.dqkv.reshape(self.b, self.s, -1)), ("proj", self.ctx, self.dx1),
                  ("fc1", self.n2, self.du), ("fc2", self.a, self.dy))
         for name, x, dy in pairs:
-            _, db = K.linear_bwd_weight(x, dy, bias, out=g[f"{name}.w"])
+            _, db = self._bwd_weight(f"{name}.w", x, dy, bias)
             if bias:
                 g[f"{name}.b"][...] = db
         for i, (dn, cache) in enumerate(((self.dn1, self.c1), (self.dn2, self.c2)), start=1):
@@ -325,14 +344,16 @@ class AttentionExecutor(Executor):
 class EmbeddingExecutor(Executor):
     """Token (vocab-parallel shard) and optional learned position embedding."""
 
-    def __init__(self, layer: Layer, b: int, s: int, tp: int, xp, dtype, clock=None):
-        super().__init__(xp, dtype, clock)
+    def __init__(self, layer: Layer, b: int, s: int, tp: int, xp, dtype, clock=None, tiles=1):
+        super().__init__(xp, dtype, clock, tiles)
         dims = shard_dims(layer, tp)
-        self._param("tokens", (dims.vocab, dims.hidden), 31)
+        # tiled: 1 / tiles of the rows and of the ids' range; the same gather and scatter work
+        rows = T.tile_columns(dims.vocab, tiles)
+        self._param("tokens", (rows, dims.hidden), 31)
         self.pos = None
         if layer.position_embeddings:
             self.pos = self._param("positions", (max(layer.position_embeddings, s), dims.hidden), 32)
-        ids = np.random.default_rng(33).integers(0, layer.vocab_size, size=(b, s))
+        ids = np.random.default_rng(33).integers(0, -(-layer.vocab_size // tiles), size=(b, s))
         self.ids = xp.asarray(ids)
         self.dy = _fill(xp, (b, s, dims.hidden), self.dtype, 34)
 
@@ -351,15 +372,15 @@ class EmbeddingExecutor(Executor):
 class HeadExecutor(Executor):
     """Final norm, output projection to the (vocab-parallel) logits and softmax cross-entropy."""
 
-    def __init__(self, layer: Layer, b: int, s: int, tp: int, xp, dtype, clock=None):
-        super().__init__(xp, dtype, clock)
+    def __init__(self, layer: Layer, b: int, s: int, tp: int, xp, dtype, clock=None, tiles=1):
+        super().__init__(xp, dtype, clock, tiles)
         dims = shard_dims(layer, tp)
         self.layer, self.t = layer, b * s
         self.layernorm = layer.norm == "layernorm"
         self._param("norm.gamma", (dims.hidden,), 0, fill=1.0)
         if self.layernorm:
             self._param("norm.beta", (dims.hidden,), 0, fill=0.0)
-        self._param("out.w", (dims.hidden, dims.vocab), 41)
+        self._param("out.w", (dims.hidden, dims.vocab), 41, tiled=True)
         self.x = _fill(xp, (b * s, dims.hidden), self.dtype, 42)
         self.labels = xp.asarray(np.random.default_rng(43).integers(0, dims.vocab, size=b * s))
         self.dlogits = xp.empty((b * s, dims.vocab), dtype=self.dtype)
@@ -368,20 +389,20 @@ class HeadExecutor(Executor):
     def forward(self):
         p = self.params
         self.n, self.c = _norm_fwd(self.layer.norm, self.x, p["norm.gamma"], p.get("norm.beta"))
-        logits = K.linear_fwd(self.n, p["out.w"])
+        logits = self._fwd("out.w", self.n)
         self.out, self.probs = K.cross_entropy_fwd(logits, self.labels)
         return self.out
 
     def backward_input(self):
         p = self.params
         K.cross_entropy_bwd(self.probs, self.labels, out=self.dlogits)
-        self.dn = K.linear_bwd_input(self.dlogits, p["out.w"])
+        self.dn = self._bwd_input("out.w", self.dlogits)
         self.dx = _norm_bwd_input(self.layer.norm, self.dn, p["norm.gamma"], self.c)
         return self.dx
 
     def backward_weight(self):
         g = self.grads
-        K.linear_bwd_weight(self.n, self.dlogits, out=g["out.w"])
+        self._bwd_weight("out.w", self.n, self.dlogits)
         dgamma, dbeta = K.norm_bwd_weight(self.dn, self.c, self.layernorm)
         g["norm.gamma"][...] = dgamma
         if self.layernorm:
@@ -391,26 +412,26 @@ class HeadExecutor(Executor):
 class LinearExecutor(Executor):
     """A plain linear layer hidden_size -> out_features (column-parallel under TP)."""
 
-    def __init__(self, layer: Layer, b: int, s: int, tp: int, xp, dtype, clock=None):
-        super().__init__(xp, dtype, clock)
+    def __init__(self, layer: Layer, b: int, s: int, tp: int, xp, dtype, clock=None, tiles=1):
+        super().__init__(xp, dtype, clock, tiles)
         dims = shard_dims(layer, tp)
         self.bias = layer.bias
-        self._param("w", (dims.hidden, dims.out_features), 51)
+        self._param("w", (dims.hidden, dims.out_features), 51, tiled=True)
         if layer.bias:
             self._param("b", (dims.out_features,), 0, fill=0.0)
         self.x = _fill(xp, (b, s, dims.hidden), self.dtype, 52)
         self.dy = _fill(xp, (b, s, dims.out_features), self.dtype, 53)
 
     def forward(self):
-        self.out = K.linear_fwd(self.x, self.params["w"], self.params.get("b"))
+        self.out = self._fwd("w", self.x, self.params.get("b"))
         return self.out
 
     def backward_input(self):
-        self.dx = K.linear_bwd_input(self.dy, self.params["w"])
+        self.dx = self._bwd_input("w", self.dy)
         return self.dx
 
     def backward_weight(self):
-        _, db = K.linear_bwd_weight(self.x, self.dy, self.bias, out=self.grads["w"])
+        _, db = self._bwd_weight("w", self.x, self.dy, self.bias)
         if self.bias:
             self.grads["b"][...] = db
 
@@ -420,6 +441,7 @@ _EXECUTORS = {"block": BlockExecutor, "embedding": EmbeddingExecutor, "head": He
 
 
 def build_executor(layer: Layer, micro_batch: int, seq_len: int, tp: int = 1, xp=np,
-                   dtype="float32", clock: Clock | None = None) -> Executor:
-    """The executor of a layer at a (micro_batch, seq_len, tp) shape, buffers allocated."""
-    return _EXECUTORS[layer.kind](layer, micro_batch, seq_len, tp, xp, dtype, clock)
+                   dtype="float32", clock: Clock | None = None, tiles: int = 1) -> Executor:
+    """The executor of a layer at a (micro_batch, seq_len, tp) shape, buffers allocated, its
+    weights held as ``tiles`` column tiles (planner/profiling/tiled.py)."""
+    return _EXECUTORS[layer.kind](layer, micro_batch, seq_len, tp, xp, dtype, clock, tiles)

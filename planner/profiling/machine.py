@@ -21,7 +21,7 @@ from typing import Callable
 import numpy as np
 
 from planner.core.units import GIB
-from planner.profiling.profiler import array_backend, device_name
+from planner.profiling.device import array_backend, device_name
 from planner.profiling.clock import Clock
 
 INTER_NODE_PLACEHOLDER_GBPS = 12.5  # 100 Gb/s Ethernet/InfiniBand, one direction

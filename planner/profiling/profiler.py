@@ -31,6 +31,18 @@ backward-weight came out ~2x slower when scaled (its GEMMs reduce over only 256 
 head's forward came out ~40% faster (a smaller cross-entropy working set stays in cache). Prefer
 a larger ``budget_s`` where the time is available.
 
+**Memory.** One measurement holds at most :func:`memory_ceiling` bytes: 40% of the free memory,
+and on the CPU at most MAX_PROFILE_BYTES (1.5 GiB, planner/core/limits.py), so a profile of any
+model peaks under about 2 GiB of resident memory (llama3-405b's block alone holds 24 GiB of
+weights and gradients). A layer whose executor would hold more keeps its weights as column
+tiles, the fewest (a power of two) that fit, and each pass runs the layer's full work tile by
+tile (planner/profiling/tiled.py: the method and its bias, 7-10% slower GEMMs on a 2-core CPU);
+an embedding keeps that fraction of its table's rows, the same gather per token. A tiled
+measurement is not scaled (it does the full work) and its ``measured_at`` says "in N tiles".
+Tiling is chosen for memory only, after the reductions above, which are chosen for time. A
+layer over the ceiling even at one token is refused before anything is measured, and so are
+more than MAX_PROFILE_TOKENS tokens (micro-batch x sequence).
+
 A scaled entry carries ``scaled`` = full FLOPs / measured FLOPs (1.0 when measured at full size)
 and ``measured_at`` saying what was run. The FLOPs recorded are always those of the full shape, so
 ``flops / seconds`` is the achieved rate the cost model uses.
@@ -38,171 +50,38 @@ and ``measured_at`` saying what was run. The FLOPs recorded are always those of 
 
 from __future__ import annotations
 
-import math
-import os
-import platform
 import statistics
-import sys
 import time
 from dataclasses import dataclass, replace
-from pathlib import Path
 from typing import Callable
 
 import numpy as np
 
 from planner.core.arguments import number
 from planner.core.errors import PlanInputError
-from planner.core.limits import MAX_BUDGET_S
+from planner.core.limits import MAX_BUDGET_S, MAX_PROFILE_BYTES, MAX_PROFILE_TOKENS
 from planner.profiling.executors import (PHASES, AttentionExecutor, PhaseCosts, attention_costs,
                                 build_executor, layer_costs, shard_dims, working_set_bytes)
 from planner.model.spec import Layer, ModelSpec
 from planner.profiling.clock import Clock
+from planner.profiling.device import (CUPY_MISSING, PEAK_SIZES_CPU, PEAK_SIZES_GPU, Speed,
+                                      array_backend, device_name, environment, free_memory_bytes,
+                                      measured_peak_flops, probe_speed)
 from planner.profiling.record import LayerTiming, Profile
 
 MIN_TOKENS = 256  # dense parts are not measured below this many tokens (GEMMs too skinny)
 MIN_VOCAB = 4096  # nor the output head below this vocabulary slice
 MIN_ATTENTION_SEQ = 128
 MIN_REPEATS = 3  # a median of fewer is a mean, and one slow run moves it
-PEAK_SIZES_CPU = (512, 1024, 2048)
-PEAK_SIZES_GPU = (2048, 4096, 8192)
-PEAK_MAX_S = 0.1  # the longest single matmul the peak measurement runs (by the probe's estimate)
-CUPY_MISSING = ("CuPy is not installed: pip install 'plan3d[gpu]' on a machine with an NVIDIA "
-                "GPU, or use --device cpu")
-ATTENTION_FLOPS_NOTE = ("causal attention computes the full s x s scores and masks them; its FLOPs "
-                        "count the full matrix (4·s²·d per head forward)")
 
 Progress = Callable[[int, int, str], None]
 
 
-# --- device -----------------------------------------------------------------------------------
-
-def array_backend(device: str):
-    """(xp, dtype name) for 'cpu' (numpy, float32: numpy has no fast 16-bit matmul) or 'gpu'
-    (cupy, float16: CuPy has no bfloat16 dtype; fp16 and bf16 run at the same tensor-core rate)."""
-    if device == "cpu":
-        return np, "float32"
-    if device == "gpu":
-        try:
-            import cupy
-        except ImportError:
-            raise PlanInputError(CUPY_MISSING) from None
-        try:
-            cupy.cuda.runtime.getDeviceCount()
-        except Exception as e:  # no driver / no device
-            raise PlanInputError(f"CuPy found no usable NVIDIA GPU ({e}); use --device cpu")
-        return cupy, "float16"
-    raise PlanInputError(f"--device must be cpu or gpu, got {device!r}")
-
-
-def device_name(xp) -> str:
-    if xp is not np:
-        name = xp.cuda.runtime.getDeviceProperties(0)["name"]
-        return name.decode() if isinstance(name, bytes) else str(name)
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return f"{line.split(':', 1)[1].strip()} ({os.cpu_count()} cores)"
-    except OSError:
-        pass
-    return f"{platform.processor() or platform.machine()} ({os.cpu_count()} cores)"
-
-
-def free_memory_bytes(xp) -> float:
-    """Memory a measurement may use: free device memory, or MemAvailable on the CPU."""
-    if xp is not np:
-        return float(xp.cuda.runtime.memGetInfo()[0])
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return float(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 4.0 * 1024**3
-
-
-def environment(xp, dtype: str) -> dict:
-    """Threads, BLAS and library versions: what a reader needs to trust or reproduce the numbers."""
-    env: dict = {"python": sys.version.split()[0], "numpy": np.__version__,
-                 "platform": platform.platform(), "cpu_count": os.cpu_count(), "dtype": dtype,
-                 "attention_flops": ATTENTION_FLOPS_NOTE,
-                 "thread_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
-                                                         "MKL_NUM_THREADS") if k in os.environ}}
-    try:
-        from planner.core.version import __version__
-        env["plan3d"] = __version__
-    except ImportError:
-        pass
-    try:
-        blas = np.show_config(mode="dicts")["Build Dependencies"]["blas"]
-        env["blas"] = {k: blas.get(k) for k in ("name", "version", "openblas configuration")
-                       if blas.get(k)}
-    except Exception:
-        env["blas"] = {}
-    try:
-        import threadpoolctl
-        env["threadpools"] = [{k: p.get(k) for k in ("internal_api", "num_threads", "version",
-                                                     "threading_layer")}
-                              for p in threadpoolctl.threadpool_info()]
-    except ImportError:
-        pass
-    if xp is not np:
-        env["cupy"] = xp.__version__
-        env["cuda_runtime"] = xp.cuda.runtime.runtimeGetVersion()
-    return env
-
-
-@dataclass(frozen=True)
-class Speed:
-    """Quick probe of the device: achieved matmul FLOP/s and copy bandwidth (bytes/s)."""
-
-    flops_per_s: float
-    bytes_per_s: float
-
-    def seconds(self, flops: float, nbytes: float) -> float:
-        return flops / self.flops_per_s + nbytes / self.bytes_per_s
-
-
-def probe_speed(xp=np, dtype="float32", n: int = 1024) -> Speed:
-    """A ~0.2 s probe: an n x n matmul and a 32 MiB copy, best of a few."""
-    clock = Clock(xp)
-    a = xp.ones((n, n), dtype=dtype)
-    big = xp.ones(8 * 1024 * 1024, dtype=np.float32)
-    out = xp.empty_like(big)
-    best_mm = best_cp = math.inf
-    for _ in range(4):
-        clock.start("mm")
-        xp.matmul(a, a)
-        clock.stop("mm")
-        clock.start("cp")
-        xp.copyto(out, big)
-        clock.stop("cp")
-        r = clock.read()
-        best_mm, best_cp = min(best_mm, r["mm"]), min(best_cp, r["cp"])
-    return Speed(2.0 * n**3 / max(best_mm, 1e-9), 2.0 * big.nbytes / max(best_cp, 1e-9))
-
-
-def measured_peak_flops(xp=np, dtype="float32", speed: Speed | None = None,
-                        runs: int = 3) -> float:
-    """The best square-matmul rate over a few sizes, best of ``runs`` each (FLOP/s): this
-    device's achieved peak, what its MFU is measured against (a CPU has no datasheet number the
-    planner knows; ``plan profile --calibrate`` measures the same way over more shapes). Sizes
-    whose matmul ``speed`` (the probe) expects to take over PEAK_MAX_S are skipped (when all
-    would, the one size that takes about that long), so the measurement stays around a second."""
-    clock = Clock(xp)
-    best = 0.0
-    sizes = PEAK_SIZES_CPU if xp is np else PEAK_SIZES_GPU
-    if speed is not None:
-        sizes = ([n for n in sizes if 2.0 * n**3 / speed.flops_per_s <= PEAK_MAX_S]
-                 or [max(16, int((PEAK_MAX_S * speed.flops_per_s / 2.0) ** (1 / 3)))])
-    for n in sizes:
-        a = xp.ones((n, n), dtype=dtype)
-        xp.matmul(a, a)  # warm-up
-        for _ in range(runs):
-            clock.start("mm")
-            xp.matmul(a, a)
-            clock.stop("mm")
-            best = max(best, 2.0 * n**3 / max(clock.read()["mm"], 1e-9))
-    return best
+def memory_ceiling(xp) -> float:
+    """Bytes one measurement may hold: 40% of the free memory, and on the CPU (where the profile
+    shares the machine's RAM with everything else) at most MAX_PROFILE_BYTES."""
+    free = 0.4 * free_memory_bytes(xp)
+    return min(free, MAX_PROFILE_BYTES) if xp is np else free
 
 
 # --- measuring ----------------------------------------------------------------------------------
@@ -261,6 +140,35 @@ def _ratio(full: PhaseCosts, measured: PhaseCosts, phase: str) -> float:
     return f / m if m > 0 else 1.0
 
 
+def tiles_needed(layer: Layer, b: int, s: int, tp: int, itemsize: int,
+                 mem_bytes: float) -> int | None:
+    """The fewest column tiles (a power of two) that hold the layer's executor at (b, s) within
+    ``mem_bytes``, or None when even one-column tiles do not (its activations alone are over)."""
+    most = _widest(layer, tp)
+    tiles = 1
+    while working_set_bytes(layer, b, s, tp, itemsize, tiles=tiles) > mem_bytes:
+        if tiles >= most:
+            return None
+        tiles = min(2 * tiles, most)
+    return tiles
+
+
+def _widest(layer: Layer, tp: int) -> int:
+    """The column count of the layer's widest weight (tiles beyond it hold no less)."""
+    d = shard_dims(layer, tp)
+    if layer.kind == "block":
+        f_in = 2 * d.ffn if layer.mlp == "swiglu" else d.ffn
+        return max(d.hidden, (d.heads + 2 * d.kv_heads) * d.head_dim, f_in)
+    return max(1, d.out_features if layer.kind == "linear" else d.vocab)
+
+
+def _tiled(where: str, layer: Layer, tiles: int) -> str:
+    if tiles == 1:
+        return where
+    held = "embedding table" if layer.kind == "embedding" else "weights"
+    return f"{where}; {held} in {tiles} tiles (memory ceiling)"
+
+
 def _measure(layer: Layer, b: int, s: int, tp: int, xp, dtype: str, speed: Speed, warmup: int,
              repeats: int, budget_s: float, mem_bytes: float) -> LayerTiming:
     itemsize = np.dtype(dtype).itemsize if dtype != "bfloat16" else 2
@@ -268,15 +176,18 @@ def _measure(layer: Layer, b: int, s: int, tp: int, xp, dtype: str, speed: Speed
     full = layer_costs(layer, b, s, tp, itemsize)
     full_all = full["dense"] + full.get("attention", PhaseCosts())
 
-    def fits(costs: PhaseCosts, ws: float, share: float = 1.0, n: int = runs) -> bool:
-        return n * speed.seconds(costs.flops, costs.bytes) <= budget_s * share and ws <= mem_bytes
+    def fits(costs: PhaseCosts, tiles: int | None, share: float = 1.0, n: int = runs) -> bool:
+        return (tiles is not None
+                and n * speed.seconds(costs.flops, costs.bytes) <= budget_s * share)
 
     clock = Clock(xp)
     base = dict(kind=layer.kind, shape=_shape_label(layer, tp))
-    if fits(full_all, working_set_bytes(layer, b, s, tp, itemsize)):
-        ex = build_executor(layer, b, s, tp, xp, dtype, clock)
+    tiles = tiles_needed(layer, b, s, tp, itemsize, mem_bytes)
+    if fits(full_all, tiles):
+        ex = build_executor(layer, b, s, tp, xp, dtype, clock, tiles)
         r = _time_executor(ex, clock, warmup, repeats, budget_s)
-        return _timing(base, full, r, {p: 1.0 for p in PHASES}, None, None, 1.0, f"b{b} s{s}")
+        return _timing(base, full, r, {p: 1.0 for p in PHASES}, None, None, 1.0,
+                       _tiled(f"b{b} s{s}", layer, tiles))
 
     # Dense part: fewer tokens down to MIN_TOKENS, then (head) a vocabulary slice; below that only
     # when memory demands it (time is then bounded by cutting repeats). The whole layer is run.
@@ -285,7 +196,7 @@ def _measure(layer: Layer, b: int, s: int, tp: int, xp, dtype: str, speed: Speed
 
     def dense_fits(candidate: Layer, sb: int, ss: int, n: int = runs) -> bool:
         c = layer_costs(candidate, sb, ss, tp, itemsize)["dense"]
-        return fits(c, working_set_bytes(candidate, sb, ss, tp, itemsize), share, n)
+        return fits(c, tiles_needed(candidate, sb, ss, tp, itemsize, mem_bytes), share, n)
 
     steps = [(layer, sb, ss) for sb, ss in _reductions(b, s, min(MIN_TOKENS, b * s))]
     small, sb, ss = steps[-1]
@@ -295,13 +206,18 @@ def _measure(layer: Layer, b: int, s: int, tp: int, xp, dtype: str, speed: Speed
     last = [(small, rb, rs) for rb, rs in _reductions(sb, ss, 1)[1:]]
     chosen = next((st for st in steps if dense_fits(*st)), None)
     if chosen is None:
-        chosen = next((st for st in steps[-1:] + last if dense_fits(*st, n=0)), (steps + last)[-1])
+        chosen = next((st for st in steps[-1:] + last if dense_fits(*st, n=0)), None)
+    if chosen is None:  # profile_model checks every layer at one token first
+        raise PlanInputError(f"{layer.kind} {base['shape']}: no shape of it fits the profiler's "
+                             f"memory ceiling of {mem_bytes / 2**30:.2f} GiB")
     small, sb, ss = chosen
+    tiles = tiles_needed(small, sb, ss, tp, itemsize, mem_bytes)
     measured = layer_costs(small, sb, ss, tp, itemsize)
-    ex = build_executor(small, sb, ss, tp, xp, dtype, clock)
+    ex = build_executor(small, sb, ss, tp, xp, dtype, clock, tiles)
     dense_runs = _time_executor(ex, clock, warmup, repeats, budget_s * share)
     del ex
-    where = f"b{sb} s{ss}" + (f" vocab {small.vocab_size}" if small is not layer else "")
+    where = _tiled(f"b{sb} s{ss}" + (f" vocab {small.vocab_size}" if small is not layer else ""),
+                   small, tiles)
     dense_factor = {p: _ratio(full["dense"], measured["dense"], p) for p in PHASES}
     if not heads_split:
         return _timing(base, full, dense_runs, dense_factor, None, None,
@@ -317,12 +233,16 @@ def _measure(layer: Layer, b: int, s: int, tp: int, xp, dtype: str, speed: Speed
 
     def attn_fits(heads: int, kv: int, ab: int, a_s: int, n: int = runs) -> bool:
         cost = attention_costs(ab, a_s, heads, kv, dims.head_dim, itemsize)
-        return fits(cost, itemsize * ab * heads * a_s * a_s * 3, 0.5, n)
+        held = _attention_bytes(ab, a_s, heads, kv, dims.head_dim, itemsize) <= mem_bytes
+        return fits(cost, 1 if held else None, 0.5, n)
 
     pick = next((o for o in options if attn_fits(*o)), None)
     if pick is None:
-        pick = next((o for o in options[-1:] + shorter if attn_fits(*o, n=0)),
-                    (options + shorter)[-1])
+        pick = next((o for o in options[-1:] + shorter if attn_fits(*o, n=0)), None)
+    if pick is None:
+        raise PlanInputError(f"block {base['shape']}: even one attention head at "
+                             f"{shorter[-1][3] if shorter else s} tokens is over the profiler's "
+                             f"memory ceiling of {mem_bytes / 2**30:.2f} GiB")
     heads, kv, ab, a_s = pick
     a_cost = attention_costs(ab, a_s, heads, kv, dims.head_dim, itemsize)
     attn_ex = AttentionExecutor(ab, a_s, heads, kv, dims.head_dim, xp, dtype, clock)
@@ -332,6 +252,14 @@ def _measure(layer: Layer, b: int, s: int, tp: int, xp, dtype: str, speed: Speed
     measured_flops = measured["dense"].flops + a_cost.flops
     return _timing(base, full, dense_runs, dense_factor, attn_runs, attn_factor,
                    full_all.flops / measured_flops, where)
+
+
+def _attention_bytes(b: int, s: int, heads: int, kv: int, d: int, itemsize: int) -> float:
+    """Peak memory of an AttentionExecutor: the scores and their gradient (and a temporary), the
+    mask, and q, k, v with their gradients, the output and its gradient."""
+    return (itemsize * (3 * b * heads * s * s + s * s + b * s * d * (2 * (heads + 2 * kv)
+                                                                     + 2 * heads))
+            + s * s)  # the mask's boolean triangle
 
 
 def _timing(base: dict, full: dict, dense: _Runs, dense_factor: dict, attn: _Runs | None,
@@ -393,16 +321,25 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", tp: int = 1, micro_ba
             raise PlanInputError(f"{name} must be at least 1, got {value}")
     if warmup < 0:
         raise PlanInputError(f"warmup must be >= 0, got {warmup}")
+    if micro_batch * s > MAX_PROFILE_TOKENS:
+        raise PlanInputError(f"--micro-batch {micro_batch} x --seq-len {s} = "
+                             f"{micro_batch * s:,} tokens; plan profile measures at most "
+                             f"{MAX_PROFILE_TOKENS:,} tokens a micro-batch")
     number("budget_s", budget_s, low=0, low_open=True, high=MAX_BUDGET_S)
+    mem = memory_ceiling(xp)
+    itemsize = np.dtype(dtype).itemsize
     for layer in dict.fromkeys(spec.layers):
         shard_dims(layer, tp)  # fail on a bad --tp before measuring anything
+        if tiles_needed(layer, 1, 1, tp, itemsize, mem) is None:  # nor measure a part of it
+            raise PlanInputError(f"{spec.name}: a {layer.kind} of {_shape_label(layer, tp)} "
+                                 f"needs more than the profiler's memory ceiling of "
+                                 f"{mem / 2**30:.2f} GiB even at one token")
     report = progress or (lambda done, total, label: None)
     distinct = list(dict.fromkeys(spec.layers))
     total = len(distinct) + 1
     report(0, total, "probing device speed")
     speed = probe_speed(xp, dtype)
     peak_before = measured_peak_flops(xp, dtype, speed)
-    mem = 0.4 * free_memory_bytes(xp)
     measured: dict[Layer, LayerTiming] = {}
     for i, layer in enumerate(distinct, start=1):
         count = sum(1 for x in spec.layers if x == layer)
@@ -420,7 +357,8 @@ def profile_model(spec: ModelSpec, *, device: str = "cpu", tp: int = 1, micro_ba
                              f"{', '.join(map(str, PEAK_SIZES_CPU if xp is np else PEAK_SIZES_GPU))},"
                              " best of 3) at the start and at the end of the profile; drift = "
                              "end / start - 1"}
-    env.update(repeats=repeats, warmup=warmup, budget_s=budget_s, statistic="median")
+    env.update(repeats=repeats, warmup=warmup, budget_s=budget_s, statistic="median",
+               memory_ceiling_gib=mem / 2**30)
     return Profile(model_name=spec.name, device=device, device_name=device_name(xp), dtype=dtype,
                    tp=tp, micro_batch=micro_batch, seq_len=s,
                    layers=tuple(measured[layer] for layer in spec.layers), environment=env)
