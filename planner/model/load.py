@@ -26,7 +26,11 @@ _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_ex
 # The mixture-of-experts presets: HuggingFace config.json files as released (profiles/models/),
 # read as a user's config would be. mixtral-8x7b.json is transformers' MixtralConfig defaults,
 # which its docstring ties to "mistralai/Mixtral-8x7B-v0.1" (huggingface/transformers
-# src/transformers/models/mixtral/configuration_mixtral.py, commit 008e5743); the Qwen3 and
+# src/transformers/models/mixtral/configuration_mixtral.py, commit 008e5743); mixtral-8x22b.json
+# is the released mistral-community/Mixtral-8x22B-v0.1 config.json as we read it (56 blocks of
+# 6,144 wide, 48 heads over 8 KV heads, eight 16,384-wide SwiGLU experts, top 2, a 32,000 vocabulary,
+# 64K positions), whose count tests/test_moe_presets.py checks against Mistral's "39B active
+# parameters out of 141B" (mistral.ai/news/mixtral-8x22b); the Qwen3 and
 # DeepSeek-V3 files are the ones the MoE validation cases use (profiles/validation/configs/).
 MOE_PRESETS_DIR = DATA_DIR / "models"
 
