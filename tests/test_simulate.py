@@ -1,5 +1,7 @@
 """Timing simulator: bubbles against closed forms, hand-checked makespans, dependencies."""
 
+import json
+
 import pytest
 from hypothesis import given, settings, strategies as st
 
@@ -208,3 +210,24 @@ def test_rank_span_is_the_step_except_where_ranks_finish_in_turn(name, v):
         assert full.span_s < full.makespan_s - 1.0
     else:
         assert full.span_s == pytest.approx(full.makespan_s)
+
+
+def test_simulating_a_plan_says_what_its_step_adds_to_the_pipeline(tmp_path):
+    """plan.json's step is the pipeline plus the exposed DP sync and the optimizer step
+    (predict/step.py): the simulated pipeline is shorter, and the output says by how much."""
+    from typer.testing import CliRunner
+
+    from planner import api
+    from planner.cli import app
+
+    out = tmp_path / "run"
+    runner = CliRunner()
+    assert runner.invoke(app, ["solve", "--gpus", "16", "--nodes", "2", "--export", "json",
+                               "--out", str(out)]).exit_code == 0
+    job, _ = api.simulation(None, None, None, None, None, None, out / "plan.json")
+    plan_step = json.loads((out / "plan.json").read_text())["metrics"]["step_time_s"]
+    assert job.priced_step_s == plan_step
+    pipeline = api.simulate(job).makespan_s
+    assert 0 < plan_step - pipeline < 0.05 * plan_step
+    shown = runner.invoke(app, ["simulate", "--plan", str(out / "plan.json")])
+    assert f"the plan prices the step at {plan_step:.4g} s" in shown.output

@@ -17,7 +17,7 @@ from planner.core.files import refuse_overwrite, write_text
 from planner.core.limits import MAX_BUDGET_S
 from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.core.text import for_rich
-from planner.report.gantt import render_gantt, to_svg
+from planner.report.gantt import priced_line, render_gantt, to_svg
 from planner.report.layout import render_layout
 from planner.report.profile import profile_table
 from planner.cli.common import _flag, _three, app, err, out, print_json, progress_bar, user_errors
@@ -134,6 +134,8 @@ def simulate(
             print_json(api.simulation_summary(result))
         else:
             render_gantt(result, out)
+            if job.priced_step_s is not None:
+                out.print(for_rich(priced_line(job.priced_step_s, result)), highlight=False)
 
 
 @app.command()

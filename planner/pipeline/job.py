@@ -38,6 +38,9 @@ class SimulationJob:
     split_backward: float = 0.0
     # the engine's transfers block both ranks (Stack.p2p_blocking; pipeline/blocking.py)
     p2p_blocking: bool = False
+    # the step a plan.json was priced at: this pipeline plus what no schedule holds (the
+    # exposed data-parallel sync and the optimizer step, predict/step.py); None from flags
+    priced_step_s: float | None = None
 
 
 def simulation_job(pp, microbatches, schedule, virtual_stages, stage_times, comm_time,
@@ -152,7 +155,16 @@ def job_of_document(doc, origin: str) -> SimulationJob:
         schedule=par["schedule"], p=par["pp"], m=par["num_microbatches"],
         v=par["virtual_stages"], fwd_s=tuple(s["fwd_s"] for s in stages),
         bwd_s=tuple(b for b, _ in backward), wgrad_s=tuple(w for _, w in backward),
-        comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]), **_engine_costs(plan, origin))
+        comm_s=tuple(s.get("send_s", 0.0) for s in stages[:-1]),
+        priced_step_s=_priced_step(plan), **_engine_costs(plan, origin))
+
+
+def _priced_step(doc: dict) -> float | None:
+    """The plan's step time, where its metrics give one (checked finite and positive)."""
+    step = (doc.get("metrics") or {}).get("step_time_s")
+    if isinstance(step, bool) or not isinstance(step, (int, float)):
+        return None
+    return float(step) if 0 < step < MAX_PASS_S * 1e6 else None
 
 
 def _engine_costs(doc: dict, origin: str) -> dict:

@@ -138,6 +138,15 @@ def _closed_form_note(result: SimResult) -> str:
     return f"(p-1)/(M+p-1) = {closed_form_bubble(result.schedule, p, m):.1%}"
 
 
+def priced_line(priced_step_s: float, result: SimResult) -> str:
+    """Why a plan's step and its simulated pipeline differ: what the plan adds past the
+    schedule."""
+    rest = priced_step_s - result.makespan_s
+    return (f"the plan prices the step at {priced_step_s:.4g} s: this pipeline "
+            f"({result.makespan_s:.4g} s) and {rest:+.3g} s outside it (the data-parallel sync "
+            "the last backward does not hide, and the optimizer step)")
+
+
 def render_gantt(result: SimResult, console: Console, width: int | None = None) -> None:
     """Print the Gantt rows, a legend, the bubble against its closed form and peak in-flight."""
     label_w = len(f"rank {result.p - 1}") + 1
