@@ -135,3 +135,12 @@ def test_a_long_step_compressed_keeps_its_ops_labelled():
     root = ET.fromstring(svg)
     widths = [float(e.get("width")) for e in root.iter(SVG + "rect") if e.get("class") == "op"]
     assert sorted(widths)[len(widths) // 2] >= 7 * 2 + 4  # the median box fits "F1"
+
+
+def test_interleaved_chunks_read_apart_without_colour():
+    """Issue #33: interleaved chunks looked identical without colour. Each rank's chunks are
+    lettered in pipeline order, so microbatch 0's two forwards on rank 0 read F0a and F0b."""
+    rank0 = gantt_rows(simulate("interleaved", 2, 4, v=2, fwd_s=1.0, bwd_s=2.0), 200)[0].plain
+    assert {"F0a", "F0b", "B0a", "B0b"} <= set(rank0.replace("-", " ").replace("=", " ").split())
+    one_chunk = gantt_rows(simulate("1f1b", 2, 4, fwd_s=1.0, bwd_s=2.0), 200)[0].plain
+    assert "F0a" not in one_chunk and "F0" in one_chunk  # one chunk a rank: no letter

@@ -64,11 +64,19 @@ def drawn_windows(result: SimResult, width: int) -> tuple[Window, ...]:
     return (Window(0.0, seconds, half), Window(span - seconds, span, width - len(CUT) - half))
 
 
+def chunk_letters(row) -> dict[int, str]:
+    """The rank's model chunks as letters in pipeline order (a, b, ...) where it holds more than
+    one (interleaved, DualPipe), so that chunks read apart without colour; {} for one chunk."""
+    chunks = sorted({t.op.chunk for t in row if t.op.kind in MARK})
+    return {c: chr(ord("a") + i) for i, c in enumerate(chunks)} if len(chunks) > 1 else {}
+
+
 def _draw(row, window: Window) -> Text:
     """One rank's ops inside one window, as ``window.cells`` characters with styles."""
     scale = window.cells / (window.end_s - window.start_s) if window.end_s > window.start_s else 0
     cells = [" "] * window.cells
     styles: list[str | None] = [None] * window.cells
+    letters = chunk_letters(row)
     for t in row:
         if t.end_s <= window.start_s or t.start_s >= window.end_s:
             continue
@@ -79,7 +87,8 @@ def _draw(row, window: Window) -> Text:
             b = a + 1  # never hide an op entirely
         kind = t.op.kind
         name = "&" + kind if t.op.paired else kind
-        label = f"{name}{t.op.microbatch}" if t.start_s >= window.start_s else MARK[kind]
+        label = (f"{name}{t.op.microbatch}{letters.get(t.op.chunk, '')}"
+                 if t.start_s >= window.start_s else MARK[kind])
         if len(label) > b - a:
             label = name if t.start_s >= window.start_s else MARK[kind]
         text = (label + MARK[kind] * (b - a))[:b - a]
@@ -170,6 +179,8 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
         if (kind != "W" or traits.weight_grad_ops) and (kind != "BW" or traits.mirrored):
             legend.append(f"{kind}3{MARK[kind] * 2}", style=STYLE[kind]).append(f" {name}  ")
     legend.append("(of microbatch 3); blank: idle")
+    if any(chunk_letters(row) for row in result.timeline):
+        legend.append("; F3b: on the rank's second model chunk (a, b, ... in pipeline order)")
     console.print(legend)
     table = Table(show_header=True, header_style="bold")
     table.add_column("bubble")
