@@ -551,6 +551,22 @@ def test_milp_lower_bound_clear_of_the_highs_presolve_window():
         assert (res.bottleneck_s, res.boundaries, res.recompute) == (7.0, (4, 6), ("selective", "none"))
 
 
+def test_milp_bound_in_the_highs_window_no_longer_hides_the_optimum():
+    """Same window, worse outcome (a random sweep of uniform instances, Dec 2026): with B's bound
+    a relative 1e-9 below B* = 9 s (scaled by 12 s: 7.5e-10 below), HiGHS 1.16 proved the split
+    (2, 7) of 10 s optimal, the DP's (3, 7) of 9 s fits (rank 0: 6 + 2 x 17 = 40 of 46 bytes)."""
+    T = [[3., 3, 3]] + [[1., 3, 4]] * 5 + [[6., 6, 6]]
+    A = [[5., 2, 1]] + [[6., 3, 2]] * 5 + [[4., 2, 1]]
+    prob = PartitionProblem(np.array(T), np.array([2., 2, 2, 2, 2, 2, 0]), np.array(A),
+                            np.array([2., 1]), 46.0, ("none", "selective", "full"))
+    dp = partition_dp(prob, 2, 2)
+    assert (dp.bottleneck_s, dp.boundaries) == (9.0, (3, 7))
+    for solver in SOLVERS:
+        res = partition(prob, 2, 2, solver=solver)
+        assert res.method == f"ilp-{solver}" and res.optimal and res.note == "", res.label
+        _same(res, dp)
+
+
 def test_solver_bound_margin_stays_below_the_highs_window():
     """B is scaled to at most ~1 (milp.MilpModel.tscale: the heuristic's bottleneck), so the
     bound's margin is at most SOLVER_BOUND_RTOL in the solver's units: it must stay well under
