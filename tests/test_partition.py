@@ -530,3 +530,48 @@ def test_highs_interleaved_tie_break_matches_the_exact_reference():
                             ("none", "selective", "full"), 1.0)
     assert brute_force(prob, 4, 2)[1] == (1, 2, 3, 5)
     assert partition(prob, 4, 2, solver="highs").boundaries == (1, 2, 3, 5)
+
+
+def test_milp_lower_bound_clear_of_the_highs_presolve_window():
+    """The falsifying example of test_block_count_milp_with_virtual_stages_matches_brute_force
+    (hypothesis, Dec 2026): rank 0 takes the embedding and 3 blocks recomputed (7 s, 0 bytes),
+    rank 1 a block and the head without (6 s, exactly the capacity of 1 byte). The rank bound on B
+    is B* itself; handed to HiGHS a relative 1e-9 below it (scaled: 7.8e-10, inside 0.2-1.4 x its MIP
+    feasibility tolerance of 1e-9), HiGHS 1.16's presolve called the model infeasible and the DP
+    answered (options.SOLVER_BOUND_RTOL)."""
+    prob = PartitionProblem(
+        np.array([[1., 1], [1, 2], [1, 2], [1, 2], [1, 2], [5, 6]]), np.zeros(6),
+        np.array([[0., 0], [1, 0], [1, 0], [1, 0], [1, 0], [0, 0]]), np.ones(2), 1.0,
+        ("none", "selective"))
+    bf = brute_force(prob, 2, 2)
+    assert (bf[0][1], bf[1], bf[2]) == (7.0, (4, 6), ("selective", "none"))
+    for solver in SOLVERS:
+        res = partition(prob, 2, 2, solver=solver)
+        assert res.method == f"ilp-{solver}" and res.optimal and res.note == "", res.label
+        assert (res.bottleneck_s, res.boundaries, res.recompute) == (7.0, (4, 6), ("selective", "none"))
+
+
+def test_milp_bound_in_the_highs_window_no_longer_hides_the_optimum():
+    """Same window, worse outcome (a random sweep of uniform instances, Dec 2026): with B's bound
+    a relative 1e-9 below B* = 9 s (scaled by 12 s: 7.5e-10 below), HiGHS 1.16 proved the split
+    (2, 7) of 10 s optimal, the DP's (3, 7) of 9 s fits (rank 0: 6 + 2 x 17 = 40 of 46 bytes)."""
+    T = [[3., 3, 3]] + [[1., 3, 4]] * 5 + [[6., 6, 6]]
+    A = [[5., 2, 1]] + [[6., 3, 2]] * 5 + [[4., 2, 1]]
+    prob = PartitionProblem(np.array(T), np.array([2., 2, 2, 2, 2, 2, 0]), np.array(A),
+                            np.array([2., 1]), 46.0, ("none", "selective", "full"))
+    dp = partition_dp(prob, 2, 2)
+    assert (dp.bottleneck_s, dp.boundaries) == (9.0, (3, 7))
+    for solver in SOLVERS:
+        res = partition(prob, 2, 2, solver=solver)
+        assert res.method == f"ilp-{solver}" and res.optimal and res.note == "", res.label
+        _same(res, dp)
+
+
+def test_solver_bound_margin_stays_below_the_highs_window():
+    """B is scaled to at most ~1 (milp.MilpModel.tscale: the heuristic's bottleneck), so the
+    bound's margin is at most SOLVER_BOUND_RTOL in the solver's units: it must stay well under
+    the 0.2 x mip_feasibility_tolerance where HiGHS's presolve trouble starts."""
+    from planner.partitioning.lexicographic import HIGHS_MIP_FEASIBILITY_TOLERANCE
+    from planner.partitioning.options import SOLVER_BOUND_RTOL
+
+    assert SOLVER_BOUND_RTOL <= 0.01 * HIGHS_MIP_FEASIBILITY_TOLERANCE

@@ -19,6 +19,20 @@ from planner.partitioning.milp import NoChunkFits, linear_expression, MilpModel,
 from planner.partitioning.prepared import Prepared, simple_lower_bound
 from planner.partitioning.problem import TIE_RTOL
 
+RANK_BOUND_RTOL = 1e-9
+"""Relative margin of ``OptionModel.rank_bound_s`` (seconds) below the least time the rank
+decomposition finds: the conservative bound the tie checks and the reported bound read
+(lexicographic._keep_proven: a kept split within it is proven a tie)."""
+SOLVER_BOUND_RTOL = 1e-12
+"""Relative margin of the lower bound on B handed to the solver below that least time: far above
+the rounding of a rank's summed option times (a few ulps a term), far below HiGHS's trouble
+window. HiGHS 1.16's presolve calls the model infeasible when a column bound sits below the value
+its rows force by 0.2 to 1.4 times mip_feasibility_tolerance (measured on the falsifying example
+in tests/test_partition.py: RANK_BOUND_RTOL's 1e-9 put B's bound 7.8e-10 below B* = 7/9 at the
+tolerance 1e-9, lexicographic.HIGHS_MIP_FEASIBILITY_TOLERANCE; exact or 1e-12 below solves, CBC
+solves either way). The bound must also stay within the solver's absolute gap (1e-9 on B <= ~1)
+so that a root incumbent at the bound closes the solve, as it did with 1e-9."""
+
 def chunk_options(prep: Prepared, ub: float | None, chunk_cap: float | None = None
                   ) -> tuple[dict[tuple[int, int, int], tuple[float, float]],
                              list[list[tuple[int, int, int]]]]:
@@ -217,8 +231,10 @@ class OptionModel(MilpModel):
                                                 if prep.option_cap(o[2]) == level]) <= room
         if ub is not None:
             self.B.upBound = ub * (1 + 1e-7) / ts
-        self.rank_bound_s = self._rank_bound()
-        self.B.lowBound = self.rank_bound_s / ts
+        least = self._rank_bound()
+        self.rank_bound_s = least * (1 - RANK_BOUND_RTOL)
+        self.solver_bound_s = least * (1 - SOLVER_BOUND_RTOL)  # SOLVER_BOUND_RTOL: why not 1e-9
+        self.B.lowBound = self.solver_bound_s / ts
         prob += self.B
         self.prob = prob
         # chunk ends reachable: prefix sums of the smallest / largest block counts
@@ -229,7 +245,8 @@ class OptionModel(MilpModel):
         self.end_lo[-1] = self.end_hi[-1] = L
 
     def _rank_bound(self) -> float:
-        """A lower bound on B from the ranks one at a time (a decomposition). Blocks are
+        """The least B the ranks allow one at a time, as computed (no margin): a lower bound on
+        B from the ranks one at a time (a decomposition). Blocks are
         identical, so ranks interact only through the total N: rank rho can take c blocks within
         time b exactly when tau_rho(c) <= b, where tau_rho(c) is the least time of its chunks
         holding c blocks within its memory (per capacity level: the modes whose capacity is at
@@ -257,7 +274,7 @@ class OptionModel(MilpModel):
                 hi = mid
             else:
                 lo = mid + 1
-        return float(cand[lo]) * (1 - 1e-9)
+        return float(cand[lo])
 
     def compute_time(self):
         ts = self.tscale
@@ -337,7 +354,7 @@ class RankModel(MilpModel):
         ub = om.B.upBound * om.tscale if om.B.upBound is not None else math.inf
         self.tscale = ts = om.tscale
         prob = pulp.LpProblem("partition_ranks", pulp.LpMinimize)
-        self.B = prob.add_variable("B", lowBound=om.rank_bound_s / ts,
+        self.B = prob.add_variable("B", lowBound=om.solver_bound_s / ts,
                                    upBound=None if om.B.upBound is None else om.B.upBound)
         self.u = {}
         bnd = [float(sum(prep.bnd[k] for k in prep.chunks_of(rho))) for rho in range(p)]
