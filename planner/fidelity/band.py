@@ -29,10 +29,11 @@ from planner.predict.plan import Plan
 from planner.stack import default_stack
 
 # Fewer comparable runs than this and the band is called uncalibrated: two runs give no spread
-# worth the name. Our choice, not a published figure.
+# worth the name. Our choice, not a published figure, made with the bundled record in view.
 MIN_RUNS = 3
 # "Within a factor of 8 of the plan's GPUs" (one node to a small cluster, or a pod to eight):
-# our choice, the width at which the bundled families of one stack still overlap.
+# our choice, made with the bundled record in view: the width at which the families of one
+# stack still overlap.
 SCALE_FACTOR = 8
 # GPU generations by profile-name prefix (the bundled profiles, profiles/hardware/, and profiles
 # calibrated from them keep their prefix); longest prefix first.

@@ -113,28 +113,21 @@ def _settings_of(case: dict) -> list[tuple[str, object, str]]:
     return found
 
 
-def _key(value) -> str:
-    return repr(value)
-
-
 def single_source_settings(cases: list[dict]) -> tuple[tuple[Setting, tuple[dict, ...]], ...]:
     """Each setting that the runs of exactly one source set, with those runs."""
+    # values may be lists or dicts (unhashable): a setting is keyed by its value's repr
     sources: dict[tuple[str, str], set[str]] = {}
-    runs: dict[tuple[str, str, str], list[dict]] = {}
-    values: dict[tuple[str, str, str], object] = {}
+    runs: dict[tuple[str, str, str], tuple[object, list[dict]]] = {}
     for case in cases:
         src = source_of(case.get("group", ""))
         for field, value, set_by in _settings_of(case):
-            sources.setdefault((field, _key(value)), set()).add(src)
-            k = (field, _key(value), set_by)
-            runs.setdefault(k, []).append(case)
-            values[k] = value
+            sources.setdefault((field, repr(value)), set()).add(src)
+            runs.setdefault((field, repr(value), set_by), (value, []))[1].append(case)
     out = []
-    for (field, vkey, set_by), found in runs.items():
-        owners = sources[(field, vkey)]
+    for (field, key, set_by), (value, found) in runs.items():
+        owners = sources[(field, key)]
         if len(owners) == 1:
-            out.append((Setting(field, values[(field, vkey, set_by)], set_by, next(iter(owners))),
-                        tuple(found)))
+            out.append((Setting(field, value, set_by, next(iter(owners))), tuple(found)))
     return tuple(sorted(out, key=lambda s: (s[0].source, s[0].set_by, s[0].field)))
 
 

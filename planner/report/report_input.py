@@ -41,7 +41,7 @@ BAND = {"step_time_s": Free(required=True), "mfu": Free(), "basis": Text(require
 
 
 @dataclass(frozen=True)
-class ErrorBand:
+class BandView:
     """The prediction's error band as the plan states it (never computed here)."""
 
     step_time_s: tuple[float, float]
@@ -80,7 +80,7 @@ class PlanView:
     parallel: dict
     metrics: dict
     memory: tuple[RankMemory, ...]
-    error_band: ErrorBand | None
+    error_band: BandView | None
     stack: str | None  # the stack's name (the validation record's key)
     stack_label: str | None  # name and version, as the page prints it
     layout: Layout | None
@@ -143,13 +143,13 @@ def _pair(value, where: str, low: float, high: float) -> tuple[float, float]:
     return float(lo), float(hi)
 
 
-def _band(value, origin: str) -> ErrorBand | None:
+def _band(value, origin: str) -> BandView | None:
     if value is None:
         return None
     where = f"{origin}: 'error_band'"
     band = check_object(value, BAND, where, "error band", tolerant=True)
     mfu = _pair(band["mfu"], f"{where} 'mfu'", 0, 10) if "mfu" in band else None
-    return ErrorBand(_pair(band["step_time_s"], f"{where} 'step_time_s'", 0, BIG), mfu,
+    return BandView(_pair(band["step_time_s"], f"{where} 'step_time_s'", 0, BIG), mfu,
                      band["basis"], band.get("calibrated"))
 
 
