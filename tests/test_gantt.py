@@ -1,10 +1,13 @@
 """Terminal Gantt and SVG rendering."""
 
+import re
 import xml.etree.ElementTree as ET
 
+from hypothesis import assume, given, settings, strategies as st
 from rich.console import Console
 
-from planner.report.gantt import gantt_rows, render_gantt, to_svg
+from planner.core.schedules import SCHEDULES
+from planner.report.gantt import CUT, JOINT, MARK, gantt_rows, layout, render_gantt, to_svg, units
 from planner.pipeline.simulate import simulate
 
 SVG = "{http://www.w3.org/2000/svg}"
@@ -141,6 +144,80 @@ def test_interleaved_chunks_read_apart_without_colour():
     """Issue #33: interleaved chunks looked identical without colour. Each rank's chunks are
     lettered in pipeline order, so microbatch 0's two forwards on rank 0 read F0a and F0b."""
     rank0 = gantt_rows(simulate("interleaved", 2, 4, v=2, fwd_s=1.0, bwd_s=2.0), 200)[0].plain
-    assert {"F0a", "F0b", "B0a", "B0b"} <= set(rank0.replace("-", " ").replace("=", " ").split())
+    words = set(rank0.replace("-", " ").replace("=", " ").replace(JOINT, " ").split())
+    assert {"F0a", "F0b", "B0a", "B0b"} <= words
     one_chunk = gantt_rows(simulate("1f1b", 2, 4, fwd_s=1.0, bwd_s=2.0), 200)[0].plain
     assert "F0a" not in one_chunk and "F0" in one_chunk  # one chunk a rank: no letter
+
+
+OP = re.compile(r"(&?BW|[FBW])(\d+)([a-z]?)([-=~#]*)")  # a labelled op and the mark that fills it
+
+
+def test_equal_ops_draw_equal_cells_in_1f1b():
+    """Issue #33: cutting each op at its rounded start and end gave 1F1B's backwards 4 or 5 cells
+    by where they fell (rank 0 at 67 cells drew ``B0==`` and ``B2===``). Every B is now as wide
+    as every other, every F too; the cell rounding leaves in busy time is a joint, not blank."""
+    r = simulate("1f1b", 4, 8, fwd_s=1.0, bwd_s=2.0)  # 33 s over 67 cells: B = 4.06 cells
+    rank0 = gantt_rows(r, 67)[0].plain
+    drawn = {kind + mb: kind + mb + fill for kind, mb, _, fill in OP.findall(rank0)}
+    assert drawn["B0"] == "B0==" and drawn["B2"] == "B2=="
+    assert {len(v) for k, v in drawn.items() if k[0] == "B"} == {4}
+    assert {len(v) for k, v in drawn.items() if k[0] == "F"} == {2}
+    assert "B2==" + JOINT + "F6" in rank0  # B2 ends at 16.06 cells of true time: a joint
+    assert len(rank0) == 67
+
+
+@st.composite
+def drawn_schedules(draw):
+    """A simulated schedule with random stage, weight-gradient and transfer times, and a width."""
+    name = draw(st.sampled_from(SCHEDULES))
+    p = 2 * draw(st.integers(1, 3)) if name == "dualpipe" else draw(st.integers(1, 5))
+    v = draw(st.sampled_from((1, 2, 3))) if name == "interleaved" else 1
+    if name == "interleaved":
+        m = p * draw(st.integers(1, 3))
+    elif name == "dualpipe":
+        m = 2 * p * draw(st.integers(1, 2))
+    else:
+        m = draw(st.integers(1, 16))
+    n = p if name == "dualpipe" else p * v
+    times = st.lists(st.floats(0.1, 5.0), min_size=n, max_size=n)
+    fwd, bwd = draw(times), draw(times)
+    wgrad = [b * draw(st.floats(0.05, 0.95)) for b in bwd]
+    comm = draw(st.sampled_from((0.0, 0.05, 0.7)))
+    r = simulate(name, p, m, v, fwd_s=fwd, bwd_s=bwd, wgrad_s=wgrad, comm_s=comm)
+    return r, draw(st.integers(20, 200))
+
+
+@settings(max_examples=80, deadline=None)
+@given(drawn_schedules())
+def test_cells_are_equal_per_duration_every_op_shows_and_rows_are_exact(case):
+    """Over simulated schedules at any width: each row is exactly ``width`` cells; every unit (an
+    op, or DualPipe's F with the BW over it) a window draws shows its label or mark at its first
+    cell, within a cell of where it truly starts, over no other; ops of equal duration take equal
+    cells across the chart; an uncompressed chart draws every op. (Ops shorter than a cell still
+    take one, so a run of them may push their row's next ops further: the bound is asserted on
+    rows without them.)"""
+    r, width = case
+    windows, placed = layout(r, width)
+    assume(all(len(line) <= w.cells for by_w in placed for line, w in zip(by_w, windows)))
+    rows = [t.plain for t in gantt_rows(r, width)]
+    assert all(len(row) == width for row in rows)
+    cells_of: dict[float, set[int]] = {}
+    for rank, (row, by_window) in enumerate(zip(rows, placed)):
+        offset = 0
+        for w, line in zip(windows, by_window):
+            near = all(q.exact_end - q.exact >= 1 for q in line)
+            for i, q in enumerate(line):
+                assert q.end > q.first and (abs(q.first - q.exact) <= 1 + 1e-9 or not near)
+                assert i == 0 or q.first >= line[i - 1].end
+                first = row[offset + q.first]
+                op = q.unit[-1].op
+                assert first == (("&" if op.paired else "") + op.kind)[0] \
+                    if q.unit[0].start_s >= w.start_s else first == MARK[op.kind]
+                if q.key is not None:
+                    cells_of.setdefault(q.key, set()).add(q.end - q.first)
+            offset += w.cells + len(CUT)
+        if len(windows) == 1:
+            assert len(by_window[0]) == sum(1 for u in units(r.timeline[rank])
+                                            if u[-1].end_s > u[0].start_s)
+    assert all(len(widths) == 1 for widths in cells_of.values()), cells_of

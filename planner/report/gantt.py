@@ -3,15 +3,31 @@
 Both draw one row per pipeline rank, time left to right, F blue, B green, W yellow, idle blank.
 Without colour (piped, NO_COLOR) the terminal rows still read: every op starts with its kind and
 microbatch where they fit ("F12") and fills the rest of its span with its own mark (F -, B =,
-W ~), so only idle time is blank. A schedule too long for the width (most ops under
-``MIN_CELLS`` cells) is drawn compressed: the start and the end at a readable scale, the middle
-(the steady state, which repeats) cut out and marked ``⋯``, and the header says how much.
-`render_gantt` also prints the simulated bubble (both definitions) beside the closed form and the
-peak in-flight activations.
+W ~), so only idle time is blank.
+
+Cells (:func:`layout`): ops of equal duration draw equally wide anywhere in the chart, each
+within a cell of its true start, none over another and none hidden. Cutting each op at its
+rounded start and end did not (1F1B's 5.5-cell B took 5 or 6 cells by where it fell: ``B0===``
+beside ``B2====``). So each duration gets round(duration x scale) cells wherever it occurs, and
+each op sits at its rounded start, or right after the op before it where that one still draws
+(an idle gap absorbs the push). Back-to-back ops that all round up would drift right cell by
+cell; on a row where some op would land more than a cell off, the duration drawn widest against
+its true length is drawn a cell narrower (never under one) and the chart laid out again. A busy
+cell that the narrowing leaves between two ops is a joint ``·`` in the colour of the op running
+there, so that blank still means idle. A paired BW (DualPipe's F&B) shares its F's cells, drawn
+over it as "&". Only where ops shorter than a cell crowd (each still takes one) may the ops
+after them sit further off, and only where a row has fewer cells than ops does one draw over
+another.
+
+A schedule too long for the width (most ops under ``MIN_CELLS`` cells) is drawn compressed: the
+start and the end at one readable scale, the middle (the steady state, which repeats) cut out and
+marked ``⋯``, and the header says how much. `render_gantt` also prints the simulated bubble
+(both definitions) beside the closed form and the peak in-flight activations.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
 from dataclasses import dataclass
 from xml.sax.saxutils import escape
@@ -37,6 +53,7 @@ SVG_CHAR_PX = 7  # width of one character of the SVG's 11 px monospace font, rou
 MARK = {"F": "-", "B": "=", "W": "~", "BW": "#"}  # fills an op's span: readable without colour
 MIN_CELLS = 3  # cells the median op needs to show its kind and a microbatch number
 CUT = " ⋯ "  # where a compressed chart leaves out the middle of the step
+JOINT = "·"  # a busy cell that rounding left between two ops (blank is idle only)
 
 
 @dataclass(frozen=True)
@@ -51,7 +68,8 @@ class Window:
 def drawn_windows(result: SimResult, width: int) -> tuple[Window, ...]:
     """The whole step over ``width`` cells, or, when the median op would get fewer than
     MIN_CELLS cells, its first and last stretches at that scale with the middle cut out. A long
-    run's timeline is its short run (``drawn_span_s``)."""
+    run's timeline is its short run (``drawn_span_s``). Both stretches draw at one scale, so an op
+    gets the same cells in either."""
     span = drawn_span_s(result)
     durations = [t.end_s - t.start_s for row in result.timeline for t in row if t.end_s > t.start_s]
     if span <= 0 or not durations:
@@ -60,8 +78,8 @@ def drawn_windows(result: SimResult, width: int) -> tuple[Window, ...]:
     if span * scale <= width or width < 2 * MIN_CELLS + len(CUT):
         return (Window(0.0, span, width),)
     half = (width - len(CUT)) // 2
-    seconds = half / scale
-    return (Window(0.0, seconds, half), Window(span - seconds, span, width - len(CUT) - half))
+    rest = width - len(CUT) - half
+    return (Window(0.0, half / scale, half), Window(span - rest / scale, span, rest))
 
 
 def chunk_letters(row) -> dict[int, str]:
@@ -71,29 +89,133 @@ def chunk_letters(row) -> dict[int, str]:
     return {c: chr(ord("a") + i) for i, c in enumerate(chunks)} if len(chunks) > 1 else {}
 
 
-def _draw(row, window: Window) -> Text:
-    """One rank's ops inside one window, as ``window.cells`` characters with styles."""
-    scale = window.cells / (window.end_s - window.start_s) if window.end_s > window.start_s else 0
+def units(row) -> list[tuple]:
+    """A rank's ops as it runs them: one op, or an F with the BW paired with it (DualPipe's F&B
+    chunk: the BW shares the F's span and is drawn over it, marked "&")."""
+    out: list[list] = []
+    for t in row:
+        if t.op.paired and out:
+            out[-1].append(t)
+        else:
+            out.append([t])
+    return [tuple(u) for u in out]
+
+
+def _span(unit) -> tuple[float, float]:
+    return unit[0].start_s, max(t.end_s for t in unit)
+
+
+def _key(seconds: float) -> float:
+    return float(f"{seconds:.9g}")  # equal durations, up to float noise, share one width
+
+
+@dataclass(frozen=True)
+class Placed:
+    """One unit drawn in one window: cells [first, end); [exact, exact_end) is where it truly runs
+    inside the window, in cells; ``key``: its duration's, where it lies wholly inside the window
+    (so its width is that duration's), else None."""
+
+    unit: tuple
+    first: int
+    end: int
+    exact: float
+    exact_end: float
+    key: float | None
+
+
+def _cells(x: float) -> int:
+    return int(x + 0.5)  # the nearest cell, halves up (x >= 0)
+
+
+def _place(row: list[tuple], window: Window, scale: float, widths: dict) -> list[Placed]:
+    """One rank's units in one window: each at its rounded start, or right after the unit before
+    it where that one still draws; then, if the last overruns the window, pulled back from the
+    end. A unit cut by an edge draws the part inside (one cut by the right edge runs to it)."""
+    items = []  # (unit, exact start, exact end, width, key, cut by the right edge)
+    for u in row:
+        s, e = _span(u)
+        if e <= s or e <= window.start_s or s >= window.end_s:
+            continue
+        x0 = (max(s, window.start_s) - window.start_s) * scale
+        x1 = (min(e, window.end_s) - window.start_s) * scale
+        key = _key(e - s) if window.start_s <= s and e <= window.end_s else None
+        w = widths[key] if key is not None else max(1, _cells(x1) - _cells(x0))
+        items.append((u, x0, x1, 1 if e > window.end_s else w, key, e > window.end_s))
+    firsts, end = [], 0
+    for _, x0, _, w, _, _ in items:
+        firsts.append(max(_cells(x0), end))
+        end = firsts[-1] + w
+    limit = window.cells
+    for i in reversed(range(len(items))):
+        firsts[i] = max(min(firsts[i], limit - items[i][3]), 0)
+        limit = firsts[i]
+    out = []
+    for i, (u, x0, x1, w, key, cut_right) in enumerate(items):
+        end = window.cells if cut_right else min(firsts[i] + w, window.cells)
+        if i + 1 < len(items):  # more units than cells: the later one draws over
+            end = min(end, max(firsts[i + 1], firsts[i] + 1))
+        out.append(Placed(u, firsts[i], end, x0, x1, key))
+    return out
+
+
+def _fits(line: list[Placed], widths: dict) -> bool:
+    """Each unit within a cell of its true start, at its duration's width, none over another."""
+    return all(abs(p.first - p.exact) <= 1 + 1e-9
+               and (p.key is None or p.end - p.first == widths[p.key])
+               and (i == 0 or p.first >= line[i - 1].end) for i, p in enumerate(line))
+
+
+def layout(result: SimResult, width: int) -> tuple[tuple[Window, ...], list[list[list[Placed]]]]:
+    """Where each rank's units fall, window by window ([rank][window] -> placed units), by the
+    rule in the module's docstring. The rows that break it (a unit more than a cell off its true
+    start, at another width than its duration's, or over its neighbour) each narrow by a cell the
+    duration drawn widest against its true width; each pass takes a cell off some duration and
+    none goes under one, so this ends."""
+    windows = drawn_windows(result, width)
+    w0 = windows[0]
+    scale = w0.cells / (w0.end_s - w0.start_s) if w0.end_s > w0.start_s else 0.0
+    rows = [units(row) for row in result.timeline]
+    exact: dict[float, float] = {}
+    for row in rows:
+        for u in row:
+            s, e = _span(u)
+            if e > s:
+                exact.setdefault(_key(e - s), (e - s) * scale)
+    widths = {k: max(1, _cells(x)) for k, x in exact.items()}
+    while True:
+        placed = [[_place(row, w, scale, widths) for w in windows] for row in rows]
+        lower = set()
+        for line in (line for by_window in placed for line in by_window):
+            if not _fits(line, widths):
+                up = [k for k in {p.key for p in line if p.key is not None} if widths[k] > 1]
+                if up:
+                    lower.add(max(up, key=lambda k: (widths[k] - exact[k], k)))
+        if not lower:
+            return windows, placed
+        for k in lower:
+            widths[k] -= 1
+
+
+def _draw(line: list[Placed], window: Window, letters: dict[int, str]) -> Text:
+    """One rank's placed units inside one window, as ``window.cells`` characters with styles."""
     cells = [" "] * window.cells
     styles: list[str | None] = [None] * window.cells
-    letters = chunk_letters(row)
-    for t in row:
-        if t.end_s <= window.start_s or t.start_s >= window.end_s:
-            continue
-        a = min(int(round((max(t.start_s, window.start_s) - window.start_s) * scale)),
-                window.cells)
-        b = min(int(round((min(t.end_s, window.end_s) - window.start_s) * scale)), window.cells)
-        if b <= a and t.end_s > t.start_s and a < window.cells:
-            b = a + 1  # never hide an op entirely
+    for p in line:
+        t = p.unit[-1]  # a paired BW is drawn over its F
         kind = t.op.kind
         name = "&" + kind if t.op.paired else kind
-        label = (f"{name}{t.op.microbatch}{letters.get(t.op.chunk, '')}"
-                 if t.start_s >= window.start_s else MARK[kind])
-        if len(label) > b - a:
-            label = name if t.start_s >= window.start_s else MARK[kind]
-        text = (label + MARK[kind] * (b - a))[:b - a]
-        for i, ch in zip(range(a, b), text):
+        starts_here = p.unit[0].start_s >= window.start_s
+        label = f"{name}{t.op.microbatch}{letters.get(t.op.chunk, '')}" if starts_here \
+            else MARK[kind]
+        if len(label) > p.end - p.first:
+            label = name if starts_here else MARK[kind]
+        text = (label + MARK[kind] * (p.end - p.first))[:p.end - p.first]
+        for i, ch in zip(range(p.first, p.end), text):
             cells[i], styles[i] = ch, STYLE[kind]
+    for p in line:  # busy where rounding drew no op: a joint, so that blank stays idle only
+        for i in range(max(int(p.exact), 0), min(math.ceil(p.exact_end), window.cells)):
+            if cells[i] == " " and p.exact <= i + 0.5 < p.exact_end:
+                cells[i], styles[i] = JOINT, STYLE[p.unit[-1].op.kind]
     out = Text()
     for ch, style in zip(cells, styles):
         out.append(ch, style=style or "")
@@ -119,15 +241,15 @@ def compressed_note(result: SimResult) -> str:
 
 def gantt_rows(result: SimResult, width: int) -> list[Text]:
     """One rich Text per rank, ``width`` cells: the whole step, or (``drawn_windows``) its start and
-    its end joined by the cut mark."""
-    parts = drawn_windows(result, width)
+    its end joined by the cut mark; where each op falls is :func:`layout`'s."""
+    windows, placed = layout(result, width)
     rows = []
-    for row in result.timeline:
-        text = Text()
-        for k, window in enumerate(parts):
+    for row, by_window in zip(result.timeline, placed):
+        text, letters = Text(), chunk_letters(row)
+        for k, (window, line) in enumerate(zip(windows, by_window)):
             if k:
                 text.append(CUT)
-            text.append_text(_draw(row, window))
+            text.append_text(_draw(line, window, letters))
         rows.append(text)
     return rows
 
@@ -170,8 +292,10 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
         console.print(f"compressed: 0-{left.end_s:.4g} s and {right.start_s:.4g}-"
                       f"{right.end_s:.4g} s drawn; the {right.start_s - left.end_s:.4g} s "
                       f"between (steady state) cut at {CUT.strip()}", highlight=False)
-    for r, text in enumerate(gantt_rows(result, width)):
-        console.print(Text(f"rank {r}".ljust(label_w)) + text + Text("|"), no_wrap=True, overflow="crop")
+    rows = gantt_rows(result, width)
+    for r, text in enumerate(rows):
+        console.print(Text(f"rank {r}".ljust(label_w)) + text + Text("|"), no_wrap=True,
+                      overflow="crop")
     legend = Text("legend: ")
     traits = schedule_traits(result.schedule)
     for kind, name in (("F", "forward"), ("B", "backward"), ("W", "weight grad"),
@@ -179,6 +303,8 @@ def render_gantt(result: SimResult, console: Console, width: int | None = None) 
         if (kind != "W" or traits.weight_grad_ops) and (kind != "BW" or traits.mirrored):
             legend.append(f"{kind}3{MARK[kind] * 2}", style=STYLE[kind]).append(f" {name}  ")
     legend.append("(of microbatch 3); blank: idle")
+    if any(JOINT in text.plain for text in rows):
+        legend.append(f", {JOINT}: busy")  # a cell rounding left between two ops (module doc)
     if any(chunk_letters(row) for row in result.timeline):
         legend.append("; F3b: on the rank's second model chunk (a, b, ... in pipeline order)")
     console.print(legend)
