@@ -27,8 +27,9 @@ from pathlib import Path
 from planner.core.limits import (MAX_CHUNKS, MAX_FILE_BYTES, MAX_GPUS, MAX_GPUS_PER_NODE,
                                  MAX_JSON_DEPTH, MAX_LAYERS, MAX_MICROBATCHES, MAX_PROFILE_TOKENS)
 from planner.fidelity.calibrate import MAX_CALIBRATION_RUNS
-from planner.fidelity.cases import DEFAULT_FILES, load_cases
+from planner.fidelity.cases import DEFAULT_FILES, case_setup, load_cases
 from planner.fidelity.runs_schema import MAX_CASES
+from planner.fidelity.work import MAX_PIPELINE_OPS, case_work
 
 TARGET_S = 30.0  # issue #31: every capped path under 30 s ...
 TARGET_MIB = 2048.0  # ... and 2 GiB
@@ -69,15 +70,51 @@ def _runs(tmp: Path) -> dict[str, Path]:
     every_cap["cluster"]["gpus"] = every_cap["config"]["tp"] * MAX_CHUNKS // 2
     huge_v = json.loads(json.dumps(megatron))
     huge_v["config"].update(virtual_stages=1e15, schedule="interleaved")
+    zb = next(c for c in bundled if c["name"] == "zerobubble-1.5B-ZB-2p-m24")
+    # torch 2.6's lockstep time steps: a table walked slot by slot, M x chunks of them
+    timesteps = json.loads(json.dumps(every_cap))
+    timesteps["config"].update(pp=8, global_batch=8 * 125_000)
+    timesteps["cluster"]["gpus"] = timesteps["config"]["tp"] * 8
+    timesteps["stack_overrides"] = {"pipeline_timesteps": True}
     docs = {"runs-at-cap": copies(bundled, MAX_CASES), "runs-over-cap": copies(bundled, MAX_CASES + 1),
             "calibrate-at-cap": copies(a100, MAX_CALIBRATION_RUNS),
             "calibrate-over-cap": copies(a100, MAX_CALIBRATION_RUNS + 1),
-            "run-at-every-cap": [every_cap], "virtual-stages-1e15": [huge_v]}
+            "run-at-every-cap": [every_cap], "virtual-stages-1e15": [huge_v],
+            "heaviest-run": [_zero_bubble(zb, "ZB-2p", MAX_CHUNKS, "zb2p-256")],
+            "distinct-shapes": _distinct_shapes(zb), "over-budget": [timesteps]}
     out = {}
     for name, doc in docs.items():
         out[name] = tmp / f"{name}.json"
         out[name].write_text(json.dumps(doc))
     return out
+
+
+def _zero_bubble(zb: dict, schedule: str, pp: int, name: str) -> dict:
+    """The zero-bubble run's model, 1,024 layers deep, on a pp-stage pipeline of ``schedule``
+    ("1F1B", "ZB-1p", "ZB-2p") and MAX_MICROBATCHES microbatches: a long periodic run."""
+    run = json.loads(json.dumps(zb))
+    run["name"] = name
+    run["model"]["layers"] = MAX_LAYERS
+    run["config"].update(pp=pp, dp=1, schedule=schedule, micro_batch=1,
+                         global_batch=MAX_MICROBATCHES)
+    run["cluster"]["gpus"] = pp
+    return run
+
+
+def _distinct_shapes(zb: dict) -> list[dict]:
+    """Runs of as many distinct pipeline shapes as the work budget (fidelity/work.py) admits,
+    none more than a 32nd of it, heaviest first: each shape simulated anew, more shapes than
+    the simulator's memo holds."""
+    shapes = [(case_work(case_setup(run)), run) for pp in range(MAX_CHUNKS, 1, -1)
+              for schedule in ("ZB-2p", "ZB-1p", "1F1B")
+              for run in [_zero_bubble(zb, schedule, pp, f"{schedule}-pp{pp}")]]
+    runs, total = [], 0
+    for work, run in sorted(shapes, key=lambda s: -s[0]):
+        if work <= MAX_PIPELINE_OPS // 32 and total + work <= MAX_PIPELINE_OPS \
+                and len(runs) < MAX_CASES:
+            runs.append(run)
+            total += work
+    return runs
 
 
 def _files(tmp: Path) -> dict[str, Path]:
@@ -171,6 +208,12 @@ def cases(files: dict[str, Path]) -> list[tuple[str, str, list[str]]]:
         ("validate runs", f"{MAX_CASES + 1} runs (refused)", ["validate", str(files["runs-over-cap"])]),
         ("validate runs", "one run at every cap (1,024 layers, 256 chunks, M ~10^6)",
          ["validate", str(files["run-at-every-cap"])]),
+        ("validate runs", "the heaviest run in the budget: zb-2p, pp 256, M 10^6",
+         ["validate", str(files["heaviest-run"])]),
+        ("validate runs", f"runs of distinct shapes, {MAX_PIPELINE_OPS:,} pipeline ops in all",
+         ["validate", str(files["distinct-shapes"])]),
+        ("validate runs", "torch 2.6 time steps, pp 8 v 2, M 10^6 (refused: over budget)",
+         ["validate", str(files["over-budget"])]),
         ("runs degrees", "virtual_stages 1e15 (refused)",
          ["validate", str(files["virtual-stages-1e15"])]),
     ]

@@ -1,0 +1,51 @@
+"""The work budget of a runs file (`plan validate`, `plan calibrate`): the pipeline ops its runs'
+simulations walk, counted from each run's configuration before any run is priced, so a file that
+would run for minutes is refused at once, in one line (issue #31).
+
+What takes the time is the pipeline simulation of a shape not seen before (schedule, pp, M,
+virtual stages): ~8 s of CPU for the largest the runs schema admits (interleaved, 256 chunks,
+M ~10^6), where pricing a run's model costs hundredths of a second however many layers it has
+(benchmarks/bench_worst_case.py). The budget counts ops (predict/pipeline_schedule.py
+pipeline_work), never seconds, so the same file gets the same answer on any machine and load.
+Every run counts its shape's ops in full, as if no other run had simulated it: a bound, where the
+simulator's memo (pipeline/simulate.py) makes a repeated shape cheaper.
+"""
+
+from __future__ import annotations
+
+from planner.core.errors import PlanInputError
+from planner.fidelity.case_setup import CaseSetup
+from planner.predict.pipeline_schedule import pipeline_work
+
+# Pipeline ops one runs file may ask for, summed over its runs. The largest single run the schema
+# admits (interleaved, pp 128 x v 2 = 256 chunks, M 999,936: its first short run of 768
+# microbatches and one more period, 512 ops each) asks 851,968, and the 82 bundled runs ask
+# 41,xxx together; 4 x 10^6 admits either many times over. Chosen with
+# benchmarks/bench_worst_case.py in view: files at this budget, the runs spread over distinct
+# shapes or repeated, took at most ~20 s and ~1 GiB on 2 cores (docs/bad-input.md).
+MAX_PIPELINE_OPS = 1_600_000
+
+
+def case_work(setup: CaseSetup) -> int:
+    """The pipeline ops pricing one run asks for (0 for a run that is skipped)."""
+    if setup.unsupported or setup.parallel is None or setup.options is None:
+        return 0
+    return pipeline_work(setup.parallel, setup.options)
+
+
+def check_work(setups: list[CaseSetup], origin: str) -> int:
+    """The runs' total work; PlanInputError (one line, the heaviest run named) beyond
+    MAX_PIPELINE_OPS."""
+    work = [case_work(s) for s in setups]
+    total = sum(work)
+    if total > MAX_PIPELINE_OPS:
+        heaviest = max(range(len(work)), key=work.__getitem__)
+        par = setups[heaviest].parallel
+        what = "give it" if work[heaviest] > MAX_PIPELINE_OPS else "split the file, or give it"
+        raise PlanInputError(
+            f"{origin}: its runs' pipeline simulations walk {total:,} ops; at most "
+            f"{MAX_PIPELINE_OPS:,} (planner/fidelity/work.py). The heaviest, "
+            f"'{setups[heaviest].name}' ({par.schedule} pp {par.pp} v {par.virtual_stages}, "
+            f"M {par.num_microbatches:,}), walks {work[heaviest]:,}: {what} fewer pipeline "
+            "chunks or microbatches")
+    return total
