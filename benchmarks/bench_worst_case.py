@@ -76,12 +76,21 @@ def _runs(tmp: Path) -> dict[str, Path]:
     timesteps["config"].update(pp=8, global_batch=8 * 125_000)
     timesteps["cluster"]["gpus"] = timesteps["config"]["tp"] * 8
     timesteps["stack_overrides"] = {"pipeline_timesteps": True}
+    # plan calibrate prices each run up to CALIBRATION_PRICINGS times, walking a time-step table
+    # each time: 16 runs (the most refitted one by one), 13 of them on time steps at M 8
+    calibrate_timesteps = [json.loads(json.dumps(timesteps)) for _ in range(13)]
+    for n, run in enumerate(calibrate_timesteps):
+        run.update(name=f"timesteps-{n}")
+        run["model"]["layers"] = 64
+        run["config"]["global_batch"] = 8
+    calibrate_timesteps += [c for c in a100 if c["group"] == "megatron2021_table1"][:3]
     docs = {"runs-at-cap": copies(bundled, MAX_CASES), "runs-over-cap": copies(bundled, MAX_CASES + 1),
             "calibrate-at-cap": copies(a100, MAX_CALIBRATION_RUNS),
             "calibrate-over-cap": copies(a100, MAX_CALIBRATION_RUNS + 1),
             "run-at-every-cap": [every_cap], "virtual-stages-1e15": [huge_v],
             "heaviest-run": [_zero_bubble(zb, "ZB-2p", MAX_CHUNKS, "zb2p-256")],
-            "distinct-shapes": _distinct_shapes(zb), "over-budget": [timesteps]}
+            "distinct-shapes": _distinct_shapes(zb), "over-budget": [timesteps],
+            "calibrate-timesteps": calibrate_timesteps}
     out = {}
     for name, doc in docs.items():
         out[name] = tmp / f"{name}.json"
@@ -201,6 +210,8 @@ def cases(files: dict[str, Path]) -> list[tuple[str, str, list[str]]]:
          ["profile", "llama3-8b", "--seq-len", str(2**24)]),
         ("calibrate runs", f"{MAX_CALIBRATION_RUNS} A100 runs (cap), three factors",
          ["calibrate", "--runs", str(files["calibrate-at-cap"])]),
+        ("calibrate runs", "16 runs, 13 on torch 2.6 time steps (pp 8 v 2, M 8), in the budget",
+         ["calibrate", "--runs", str(files["calibrate-timesteps"])]),
         ("calibrate runs", f"{MAX_CALIBRATION_RUNS + 1} runs (refused)",
          ["calibrate", "--runs", str(files["calibrate-over-cap"])]),
         ("validate runs", f"{MAX_CASES} runs (cap), the bundled repeated",

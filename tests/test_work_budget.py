@@ -133,5 +133,27 @@ def test_the_budget_spans_every_file_given(monkeypatch):
     monkeypatch.setattr(work, "MAX_PIPELINE_OPS", max(each))
     for f in files:
         work.check_work(published.case_setups(load_cases(f)), str(f))
-    with pytest.raises(PlanInputError, match=f"the {len(files)} runs files: its runs' pipeline"):
+    with pytest.raises(PlanInputError, match=f"the {len(files)} runs files: its runs' pipelines"):
         published.validate_file(files)
+
+
+def test_calibrate_counts_its_many_pricings_and_refuses_before_any(monkeypatch):
+    # calibrate prices without the simulation (no simulated ops), but walks a time-step table
+    # at each of up to CALIBRATION_PRICINGS pricings of a run
+    import planner.fidelity.calibrate as cal
+    from planner.fidelity.work import CALIBRATION_PRICINGS
+    run = copy.deepcopy(next(c for c in _bundled() if c["name"] == "megatron2021-table1-39.1B"))
+    run["model"]["layers"] = 64
+    run["config"].update(pp=8, dp=1, virtual_stages=None, global_batch=8 * 64)
+    run["cluster"]["gpus"] = 8 * run["config"]["tp"]
+    plain = copy.deepcopy(run)
+    run["stack_overrides"] = {"pipeline_timesteps": True}
+    assert case_work(case_setup(plain), simulated=False) == 0
+    slots = case_work(case_setup(run), simulated=False)
+    assert slots == interleaved_slots(8, 8 * 64, 2)
+    assert slots <= MAX_PIPELINE_OPS < slots * CALIBRATION_PRICINGS
+    monkeypatch.setattr(cal, "validate_case", lambda *a, **k: pytest.fail("priced a run"))
+    runs = [{**plain, "name": "a"}, {**run, "name": "b"}]
+    with pytest.raises(PlanInputError, match=f"each priced up to {CALIBRATION_PRICINGS} times.*"
+                                             "The heaviest, 'b'"):
+        cal.calibrate_to_runs(runs, ("matmul",))

@@ -5,8 +5,9 @@ would run for minutes is refused at once, in one line (issue #31).
 What takes the time is the pipeline simulation of a shape not seen before (schedule, pp, M,
 virtual stages): ~8 s of CPU for the largest the runs schema admits (interleaved, 256 chunks,
 M ~10^6), where pricing a run's model costs hundredths of a second however many layers it has
-(benchmarks/bench_worst_case.py). The budget counts ops (predict/pipeline_schedule.py
-pipeline_work), never seconds, so the same file gets the same answer on any machine and load.
+(benchmarks/bench_worst_case.py). `plan calibrate` prices runs without the simulation,
+but many times each. The budget counts ops (predict/pipeline_schedule.py pipeline_work), never
+seconds, so the same file gets the same answer on any machine and load.
 Every run counts its shape's ops in full, as if no other run had simulated it: a bound, where the
 simulator's memo (pipeline/simulate.py) makes a repeated shape cheaper.
 """
@@ -26,24 +27,34 @@ from planner.predict.pipeline_schedule import pipeline_work
 MAX_PIPELINE_OPS = 1_600_000
 
 
-def case_work(setup: CaseSetup) -> int:
-    """The pipeline ops pricing one run asks for (0 for a run that is skipped)."""
+# Times `plan calibrate` prices one run: it prices with the closed-form pipeline (no simulation),
+# but a stack that runs torch 2.6's time steps walks its table at every pricing. The fit and the
+# leave-one-out refits priced a run at most 206 times over the bundled A100 runs (4 to 41 runs,
+# three factors; 16 runs, the most that are refitted, is the worst), measured, not a bound of
+# Levenberg-Marquardt's worst case; 256 leaves room.
+CALIBRATION_PRICINGS = 256
+
+
+def case_work(setup: CaseSetup, simulated: bool = True) -> int:
+    """The pipeline ops pricing one run asks for (0 for a run that is skipped); ``simulated``
+    False: priced with the closed forms, as `plan calibrate` prices."""
     if setup.unsupported or setup.parallel is None or setup.options is None:
         return 0
-    return pipeline_work(setup.parallel, setup.options)
+    return pipeline_work(setup.parallel, setup.options, simulated)
 
 
-def check_work(setups: list[CaseSetup], origin: str) -> int:
-    """The runs' total work; PlanInputError (one line, the heaviest run named) beyond
-    MAX_PIPELINE_OPS."""
-    work = [case_work(s) for s in setups]
+def check_work(setups: list[CaseSetup], origin: str, simulated: bool = True,
+               pricings: int = 1) -> int:
+    """The runs' total work, each run priced ``pricings`` times; PlanInputError (one line, the
+    heaviest run named) beyond MAX_PIPELINE_OPS."""
+    work = [case_work(s, simulated) * pricings for s in setups]
     total = sum(work)
     if total > MAX_PIPELINE_OPS:
         heaviest = max(range(len(work)), key=work.__getitem__)
         par = setups[heaviest].parallel
         what = "give it" if work[heaviest] > MAX_PIPELINE_OPS else "split the file, or give it"
         raise PlanInputError(
-            f"{origin}: its runs' pipeline simulations walk {total:,} ops; at most "
+            f"{origin}: its runs' pipelines walk {total:,} ops; at most "
             f"{MAX_PIPELINE_OPS:,} (planner/fidelity/work.py). The heaviest, "
             f"'{setups[heaviest].name}' ({par.schedule} pp {par.pp} v {par.virtual_stages}, "
             f"M {par.num_microbatches:,}), walks {work[heaviest]:,}: {what} fewer pipeline "
