@@ -4,12 +4,10 @@ model file's loader (model/load.py) or a caller of the Python API."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 from planner.core.errors import PlanInputError
 
-if TYPE_CHECKING:
-    from planner.model.spec import Layer, ModelSpec
+# The spec and its layers come in untyped here: model/spec.py imports this module, and no import
+# goes back (tests/test_architecture.py: no cycles).
 
 
 def _positive(origin: str, **values) -> None:
@@ -18,7 +16,7 @@ def _positive(origin: str, **values) -> None:
             raise PlanInputError(f"{origin}: '{name}' must be a positive integer, got {value!r}")
 
 
-def check_consistent(spec: ModelSpec, origin: str) -> None:
+def check_consistent(spec, origin: str) -> None:
     """What no one field says, which ModelSpec checks as it is built (after each field, by
     model/schema.py's rules): heads that split the width and the KV heads, dense layers among the
     blocks, MoE settings only with experts, each block's own MoE and MLA settings."""
@@ -43,7 +41,7 @@ def check_consistent(spec: ModelSpec, origin: str) -> None:
         check_moe(layer, origin)
 
 
-def check_moe(layer: Layer, where: str) -> None:
+def check_moe(layer, where: str) -> None:
     """One line for an MoE or MLA block that cannot exist."""
     if layer.kind != "block":
         return
@@ -65,7 +63,7 @@ def check_moe(layer: Layer, where: str) -> None:
         raise PlanInputError(f"{where}: q_lora_rank and the MLA head dims need kv_lora_rank > 0")
 
 
-def check_groups(layer: Layer, where: str) -> None:
+def check_groups(layer, where: str) -> None:
     """One line for group-limited routing that cannot exist: groups that do not split the
     experts evenly, more chosen groups than groups, or too few experts in them for top-k."""
     groups, chosen = layer.moe_groups, layer.moe_group_top_k
