@@ -4,6 +4,8 @@ line. A table of wall-clock and CPU seconds, peak resident memory, exit codes an
 of the answer; each case runs as its own `plan` process under a timeout, so a dimension that is
 not bounded shows as a timeout instead of hanging the script. The verdict is issue #31's: under
 30 s of wall time and 2 GiB of peak memory (the process's own, and any children it waited for).
+Runs files are also tried at their work budget (planner/fidelity/work.py): the heaviest single
+run it admits, and as many distinct pipeline shapes as it admits, each simulated anew.
 
 `--ordinary` adds plain profiles of llama3-8b, -70b and -405b, whose time is their --budget-s
 (minutes for 405b on 2 cores) and whose memory must stay under 4 GiB.

@@ -18,12 +18,14 @@ from planner.core.errors import PlanInputError
 from planner.fidelity.case_setup import CaseSetup
 from planner.predict.pipeline_schedule import pipeline_work
 
-# Pipeline ops one runs file may ask for, summed over its runs. The largest single run the schema
-# admits (interleaved, pp 128 x v 2 = 256 chunks, M 999,936: its first short run of 768
-# microbatches and one more period, 512 ops each) asks 851,968, and the 82 bundled runs ask
-# 41,xxx together; 4 x 10^6 admits either many times over. Chosen with
-# benchmarks/bench_worst_case.py in view: files at this budget, the runs spread over distinct
-# shapes or repeated, took at most ~20 s and ~1 GiB on 2 cores (docs/bad-input.md).
+# Pipeline ops one runs file may ask for, summed over its runs. Chosen with
+# benchmarks/bench_worst_case.py in view: an op costs 5 to 12 us of CPU on the 2-core machine
+# (interleaved, 1F1B, ZB-H1 and ZB-2p at up to 256 chunks, torch 2.6's time steps at 16, one run
+# each, measured), so 1.6 million take under 20 s with the interpreter's start; the heaviest runs measured at it took
+# 16-17 s of CPU and at most 0.8 GiB (docs/speed.md). It admits the largest single run the schema
+# allows, interleaved at pp 128 x v 2 and M 999,936 (its first short run of 768 microbatches and
+# one period more, 512 ops each: 851,968), ZB-2p at pp 256 and M 10^6 (1,585,920), and the 82
+# bundled runs (399,162 together) three times over, as the bench's 256-run file repeats them.
 MAX_PIPELINE_OPS = 1_600_000
 
 

@@ -108,14 +108,14 @@ FULL_UP_TO = 64  # microbatches simulated in full (every op) whatever the method
 
 def simulated_ops(name: str, p: int, m: int, v: int = 1) -> int:
     """The ops `simulate` builds for a shape it has not seen (``method="auto"``), known before
-    any of them is built (an upper bound where F&B pairs fuse two): a forward and a backward
-    (and a W where the schedule has W ops) per chunk a microbatch passes and simulated
-    microbatch, the microbatches following
-    `simulate`'s own dispatch. A long periodic run builds its first short run and that run plus
-    one period (`_steady_cut`); GPipe's closed form builds none. The count assumes the first
-    short run has its cut, as every shape in tests/test_periodic.py has (a run without one
-    would double it, and simulate the whole run at last). The caller's work budget counts
-    these (planner/fidelity/work.py), never seconds, so the same input gets the same answer."""
+    any of them is built (an upper bound where F&B pairs fuse two): a forward and a backward (and
+    a W where the schedule has W ops) per chunk a microbatch passes, per simulated microbatch,
+    the microbatches following `simulate`'s own dispatch. A long periodic run builds its first
+    short run and that run plus one period (`_steady_cut`); GPipe's closed form builds none. The
+    count assumes the first short run has its cut, as tests/test_work_budget.py checks for every
+    schedule (a run without one would double it, and simulate the whole run at last). The
+    caller's work budget counts these (planner/fidelity/work.py), never seconds, so the same
+    input gets the same answer."""
     traits = schedule_traits(name)
     # a mirrored schedule's microbatch runs one direction, through p of its 2p chunks
     stages = p if traits.mirrored else p * traits.chunks_per_rank(v)
