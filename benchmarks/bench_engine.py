@@ -25,7 +25,6 @@ Needs torch (pip install -e '.[engine]'). Target (the engine issue): every ratio
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import tempfile
@@ -38,6 +37,7 @@ from planner.core.parallel import Parallel
 from planner.hardware.profiles import Cluster, Hardware
 from planner.launchers import export_plan
 from planner.model.spec import ModelSpec
+from planner.engine.exported import plan_document
 from planner.pipeline.job import on_stack, run_simulation, simulation_job
 from planner.predict.plan import Metrics, Plan, Stage
 from planner.stack import load_stack, with_overrides
@@ -74,7 +74,7 @@ def _job(plan: Plan, out: Path):
     export_plan(plan, ["json"], out)
     job = simulation_job(None, None, plan.parallel.schedule, plan.parallel.virtual_stages, None,
                          0.0, out / "plan.json")
-    return json.loads((out / "plan.json").read_text()), job
+    return plan_document(out), job
 
 
 def measure(args) -> dict:

@@ -4,6 +4,8 @@ line. A table of wall-clock and CPU seconds, peak resident memory, exit codes an
 of the answer; each case runs as its own `plan` process under a timeout, so a dimension that is
 not bounded shows as a timeout instead of hanging the script. The verdict is issue #31's: under
 30 s of wall time and 2 GiB of peak memory (the process's own, and any children it waited for).
+Runs files are also tried at their work budget (planner/fidelity/work.py): the heaviest single
+run it admits, and as many distinct pipeline shapes as it admits, each simulated anew.
 
 `--ordinary` adds plain profiles of llama3-8b, -70b and -405b, whose time is their --budget-s
 (minutes for 405b on 2 cores) and whose memory must stay under 4 GiB.
@@ -27,8 +29,9 @@ from pathlib import Path
 from planner.core.limits import (MAX_CHUNKS, MAX_FILE_BYTES, MAX_GPUS, MAX_GPUS_PER_NODE,
                                  MAX_JSON_DEPTH, MAX_LAYERS, MAX_MICROBATCHES, MAX_PROFILE_TOKENS)
 from planner.fidelity.calibrate import MAX_CALIBRATION_RUNS
-from planner.fidelity.cases import DEFAULT_FILES, load_cases
+from planner.fidelity.cases import DEFAULT_FILES, case_setup, load_cases
 from planner.fidelity.runs_schema import MAX_CASES
+from planner.fidelity.work import MAX_PIPELINE_OPS, case_work
 
 TARGET_S = 30.0  # issue #31: every capped path under 30 s ...
 TARGET_MIB = 2048.0  # ... and 2 GiB
@@ -69,15 +72,60 @@ def _runs(tmp: Path) -> dict[str, Path]:
     every_cap["cluster"]["gpus"] = every_cap["config"]["tp"] * MAX_CHUNKS // 2
     huge_v = json.loads(json.dumps(megatron))
     huge_v["config"].update(virtual_stages=1e15, schedule="interleaved")
+    zb = next(c for c in bundled if c["name"] == "zerobubble-1.5B-ZB-2p-m24")
+    # torch 2.6's lockstep time steps: a table walked slot by slot, M x chunks of them
+    timesteps = json.loads(json.dumps(every_cap))
+    timesteps["config"].update(pp=8, global_batch=8 * 125_000)
+    timesteps["cluster"]["gpus"] = timesteps["config"]["tp"] * 8
+    timesteps["stack_overrides"] = {"pipeline_timesteps": True}
+    # plan calibrate prices each run up to CALIBRATION_PRICINGS times, walking a time-step table
+    # each time: 16 runs (the most refitted one by one), 13 of them on time steps at M 8
+    calibrate_timesteps = [json.loads(json.dumps(timesteps)) for _ in range(13)]
+    for n, run in enumerate(calibrate_timesteps):
+        run.update(name=f"timesteps-{n}")
+        run["model"]["layers"] = 64
+        run["config"]["global_batch"] = 8
+    calibrate_timesteps += [c for c in a100 if c["group"] == "megatron2021_table1"][:3]
     docs = {"runs-at-cap": copies(bundled, MAX_CASES), "runs-over-cap": copies(bundled, MAX_CASES + 1),
             "calibrate-at-cap": copies(a100, MAX_CALIBRATION_RUNS),
             "calibrate-over-cap": copies(a100, MAX_CALIBRATION_RUNS + 1),
-            "run-at-every-cap": [every_cap], "virtual-stages-1e15": [huge_v]}
+            "run-at-every-cap": [every_cap], "virtual-stages-1e15": [huge_v],
+            "heaviest-run": [_zero_bubble(zb, "ZB-2p", MAX_CHUNKS, "zb2p-256")],
+            "distinct-shapes": _distinct_shapes(zb), "over-budget": [timesteps],
+            "calibrate-timesteps": calibrate_timesteps}
     out = {}
     for name, doc in docs.items():
         out[name] = tmp / f"{name}.json"
         out[name].write_text(json.dumps(doc))
     return out
+
+
+def _zero_bubble(zb: dict, schedule: str, pp: int, name: str) -> dict:
+    """The zero-bubble run's model, 1,024 layers deep, on a pp-stage pipeline of ``schedule``
+    ("1F1B", "ZB-1p", "ZB-2p") and MAX_MICROBATCHES microbatches: a long periodic run."""
+    run = json.loads(json.dumps(zb))
+    run["name"] = name
+    run["model"]["layers"] = MAX_LAYERS
+    run["config"].update(pp=pp, dp=1, schedule=schedule, micro_batch=1,
+                         global_batch=MAX_MICROBATCHES)
+    run["cluster"]["gpus"] = pp
+    return run
+
+
+def _distinct_shapes(zb: dict) -> list[dict]:
+    """Runs of as many distinct pipeline shapes as the work budget (fidelity/work.py) admits,
+    none more than a 32nd of it, heaviest first: each shape simulated anew, more shapes than
+    the simulator's memo holds."""
+    shapes = [(case_work(case_setup(run)), run) for pp in range(MAX_CHUNKS, 1, -1)
+              for schedule in ("ZB-2p", "ZB-1p", "1F1B")
+              for run in [_zero_bubble(zb, schedule, pp, f"{schedule}-pp{pp}")]]
+    runs, total = [], 0
+    for work, run in sorted(shapes, key=lambda s: -s[0]):
+        if work <= MAX_PIPELINE_OPS // 32 and total + work <= MAX_PIPELINE_OPS \
+                and len(runs) < MAX_CASES:
+            runs.append(run)
+            total += work
+    return runs
 
 
 def _files(tmp: Path) -> dict[str, Path]:
@@ -164,6 +212,8 @@ def cases(files: dict[str, Path]) -> list[tuple[str, str, list[str]]]:
          ["profile", "llama3-8b", "--seq-len", str(2**24)]),
         ("calibrate runs", f"{MAX_CALIBRATION_RUNS} A100 runs (cap), three factors",
          ["calibrate", "--runs", str(files["calibrate-at-cap"])]),
+        ("calibrate runs", "16 runs, 13 on torch 2.6 time steps (M 8), in budget",
+         ["calibrate", "--runs", str(files["calibrate-timesteps"])]),
         ("calibrate runs", f"{MAX_CALIBRATION_RUNS + 1} runs (refused)",
          ["calibrate", "--runs", str(files["calibrate-over-cap"])]),
         ("validate runs", f"{MAX_CASES} runs (cap), the bundled repeated",
@@ -171,6 +221,12 @@ def cases(files: dict[str, Path]) -> list[tuple[str, str, list[str]]]:
         ("validate runs", f"{MAX_CASES + 1} runs (refused)", ["validate", str(files["runs-over-cap"])]),
         ("validate runs", "one run at every cap (1,024 layers, 256 chunks, M ~10^6)",
          ["validate", str(files["run-at-every-cap"])]),
+        ("validate runs", "heaviest run in budget: zb-2p, pp 256, M 10^6",
+         ["validate", str(files["heaviest-run"])]),
+        ("validate runs", f"{MAX_PIPELINE_OPS:,} pipeline ops (budget), distinct shapes",
+         ["validate", str(files["distinct-shapes"])]),
+        ("validate runs", "torch 2.6 time steps, M 10^6 (refused: over budget)",
+         ["validate", str(files["over-budget"])]),
         ("runs degrees", "virtual_stages 1e15 (refused)",
          ["validate", str(files["virtual-stages-1e15"])]),
     ]

@@ -6,7 +6,9 @@ bundled runs)."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
+import re
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -14,6 +16,8 @@ from hypothesis import strategies as st
 
 from planner import api
 from planner.core.errors import NoFeasiblePlan, PlanInputError
+from planner.hardware.profiles import Hardware
+from planner.model.spec import ModelSpec
 
 # a small plan that solves in milliseconds: every dimension pinned, one configuration refined
 SOLVE = dict(gpus=2, nodes=1, model="megatron-1.7b", tp=1, pp=2, micro_batch=1, schedule="1f1b",
@@ -121,3 +125,71 @@ def test_power_limit_and_expert_load_reach_the_api():
     full = api.solve(**{**SOLVE, "gpu": "h100"}).best.metrics.step_time_s
     capped = api.solve(**{**SOLVE, "gpu": "h100", "power_limit": 400}).best.metrics.step_time_s
     assert capped > full
+
+
+# --- the types the API takes: a ModelSpec or a Hardware built by the caller ---------------------
+
+MODEL_FIELDS = [f.name for f in dataclasses.fields(ModelSpec)]
+HARDWARE_FIELDS = [f.name for f in dataclasses.fields(Hardware)]
+
+
+def _built(cls_base, changes: dict):
+    """``replace(base, **changes)``: the object, or None where its constructor refused it in
+    one PlanInputError line (anything else propagates and fails the test)."""
+    try:
+        return dataclasses.replace(cls_base, **changes)
+    except PlanInputError as e:
+        assert "\n" not in str(e)
+        return None
+
+
+@FUZZ
+@given(_changes(MODEL_FIELDS))
+def test_a_model_spec_of_wrong_types_is_refused_by_its_constructor(changes):
+    spec = _built(api.model("megatron-1.7b"), changes)
+    if spec is not None:  # what it took plans, or is refused, through the API
+        result = _call(api.explain, {**EXPLAIN, "model": spec}, {})
+        assert result is None or isinstance(result, api.Explanation)
+
+
+@FUZZ
+@given(_changes(HARDWARE_FIELDS))
+def test_a_hardware_of_wrong_types_is_refused_by_its_constructor(changes):
+    hw = _built(api.hardware("a100"), changes)
+    if hw is not None:
+        result = _call(api.explain, {**EXPLAIN, "hardware": hw}, {})
+        assert result is None or isinstance(result, api.Explanation)
+
+
+@pytest.mark.parametrize("field, value, words", [
+    ("hidden_size", "2048", "'hidden_size' must be a whole number, got '2048'"),
+    ("num_layers", True, "'num_layers' must be a whole number, got True"),
+    ("num_layers", 10**6, "'num_layers' must be positive, at most 1024"),
+    ("seq_length", 2048.0, "'seq_length' must be a whole number (no decimal point)"),
+    ("bias", "no", "'bias' must be true or false, got 'no'"),
+    ("tie_embeddings", 1, "'tie_embeddings' must be true or false, got 1"),
+    ("mlp", "relu", "'mlp' must be one of gelu, swiglu, got 'relu'"),
+    ("norm", "batchnorm", "'norm' must be one of layernorm, rmsnorm"),
+    ("qk_norm", None, "'qk_norm' must be one of '' (none), head, full, got None"),
+    ("rope_theta", math.nan, "'rope_theta' must be a finite number"),
+    ("router_aux_loss", 1.0, "'router_aux_loss' must be below 1"),
+    ("dense_layers", [0], "'dense_layers' must be a tuple of block indices"),
+    ("layers", [1], "'layers' must be a tuple of Layer"),
+    ("name", 5, "model: 'name' must be a string"),
+    # what no field says alone is the constructor's too (model/consistency.py), not the loader's
+    ("num_kv_heads", 5, "is not a multiple of num_kv_heads 5"),
+    ("moe_top_k", 2, "moe_top_k, moe_ffn_hidden_size, dense_layers, shared experts and "
+                     "router_bias need num_experts > 0"),
+])
+def test_each_model_field_is_named_with_what_it_takes(field, value, words):
+    with pytest.raises(PlanInputError, match=re.escape(words)):
+        dataclasses.replace(api.model("megatron-1.7b"), **{field: value})
+
+
+def test_a_layer_checks_its_fields_too():
+    from planner.model.spec import Layer
+    with pytest.raises(PlanInputError, match=re.escape("a block layer: 'mlp' must be one of")):
+        Layer(kind="block", hidden_size=64, num_attention_heads=4, num_kv_heads=4,
+              ffn_hidden_size=256, mlp="relu")
+    with pytest.raises(PlanInputError, match="a layer: 'kind' must be one of embedding, block"):
+        Layer(kind="conv", hidden_size=64)

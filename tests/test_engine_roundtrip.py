@@ -5,13 +5,13 @@ exports (GPipe, 1F1B, interleaved 1F1B, zero-bubble); the gradients must equal o
 Needs torch (``pip install -e '.[engine]'``; .ci/run installs it); skipped without it.
 """
 
-import json
 import os
 from dataclasses import replace
 
 import pytest
 
 from planner.hardware.profiles import Cluster
+from planner.engine.exported import plan_document
 from planner.launchers import export_plan
 from planner.model.spec import ModelSpec
 from planner.core.parallel import Parallel
@@ -46,9 +46,9 @@ def tiny_plan(schedule: str, v: int, bounds: tuple[int, ...], model: ModelSpec =
 
 
 def plan_file(tmp_path, name, plan) -> dict:
-    """Export plan.json and read it back: the engine sees only the file."""
+    """Export plan.json and read it back from the verified set: the engine sees only the file."""
     export_plan(plan, ["json"], tmp_path / name)
-    return json.loads((tmp_path / name / "plan.json").read_text())
+    return plan_document(tmp_path / name)
 
 
 def test_every_schedule_matches_one_process(tmp_path):

@@ -616,9 +616,10 @@ def _plan(name: str, gpu_name: str = "a100-80gb", launcher: str = "megatron"):
     from planner.search.solver import search
     from planner.stack import load_stack
 
-    spec = replace(PRESETS["llama3-8b"], name=name)
-    # Hardware refuses such a name in its constructor (the first defence); set past it, to test
-    # the second: every exporter writes a name as data
+    # Hardware and ModelSpec refuse such a name in their constructors (the first defence); set
+    # past them, to test the second: every exporter writes a name as data
+    spec = replace(PRESETS["llama3-8b"])
+    object.__setattr__(spec, "name", name)
     cluster = make_cluster(load_hardware("a100-80gb"), 16, 2)
     object.__setattr__(cluster.hardware, "name", gpu_name)
     # FSDP2 has no ZeRO-1 (torchtitan's exporter refuses it): torchtitan plans shard at ZeRO-2

@@ -133,9 +133,12 @@ ZB_H1 = Schedule("zb-h1", "ZB-H1", split_backward=True, weight_grad_ops=True,
                  defers_w_by_rank=True, releases=("W",), holds=HOLDS_LIMIT, inflight_limit=1,
                  torch_class=("ScheduleInterleavedZeroBubble", "InterleavedZeroBubble"),
                  torch_multi_stage=True)
-# ZB-2p: at most 2p microbatches' activations (F run, W not yet) a rank (pipeline/schedule.py)
+# ZB-2p: at most 2p microbatches' activations (F run, W not yet) a rank (pipeline/schedule.py).
+# Its first short run is twice the default 2p + 4: that one held no steady cut for any p from 3
+# to 64 and the simulator doubled it every time (measured; tests/test_periodic.py checks every
+# schedule's first short run has its cut), after building it for nothing (~4 s at p = 256).
 ZB_2P = Schedule("zb-2p", "ZB-2p", split_backward=True, weight_grad_ops=True, releases=("W",),
-                 holds=HOLDS_LIMIT, inflight_limit=2)
+                 holds=HOLDS_LIMIT, inflight_limit=2, short_run=(4, 8))
 DUALPIPE = Schedule("dualpipe", "DualPipe", weight_grad_ops=True, mirrored=True,
                     fixed_chunks_per_rank=2, pairs_forward_backward=True, releases=("W", "BW"),
                     holds=HOLDS_BOTH_DIRECTIONS, short_run=(2, 8))

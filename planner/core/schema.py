@@ -115,7 +115,7 @@ def check_value(value, f: Field, where: str):
         return value
     if f.kind == "choice":
         if isinstance(value, bool) or value not in f.choices:
-            options = ", ".join(str(c) for c in f.choices)
+            options = ", ".join(str(c) if c != "" else "'' (none)" for c in f.choices)
             raise PlanInputError(f"{where} must be one of {options}, got {_shown(value)}"
                                  + suggestion(value, f.choices))
         return value

@@ -17,7 +17,6 @@ other layer class name contains "block", so the type: method weighs exactly the 
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import socket
 from pathlib import Path
@@ -26,6 +25,7 @@ import torch
 import torch.multiprocessing as mp
 from torch import nn
 
+from planner.engine.exported import PLAN, plan_document, read_documents
 from planner.engine.torch_model import Decoder, build_decoder, loss_fn
 from planner.engine.torch_run import batch
 
@@ -127,8 +127,8 @@ def _step(engine, pipelined: bool, tokens: torch.Tensor, targets: torch.Tensor,
 def _run(directory: Path, dp_rank: int) -> dict:
     import deepspeed
 
-    doc = json.loads((directory / "plan.json").read_text())
-    config = json.loads((directory / "ds_config.json").read_text())
+    files = read_documents(directory, (PLAN, "ds_config.json"))  # one verified export set
+    doc, config = files[PLAN], files["ds_config.json"]
     layers = layer_list(doc)
     counts = _count_calls(layers)
     model = _model(directory, layers)
@@ -163,7 +163,7 @@ def _worker(rank: int, export_dirs: list[str], workdir: str, world: int, port: i
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")
-    plans = [json.loads((Path(d) / "plan.json").read_text())["parallel"] for d in export_dirs]
+    plans = [plan_document(d)["parallel"] for d in export_dirs]
     # pp = 1 exports first: a pipeline engine leaves its grid as DeepSpeed's global mpu
     # (engine.py _configure_distributed_model: "groups.mpu = self.mpu"), which a later
     # non-pipeline engine would take for its model-parallel groups

@@ -26,6 +26,8 @@ from types import SimpleNamespace
 import torch
 import torch.multiprocessing as mp
 
+from planner.engine.exported import PLAN, read_documents
+
 VOCAB = 2048  # torchtitan's debugmodel: 'vocab_size=2048'
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
 
@@ -226,7 +228,8 @@ def run_torchtitan(export_dirs: list[Path], workdir: Path) -> list[list[dict]]:
     rank's read back (``read_back`` plus step, microbatch_rows, tied, finite), in rank order."""
     workdir.mkdir(parents=True, exist_ok=True)
     write_assets(workdir)
-    doc = json.loads((Path(export_dirs[0]) / "plan.json").read_text())
+    # each set complete and unedited before torchtitan reads its TOML, as launch.sh checks
+    doc = [read_documents(d, (PLAN, "torchtitan.toml"))[PLAN] for d in export_dirs][0]
     par = doc["parallel"]
     world = par["tp"] * par.get("cp", 1) * par["pp"] * par["dp"]
     mp.spawn(_worker, args=(world, _free_port(), [str(d) for d in export_dirs], str(workdir)),

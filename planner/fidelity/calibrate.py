@@ -35,6 +35,7 @@ from planner.cost import constants
 from planner.fidelity.case_cluster import base_profile
 from planner.fidelity.cases import case_setup
 from planner.fidelity.published import validate_case
+from planner.fidelity.work import CALIBRATION_PRICINGS, check_work
 from planner.hardware.profiles import HARDWARE_DIR, Hardware, load_hardware
 
 # factor name (as the user types it) -> the hardware profile field it multiplies, and its default
@@ -205,8 +206,11 @@ def calibrate_to_runs(cases: Sequence[dict], factors: Sequence[str] = tuple(FACT
                              f"{len(cases)}; calibrate on a subset (the runs nearest the plans "
                              "you will make)")
     usable, skipped = [], []
-    for case in cases:
-        setup = case_setup(case)
+    setups = [case_setup(case) for case in cases]
+    check_work(setups, f"plan calibrate ({len(cases)} runs, each priced up to "
+                       f"{CALIBRATION_PRICINGS} times)", simulated=False,
+               pricings=CALIBRATION_PRICINGS)
+    for case, setup in zip(cases, setups):
         if setup.unsupported:
             skipped.append(f"{setup.name}: {setup.unsupported}")
         else:

@@ -23,6 +23,7 @@ from planner.fidelity.case_cluster import base_profile
 from planner.fidelity.case_setup import CaseSetup
 from planner.fidelity.case_stack import case_stack
 from planner.fidelity.cases import DEFAULT_FILES, case_setup, load_cases
+from planner.fidelity.work import check_work
 from planner.hardware.profiles import Hardware
 from planner.predict.step import predict_plan
 from planner.stack import Stack
@@ -141,11 +142,12 @@ def _predicted(setup: CaseSetup, simulated: bool) -> tuple[float, float, float, 
 
 
 def validate_case(case: dict, simulated: bool = True, dataset: str = "",
-                  hardware: Hardware | None = None, stack: Stack | None = None) -> ValidationRow:
+                  hardware: Hardware | None = None, stack: Stack | None = None,
+                  setup: CaseSetup | None = None) -> ValidationRow:
     """Evaluate one published case on its stack (or ``stack``) and compare it with what was
     measured (on ``hardware``, a calibrated profile, instead of the bundled profile of its GPU
-    kind, when given)."""
-    setup = case_setup(case, hardware, stack)
+    kind, when given); ``setup``: the case's own case_setup, where the caller has it."""
+    setup = setup or case_setup(case, hardware, stack)
     me = case["measured"]
     measured_s = float(me["step_time_s"])
     tokens = case["config"]["global_batch"] * case["model"]["seq_len"]
@@ -249,21 +251,40 @@ def _memory_gib(measured: dict) -> float | None:
 
 def validate_cases(cases: list[dict], simulated: bool = True, dataset: str = "",
                    hardware: Hardware | None = None, stack: Stack | None = None,
-                   progress=None) -> tuple[ValidationRow, ...]:
-    """Every case predicted; ``progress(n)`` before each (the CLI's bar)."""
+                   progress=None, setups: list[CaseSetup] | None = None
+                   ) -> tuple[ValidationRow, ...]:
+    """Every case predicted; ``progress(n)`` before each (the CLI's bar). Their work is checked
+    against the budget (fidelity/work.py) before the first is priced, unless the caller gives
+    their ``setups`` (case_setup's, in order), having checked them."""
+    if setups is None:
+        setups = case_setups(cases, hardware, stack)
+        check_work(setups, f"{dataset or 'the runs'} ({len(cases)} runs)")
     rows = []
-    for n, case in enumerate(cases):
+    for n, (case, setup) in enumerate(zip(cases, setups)):
         if progress:
             progress(n)
-        try:
-            rows.append(validate_case(case, simulated, dataset, hardware, stack))
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, PlanInputError):
-                raise
-            name = case.get("name", f"case {n}") if isinstance(case, dict) else f"case {n}"
-            raise PlanInputError(f"{name}: not a published-run record ({type(e).__name__}: {e}); "
-                                 "see profiles/validation/published_runs.json for the format")
+        rows.append(_checked(lambda: validate_case(case, simulated, dataset, hardware, stack,
+                                                   setup), case, n))
     return tuple(rows)
+
+
+def case_setups(cases: list[dict], hardware: Hardware | None = None,
+                stack: Stack | None = None) -> list[CaseSetup]:
+    """Each case's case_setup, before anything is priced."""
+    return [_checked(lambda: case_setup(case, hardware, stack), case, n)
+            for n, case in enumerate(cases)]
+
+
+def _checked(work, case, n: int):
+    """``work()``; a malformed case's KeyError, TypeError or ValueError as one PlanInputError."""
+    try:
+        return work()
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, PlanInputError):
+            raise
+        name = case.get("name", f"case {n}") if isinstance(case, dict) else f"case {n}"
+        raise PlanInputError(f"{name}: not a published-run record ({type(e).__name__}: {e}); "
+                             "see profiles/validation/published_runs.json for the format")
 
 
 def _ranks(values: list[float]) -> list[float]:
@@ -348,13 +369,16 @@ def validate_file(path=DEFAULT_FILES, simulated: bool = True, hardware: Hardware
     the stack every case names. ``progress(done, total)`` is called as the cases are predicted."""
     paths = [path] if isinstance(path, (str, Path)) else list(path or DEFAULT_FILES)
     files = [(Path(p), load_cases(p)) for p in paths]
+    setups = [case_setups(cases, hardware, stack) for _, cases in files]
+    origin = str(files[0][0]) if len(files) == 1 else f"the {len(files)} runs files"
+    check_work([s for file in setups for s in file], origin)
     total = sum(len(cases) for _, cases in files)
     rows: tuple[ValidationRow, ...] = ()
-    for p, cases in files:
+    for (p, cases), file_setups in zip(files, setups):
         label = DATASET_LABELS.get(p.stem, p.stem)
         done = len(rows)
         report = (lambda n, done=done: progress(done + n, total)) if progress else None
-        rows += validate_cases(cases, simulated, label, hardware, stack, report)
+        rows += validate_cases(cases, simulated, label, hardware, stack, report, file_setups)
     if progress:
         progress(total, total)
     return rows, summarize(rows)

@@ -8,7 +8,7 @@ from functools import lru_cache
 from pathlib import Path
 
 from planner.model.presets import ALIASES, DEFAULT_MODEL, PRESETS
-from planner.model.spec import LAYER_KINDS, MLP_KINDS, NORM_KINDS, QK_NORM_KINDS, Layer, ModelSpec
+from planner.model.spec import Layer, ModelSpec
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.schema import suggestion
@@ -16,7 +16,7 @@ from planner.core.text import check_name
 from planner.core.units import DATA_DIR
 from planner.model.huggingface import MOE_FAMILIES, huggingface_fields
 from planner.model.moe_import import moe_fields
-from planner.model.schema import check_model_document
+from planner.model.schema import LAYER_KINDS, check_model_document
 
 
 _MOE_KEYS = ("num_local_experts", "num_experts", "n_routed_experts", "moe_num_experts",
@@ -83,8 +83,8 @@ def model_from_dict(data: dict, origin: str = "model") -> ModelSpec:
                 f"'{kind}'; plan3d imports MoE configs of {', '.join(MOE_FAMILIES)} only and will "
                 "not plan it as dense (or write a plan3d model.json with num_experts)")
         if kind in MOE_FAMILIES:
-            return _checked(ModelSpec(**moe_fields(data, origin, kind)), origin)
-        return _checked(ModelSpec(**huggingface_fields(data, origin)), origin)
+            return _built(ModelSpec, origin, **moe_fields(data, origin, kind))
+        return _built(ModelSpec, origin, **huggingface_fields(data, origin))
     return _from_ours(data, origin)
 
 
@@ -101,53 +101,13 @@ def _positive(origin: str, **values) -> None:
             raise PlanInputError(f"{origin}: '{name}' must be a positive integer, got {value!r}")
 
 
-def _checked(spec: ModelSpec, origin: str, explicit: bool = False) -> ModelSpec:
-    if not explicit:
-        _positive(origin, num_layers=spec.num_layers)
-    _positive(origin, hidden_size=spec.hidden_size,
-              num_attention_heads=spec.num_attention_heads, num_kv_heads=spec.num_kv_heads,
-              ffn_hidden_size=spec.ffn_hidden_size, vocab_size=spec.vocab_size,
-              seq_length=spec.seq_length)
-    if not spec.head_dim and spec.hidden_size % spec.num_attention_heads:
-        raise PlanInputError(f"{origin}: hidden_size {spec.hidden_size} is not divisible by "
-                             f"num_attention_heads {spec.num_attention_heads}")
-    if spec.num_attention_heads % spec.num_kv_heads:
-        raise PlanInputError(f"{origin}: num_attention_heads {spec.num_attention_heads} is not a "
-                             f"multiple of num_kv_heads {spec.num_kv_heads}")
-    if spec.mlp not in MLP_KINDS:
-        raise PlanInputError(f"{origin}: mlp must be one of {', '.join(MLP_KINDS)}, got {spec.mlp!r}")
-    if spec.norm not in NORM_KINDS:
-        raise PlanInputError(f"{origin}: norm must be one of {', '.join(NORM_KINDS)}, "
-                             f"got {spec.norm!r}")
-    if spec.qk_norm not in QK_NORM_KINDS:
-        raise PlanInputError(f"{origin}: qk_norm must be one of "
-                             f"{', '.join(repr(k) for k in QK_NORM_KINDS)}, got {spec.qk_norm!r}")
-    _positive(origin, block_norms=spec.block_norms,
-              make_vocab_size_divisible_by=spec.make_vocab_size_divisible_by)
-    for name in ("head_dim", "sliding_window", "max_position_embeddings"):
-        value = getattr(spec, name)
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-            raise PlanInputError(f"{origin}: '{name}' must be a non-negative integer (0: none), "
-                                 f"got {value!r}")
-    if spec.rope_theta is not None and (isinstance(spec.rope_theta, bool) or not isinstance(
-            spec.rope_theta, (int, float)) or spec.rope_theta <= 0):
-        raise PlanInputError(f"{origin}: 'rope_theta' must be a positive number or null, "
-                             f"got {spec.rope_theta!r}")
-    if spec.dense_layers and max(spec.dense_layers) >= max(spec.num_layers, 1):
-        raise PlanInputError(f"{origin}: dense_layers names block {max(spec.dense_layers)}; "
-                             f"the model has {spec.num_layers} blocks (0 to {spec.num_layers - 1})")
-    if not spec.num_experts and (spec.moe_top_k or spec.moe_ffn_hidden_size or spec.dense_layers
-                                 or spec.shared_ffn_hidden_size or spec.router_bias
-                                 or spec.shared_expert_gate or spec.moe_groups
-                                 or spec.moe_group_top_k):
-        raise PlanInputError(f"{origin}: moe_top_k, moe_ffn_hidden_size, dense_layers, shared "
-                             "experts and router_bias need num_experts > 0")
-    for layer in dict.fromkeys(spec.layers):
-        check_moe(layer, origin)
-    if spec.rope_scaling is not None and not isinstance(spec.rope_scaling, dict):
-        raise PlanInputError(f"{origin}: 'rope_scaling' must be an object or null, "
-                             f"got {spec.rope_scaling!r}")
-    return spec
+def _built(cls, origin: str, **values):
+    """``cls(**values)`` (a ModelSpec or a Layer, which check their own fields), its refusal
+    naming the file."""
+    try:
+        return cls(**values)
+    except PlanInputError as e:
+        raise PlanInputError(f"{origin}: {e}") from None
 
 
 def _from_ours(data: dict, origin: str) -> ModelSpec:
@@ -187,10 +147,10 @@ def _from_ours(data: dict, origin: str) -> ModelSpec:
         raise PlanInputError(f"{origin}: mtp_layers adds modules to the standard embedding, "
                              "blocks, head sequence; an explicit 'layers' list cannot take it")
     if "layers" not in data:
-        return _checked(ModelSpec(**base), origin)
+        return _built(ModelSpec, origin, **base)
     layers = _explicit_layers(data["layers"], base, origin)
     base["num_layers"] = sum(1 for layer in layers if layer.kind == "block")
-    return _checked(ModelSpec(**base, layers=layers), origin, explicit=True)
+    return _built(ModelSpec, origin, **base, layers=layers)
 
 
 _MOE_INTS = ("num_experts", "moe_top_k", "moe_ffn_hidden_size", "shared_ffn_hidden_size",
@@ -203,28 +163,6 @@ def _dense_layers(data: dict, origin: str) -> tuple[int, ...]:
             isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value):
         raise PlanInputError(f"{origin}: 'dense_layers' must be a list of block indices (from 0)")
     return tuple(sorted(set(value)))
-
-
-def check_moe(layer: Layer, where: str) -> None:
-    """One line for an MoE or MLA block that cannot exist."""
-    if layer.kind != "block":
-        return
-    if layer.num_experts and not 1 <= layer.moe_top_k <= layer.num_experts:
-        raise PlanInputError(f"{where}: moe_top_k must be between 1 and num_experts "
-                             f"({layer.num_experts}), got {layer.moe_top_k}")
-    if not layer.num_experts and (layer.moe_top_k or layer.shared_ffn_hidden_size
-                                  or layer.shared_expert_gate or layer.router_bias
-                                  or layer.moe_groups or layer.moe_group_top_k):
-        raise PlanInputError(f"{where}: moe_top_k, shared experts, router_bias and routing "
-                             "groups need num_experts > 0")
-    check_groups(layer, where)
-    if layer.kv_lora_rank and not (layer.qk_nope_head_dim and layer.qk_rope_head_dim
-                                   and layer.v_head_dim):
-        raise PlanInputError(f"{where}: multi-head latent attention (kv_lora_rank) needs "
-                             "qk_nope_head_dim, qk_rope_head_dim and v_head_dim")
-    if not layer.kv_lora_rank and (layer.q_lora_rank or layer.qk_nope_head_dim
-                                   or layer.qk_rope_head_dim or layer.v_head_dim):
-        raise PlanInputError(f"{where}: q_lora_rank and the MLA head dims need kv_lora_rank > 0")
 
 
 def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
@@ -252,20 +190,5 @@ def _explicit_layers(entries, base: dict, origin: str) -> tuple[Layer, ...]:
         fields = {**defaults, **{k: v for k, v in entry.items() if k != "repeat"}}
         if fields["kind"] == "linear":
             _positive(where, out_features=fields.get("out_features"))
-        layers.extend([Layer(**fields)] * repeat)
+        layers.extend([_built(Layer, where, **fields)] * repeat)
     return tuple(layers)
-
-
-def check_groups(layer: Layer, where: str) -> None:
-    """One line for group-limited routing that cannot exist: groups that do not split the
-    experts evenly, more chosen groups than groups, or too few experts in them for top-k."""
-    groups, chosen = layer.moe_groups, layer.moe_group_top_k
-    if not (groups or chosen):
-        return
-    if groups < 1 or not 1 <= chosen <= groups or layer.num_experts % groups:
-        raise PlanInputError(f"{where}: moe_groups ({groups}) must divide num_experts "
-                             f"({layer.num_experts}) and moe_group_top_k ({chosen}) be between "
-                             "1 and moe_groups")
-    if chosen * layer.num_experts // groups < layer.moe_top_k:
-        raise PlanInputError(f"{where}: {chosen} of {groups} groups hold fewer experts than "
-                             f"moe_top_k ({layer.moe_top_k})")

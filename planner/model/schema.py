@@ -11,7 +11,7 @@ would make the search and the partitioner work for minutes on nothing real.
 from __future__ import annotations
 
 from planner.core.schema import (Bool, Free, Int, Name, Num, OneOf, Text, check_list,
-                                 check_object)
+                                 check_object, check_value)
 from planner.core.limits import MAX_LAYERS
 from planner.core.errors import PlanInputError
 
@@ -22,10 +22,12 @@ MAX_VOCAB = 2**24  # 16.7M; the largest vocabularies in use are ~256k
 MAX_SEQ = 2**24  # 16.7M tokens per sequence
 MAX_EXPERTS = 2**14  # the most routed experts in a published model are 384 (Kimi K2)
 
-_LAYER_KINDS = ("embedding", "block", "head", "linear")
-_MLP_KINDS = ("gelu", "swiglu")
-_NORM_KINDS = ("layernorm", "rmsnorm")
-_QK_NORM_KINDS = ("", "head", "full")
+# The words a model's string fields take, here once: model/spec.py's ModelSpec and Layer check
+# themselves by these schemas too
+LAYER_KINDS = ("embedding", "block", "head", "linear")
+MLP_KINDS = ("gelu", "swiglu")
+NORM_KINDS = ("layernorm", "rmsnorm")
+QK_NORM_KINDS = ("", "head", "full")
 
 MODEL_JSON = {
     "name": Name(),
@@ -36,8 +38,8 @@ MODEL_JSON = {
     "ffn_hidden_size": Int(1, MAX_FFN),
     "vocab_size": Int(1, MAX_VOCAB, required=True),
     "seq_length": Int(1, MAX_SEQ, required=True),
-    "mlp": OneOf(*_MLP_KINDS),
-    "norm": OneOf(*_NORM_KINDS),
+    "mlp": OneOf(*MLP_KINDS),
+    "norm": OneOf(*NORM_KINDS),
     "bias": Bool(),
     "tie_embeddings": Bool(),
     "position_embeddings": Int(0, MAX_SEQ),
@@ -45,7 +47,7 @@ MODEL_JSON = {
     "embedding_norm": Bool(),
     "head_dim": Int(0, MAX_HIDDEN),
     "qkv_bias": Bool(),
-    "qk_norm": OneOf(*_QK_NORM_KINDS),
+    "qk_norm": OneOf(*QK_NORM_KINDS),
     "block_norms": Int(0, 16),
     "rope_theta": Num(0, 1e12, low_open=True, nullable=True),
     "rope_scaling": Free(),  # HuggingFace's own object, carried to exports as it is
@@ -74,15 +76,15 @@ MODEL_JSON = {
 }
 
 LAYER_ENTRY = {
-    "kind": OneOf(*_LAYER_KINDS, required=True),
+    "kind": OneOf(*LAYER_KINDS, required=True),
     "repeat": Int(1, MAX_LAYERS),
     "hidden_size": Int(1, MAX_HIDDEN),
     "num_attention_heads": Int(0, MAX_HEADS),
     "num_kv_heads": Int(0, MAX_HEADS),
     "ffn_hidden_size": Int(0, MAX_FFN),
-    "mlp": OneOf(*_MLP_KINDS),
+    "mlp": OneOf(*MLP_KINDS),
     "vocab_size": Int(0, MAX_VOCAB),
-    "norm": OneOf(*_NORM_KINDS),
+    "norm": OneOf(*NORM_KINDS),
     "bias": Bool(),
     "position_embeddings": Int(0, MAX_SEQ),
     "tied": Bool(),
@@ -91,7 +93,7 @@ LAYER_ENTRY = {
     "embedding_norm": Bool(),
     "head_dim": Int(0, MAX_HIDDEN),
     "qkv_bias": Bool(),
-    "qk_norm": OneOf(*_QK_NORM_KINDS),
+    "qk_norm": OneOf(*QK_NORM_KINDS),
     "block_norms": Int(0, 16),
     "rope": Bool(),
     "make_vocab_size_divisible_by": Int(1, 2**16),
@@ -173,6 +175,22 @@ HF_CONFIG = {
     "qk_nope_head_dim": Int(0, MAX_HIDDEN, nullable=True),
     "v_head_dim": Int(0, MAX_HIDDEN, nullable=True),
 }
+
+
+# Layer's own fields beyond a layers entry's (model/spec.py): multi-token prediction modules
+LAYER_FIELDS = {**{k: f for k, f in LAYER_ENTRY.items() if k != "repeat"},
+                "mtp_depth": Int(0, MAX_LAYERS), "mtp_block": Free()}
+
+
+def check_fields(values: dict, schema: dict, where: str) -> None:
+    """A dataclass's field values (ModelSpec's, Layer's) by the rules of the file keys they
+    mirror (MODEL_JSON, LAYER_FIELDS): a real int in range where a count belongs, a real bool,
+    a word from its set; one PlanInputError naming the first field that breaks its rule. Free
+    fields are the caller's to check."""
+    for key, f in schema.items():
+        value = values[key]
+        if f.kind != "free" and not (value is None and f.nullable):
+            check_value(value, f, f"{where}: '{key}'")
 
 
 def is_huggingface(data: dict) -> bool:

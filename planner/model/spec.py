@@ -7,17 +7,18 @@ output head (final norm + projection + loss), or any explicit sequence of such l
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from functools import cached_property
 
 from planner.core.errors import PlanInputError
+from planner.core.limits import MAX_LAYERS
+from planner.model.consistency import check_consistent
 from planner.model.huggingface import PLANNING_SEQ_CAP
-from planner.model.schema import MAX_SEQ
+from planner.model.schema import (LAYER_FIELDS, LAYER_KINDS, MLP_KINDS, MODEL_JSON, MAX_SEQ,
+                                  NORM_KINDS, QK_NORM_KINDS, check_fields, check_rope_scaling)
 
-LAYER_KINDS = ("embedding", "block", "head", "linear")
-MLP_KINDS = ("gelu", "swiglu")
-NORM_KINDS = ("layernorm", "rmsnorm")
-QK_NORM_KINDS = ("", "head", "full")
+__all__ = ["LAYER_KINDS", "MLP_KINDS", "NORM_KINDS", "QK_NORM_KINDS", "Layer", "ModelSpec",
+           "megatron_padded_vocab", "sequence_note"]
 
 
 def megatron_padded_vocab(vocab_size: int, divisible_by: int, tp: int) -> int:
@@ -104,6 +105,12 @@ class Layer:
     mtp_block: Layer | None = None
 
     def __post_init__(self) -> None:
+        # the rules a layers entry of model.json follows (model/schema.py), for any caller
+        where = f"a {self.kind} layer" if self.kind in LAYER_KINDS else "a layer"
+        check_fields({f.name: getattr(self, f.name) for f in fields(self)}, LAYER_FIELDS, where)
+        if self.mtp_block is not None and not isinstance(self.mtp_block, Layer):
+            raise PlanInputError(f"{where}: 'mtp_block' must be a Layer or None, got "
+                                 f"{type(self.mtp_block).__name__}")
         h, heads = self.hidden_size, self.num_attention_heads
         if self.kind == "block" and self.kv_lora_rank and not self.head_dim:
             object.__setattr__(self, "head_dim", self.qk_nope_head_dim + self.qk_rope_head_dim)
@@ -311,14 +318,36 @@ class ModelSpec:
     layers: tuple[Layer, ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
+        self._check_fields()
         loss = self.router_aux_loss
-        if isinstance(loss, bool) or not isinstance(loss, (int, float)) or not 0 <= loss < 1:
-            raise PlanInputError(f"{self.name}: router_aux_loss must be a number in [0, 1), got "
-                                 f"{loss!r}")
+        if loss == 1:  # the schema's range is [0, 1]; a loss weighed as the whole loss is none
+            raise PlanInputError(f"model {self.name}: 'router_aux_loss' must be below 1 (a "
+                                 f"number in [0, 1)), got {loss!r}")
         if (loss or self.router_aux_loss_per_sequence) and not self.num_experts:
-            raise PlanInputError(f"{self.name}: router_aux_loss needs num_experts > 0")
+            raise PlanInputError(f"model {self.name}: router_aux_loss needs num_experts > 0")
         if not self.layers:
             object.__setattr__(self, "layers", _standard_layers(self))
+        check_consistent(self, f"model {self.name}")
+
+    def _check_fields(self) -> None:
+        """Each field by the rule model.json's key of the same name follows (model/schema.py
+        MODEL_JSON): one PlanInputError naming the field, whoever constructs the spec."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        where = f"model {self.name}" if isinstance(self.name, str) else "model"
+        # the name first: the other messages show it
+        check_fields({"name": self.name}, {"name": MODEL_JSON["name"]}, "model")
+        check_fields(values, MODEL_JSON, where)
+        check_rope_scaling(self.rope_scaling, where)
+        dense = self.dense_layers
+        if not isinstance(dense, tuple) or any(
+                isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_LAYERS
+                for i in dense):
+            raise PlanInputError(f"{where}: 'dense_layers' must be a tuple of block indices "
+                                 f"(whole numbers from 0), got {dense!r:.60}")
+        if not isinstance(self.layers, tuple) or not all(isinstance(x, Layer)
+                                                          for x in self.layers):
+            raise PlanInputError(f"{where}: 'layers' must be a tuple of Layer (or empty: the "
+                                 f"standard embedding, blocks and head), got {self.layers!r:.60}")
 
     @property
     def kv_channels(self) -> int:

@@ -106,6 +106,29 @@ def simulate(
 FULL_UP_TO = 64  # microbatches simulated in full (every op) whatever the method: cheap, and drawn
 
 
+def simulated_ops(name: str, p: int, m: int, v: int = 1) -> int:
+    """The ops `simulate` builds for a shape it has not seen (``method="auto"``), known before
+    any of them is built (an upper bound where F&B pairs fuse two): a forward and a backward (and
+    a W where the schedule has W ops) per chunk a microbatch passes, per simulated microbatch,
+    the microbatches following `simulate`'s own dispatch. A long periodic run builds its first
+    short run and that run plus one period (`_steady_cut`); GPipe's closed form builds none. The
+    count assumes the first short run has its cut, as tests/test_work_budget.py checks for every
+    schedule (a run without one would double it, and simulate the whole run at last). The
+    caller's work budget counts these (planner/fidelity/work.py), never seconds, so the same
+    input gets the same answer."""
+    traits = schedule_traits(name)
+    # a mirrored schedule's microbatch runs one direction, through p of its 2p chunks
+    stages = p if traits.mirrored else p * traits.chunks_per_rank(v)
+    per_microbatch = stages * (3 if traits.weight_grad_ops else 2)
+    if m > FULL_UP_TO:
+        if not traits.periodic and m > _gpipe_drawn(p):
+            return 0
+        short = _first_short_run(name, p, v)
+        if traits.periodic and m > 2 * short:
+            return per_microbatch * (2 * short + _group(name, p))
+    return per_microbatch * m
+
+
 def _first_short_run(name: str, p: int, v: int) -> int:
     """Microbatches of the first short run: warm-up (ZB-H1's last rank starts deferring W after
     p - 1 backwards; DualPipe's rank 0 enters its steady pairs after 2p), a cut, the next period

@@ -105,6 +105,22 @@ def interleaved_steps(p: int, m: int, v: int) -> Program:
     return tuple(out)
 
 
+def interleaved_slots(p: int, m: int, v: int) -> int:
+    """The slots (actions and idle steps, all ranks) of :func:`interleaved_steps`'s table,
+    counted in O(p) before it is built: its rank r holds r pre-padding slots, its warm-up's
+    forwards and the idle slots after them, and two slots for each of the m·v steps after. The
+    table is walked slot by slot (:func:`makespan_s`) with no steady state skipped, so its work
+    grows with m; a caller's work budget counts these (planner/fidelity/work.py)."""
+    per_round, total = _rounds(p, m), m * v
+    slots = 0
+    for r in range(p):
+        warmup = min((v - 1) * per_round + 2 * (p - 1 - r), total)
+        post_warmup = (v * p + 2 * (p - 1 - r)) - (warmup + r)
+        padding = max(0, post_warmup) if warmup else 0  # added after the last warm-up step
+        slots += r + warmup + padding + 2 * total
+    return slots
+
+
 def _transfers(program: Program, t: int, chunks: int) -> list[tuple[int, int, int]]:
     """(sender rank, receiver rank, boundary) of every transfer of step t: a forward of chunk k
     < chunks - 1 sends over boundary k to chunk k + 1's rank, a backward of chunk k > 0 sends

@@ -25,7 +25,7 @@ from planner.model.spec import ModelSpec
 from planner.pipeline import dualpipe, timestep
 from planner.pipeline.blocking import blocking_charges
 from planner.pipeline.chunk_times import charge_actions
-from planner.pipeline.simulate import simulate
+from planner.pipeline.simulate import simulate, simulated_ops
 from planner.predict.chunks import ChunkArrays
 from planner.stack import Stack
 
@@ -162,10 +162,27 @@ def pipeline_time(model: ModelSpec, cluster: Cluster, par: Parallel, opts: Stack
         pipeline_s = _pipeline_closed_form(par, rank_time, stages)
         busy = rank_time.sum() * par.num_microbatches
         bubble = max(0.0, 1 - busy / (p * pipeline_s))
-    if opts.pipeline_timesteps and par.schedule_traits.takes_virtual_stages and p > 1:
+    if _runs_timesteps(par, opts):
         pipeline_s, bubble = _timestep_pipeline(par, stages, p2p, engine[0])
     return PipelineTime(pipeline_s=pipeline_s, bubble=bubble, transfer_s=p2p,
                         held_activation_bytes=held)
+
+
+def _runs_timesteps(par: Parallel, opts: Stack) -> bool:
+    """Whether the stack's engine runs the schedule in torch 2.6's lockstep time steps."""
+    return opts.pipeline_timesteps and par.schedule_traits.takes_virtual_stages and par.pp > 1
+
+
+def pipeline_work(par: Parallel, opts: Stack, simulated: bool = True) -> int:
+    """The ops :func:`pipeline_time` walks for a configuration whose shape nothing has simulated
+    yet, counted before any is built: the simulation's (simulate.simulated_ops, with
+    ``simulated``) and the time-step table's slots (timestep.interleaved_slots) where the
+    stack runs one. What a work budget counts (planner/fidelity/work.py)."""
+    m, v = par.num_microbatches, par.virtual_stages
+    ops = simulated_ops(par.schedule, par.pp, m, v) if simulated else 0
+    if _runs_timesteps(par, opts):
+        ops += timestep.interleaved_slots(par.pp, m, v)
+    return ops
 
 
 def _timestep_pipeline(par: Parallel, stages: ChunkArrays, p2p: np.ndarray,
