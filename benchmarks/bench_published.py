@@ -99,7 +99,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
     spawn = multiprocessing.get_context("spawn")
-    print(f"{'case':<40}{'default plan 1':<42}{'step s':>8}{'published (pinned)':<44}"
+    print(f"{'case':<40}{'default plan 1':<42}{'step s':>8}  {'published (pinned)':<42}"
           f"{'step s':>8}{'median s':>10}  ok")
     for case in CASES:
         runs = []

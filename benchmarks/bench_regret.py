@@ -9,6 +9,8 @@ schedule family pinned, tight memory on A100-40GB and loose on A100-80GB):
   tests/test_bound.py), so refining every screened configuration gives the same best;
 - checked by brute force: a random sample of screened configurations (all of them when there are
   at most --sample) is refined; "beats" counts those faster than the true best (must be 0).
+"uneven": whether the true best is interleaving whose blocks do not divide into its pp·v chunks
+(searched by default since issue #30: planner/search/space.py bounded_first).
 regret % = (search's best - true best) / true best.  "rank" is the true winner's position among the
 screened configurations (up to ZeRO stage) in the screen's order: a fixed top-K refinement
 (--refine K) misses it whenever the rank exceeds K; --refine auto goes on past it in bound order.
@@ -31,7 +33,7 @@ from planner.model.load import load_model
 from planner.search.costs import SearchCosts
 from planner.search.request import Pins, Request
 from planner.search.solver import capacity_bytes, screen, search
-from planner.search.space import enumerate_configs
+from planner.search.space import bounded_first, enumerate_configs
 
 CASES = [  # (model, gpus, nodes, global batch)
     ("megatron-1.7b", 8, 1, 64),
@@ -66,7 +68,7 @@ def run_case(model: str, gpus: int, nodes: int, batch: int, memory: str, schedul
         truth = search(replace(req, top=1, refine=10**9))
     except NoFeasiblePlan:
         return [f"{model} on {gpus}", memory, schedule or "any", "-", "-", "-", "nothing fits",
-                "-", "-", "-", "-"]
+                "-", "-", "-", "-", "-"]
     best = truth.plans[0]
     groups, costs = screen_order(req)
     winner = replace(best.parallel, zero=0)
@@ -81,8 +83,9 @@ def run_case(model: str, gpus: int, nodes: int, batch: int, memory: str, schedul
                 and plan.metrics.step_time_s < best.metrics.step_time_s * (1 - 1e-9)):
             beats += 1
     regret = (shipped.plans[0].metrics.step_time_s / best.metrics.step_time_s - 1) * 100
+    uneven = "yes" if bounded_first(req, best.parallel) else "no"
     return [f"{model} on {gpus}", memory, schedule or "any", str(truth.screened),
-            str(shipped.refined), str(truth.refined), f"{best.metrics.step_time_s:.3f}",
+            str(shipped.refined), str(truth.refined), f"{best.metrics.step_time_s:.3f}", uneven,
             f"{regret:.1f}", str(rank), f"{len(picked)}{' (all)' if picked is configs else ''}",
             str(beats), f"{search_s:.1f}"]
 
@@ -95,9 +98,9 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
-    head = ["case", "memory", "schedule", "screened", "refined", "to prove", "best s",
+    head = ["case", "memory", "schedule", "screened", "refined", "to prove", "best s", "uneven",
             "regret %", "rank", "sampled", "beats", "search s"]
-    widths = [24, 7, 12, 9, 8, 9, 10, 9, 6, 11, 6, 9]
+    widths = [24, 7, 12, 9, 8, 9, 10, 7, 9, 6, 11, 6, 9]
     print("".join(h.ljust(w) for h, w in zip(head, widths)))
     for case in (QUICK if args.quick else CASES):
         for memory in MEMORY:

@@ -174,6 +174,12 @@ def test_explain_says_whether_it_fits_and_by_how_much():
                  "--micro-batch", "4", "--explain")
     assert result.exit_code == 0, result.output
     assert "GiB of 77.7 GiB per GPU (80.0 less 2.9% headroom)" in result.output
+    assert "pinned by --tp, --pp, --micro-batch (the rest at --explain's defaults)" in (
+        " ".join(result.output.split()))
+    # #30: with nothing pinned it called the default configuration "the pinned configuration"
+    unpinned = run("solve", "--gpus", "16", "--nodes", "2", "--explain")
+    assert unpinned.output.startswith("nothing pinned: the default configuration")
+    assert "the pinned configuration" not in unpinned.output
     bad = run("solve", "--gpus", "16", "--nodes", "2", "--tp", "16", "--pp", "1", "--explain")
     assert "crosses nodes" in bad.output
 

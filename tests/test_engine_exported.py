@@ -80,4 +80,4 @@ def test_no_harness_reads_an_export_file_but_through_the_verified_set():
         assert _reads_files(path) == [], "read an export file past plan3d-manifest.json"
     sources = {p.name: p.read_text() for p in harnesses}
     assert "read_documents(directory, (PLAN, \"ds_config.json\"))" in sources["deepspeed_run.py"]
-    assert "read_documents(d, (PLAN, \"torchtitan.toml\"))" in sources["torchtitan_run.py"]
+    assert "read_export(d, (PLAN, \"torchtitan.toml\"))" in sources["torchtitan_run.py"]

@@ -202,7 +202,7 @@ def test_debugmodel_flavor_and_toml():
     text = torchtitan.render(CELLS["1f1b-full-zero3"])["torchtitan.toml"]
     assert 'flavor = "debugmodel"' in text and 'fsdp_reshard_after_forward = "default"' in text
     assert '[activation_checkpoint]\nmode = "full"\n' in text
-    assert torchtitan.flavor(replace(DEBUG, qk_norm="rmsnorm")) is None
+    assert torchtitan.flavor(replace(DEBUG, qk_norm="head")) is None
 
 
 def test_solve_for_torchtitan_prices_one_recompute_per_plan():

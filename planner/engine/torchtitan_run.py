@@ -26,7 +26,7 @@ from types import SimpleNamespace
 import torch
 import torch.multiprocessing as mp
 
-from planner.engine.exported import PLAN, read_documents
+from planner.engine.exported import PLAN, plan_document, read_export
 
 VOCAB = 2048  # torchtitan's debugmodel: 'vocab_size=2048'
 BOS, EOS = "<|begin_of_text|>", "<|end_of_text|>"
@@ -229,7 +229,9 @@ def run_torchtitan(export_dirs: list[Path], workdir: Path) -> list[list[dict]]:
     workdir.mkdir(parents=True, exist_ok=True)
     write_assets(workdir)
     # each set complete and unedited before torchtitan reads its TOML, as launch.sh checks
-    doc = [read_documents(d, (PLAN, "torchtitan.toml"))[PLAN] for d in export_dirs][0]
+    for d in export_dirs:
+        read_export(d, (PLAN, "torchtitan.toml"))  # (a TOML file: read as text, not JSON)
+    doc = plan_document(export_dirs[0])
     par = doc["parallel"]
     world = par["tp"] * par.get("cp", 1) * par["pp"] * par["dp"]
     mp.spawn(_worker, args=(world, _free_port(), [str(d) for d in export_dirs], str(workdir)),

@@ -311,6 +311,16 @@ def _memory_rows(exp) -> list[dict]:
              **({"side_streams": int(round(side[r]))} if side else {})} for r in range(ranks)]
 
 
+def explained_what(pinned: tuple[str, ...]) -> str:
+    """Which configuration --explain priced (#30: with no pins it called the default one "the
+    pinned configuration"); the table below it shows every value."""
+    if not pinned:
+        return ("nothing pinned: the default configuration (1F1B, micro-batch 1, no recompute, "
+                "ZeRO-1, dp all GPUs; pin --tp, --pp, ... to explain another)")
+    names = ", ".join("--" + name.replace("_", "-") for name in pinned)
+    return f"the configuration pinned by {names} (the rest at --explain's defaults)"
+
+
 def print_explanation(console: Console, exp, wide: bool = False) -> None:
     """Fits or not, and by how much; the stages and their memory when it was predicted."""
     if exp.plan is None:
@@ -318,8 +328,8 @@ def print_explanation(console: Console, exp, wide: bool = False) -> None:
                       highlight=False)
         return
     m = exp.plan.metrics
-    console.print(f"the pinned configuration, global batch {exp.plan.parallel.global_batch}",
-                  highlight=False)
+    console.print(f"{explained_what(exp.pinned)}, global batch "
+                  f"{exp.plan.parallel.global_batch}", highlight=False)
     view = plans_view([exp.plan], None if wide else console.width)
     _print_unsqueezed(console, _table(view.columns, view.rows),
                       table_width(view.columns, view.rows))

@@ -5,7 +5,8 @@ With few microbatches per step the pipeline fills and drains most of the time: N
 is (p-1)/(M+p-1): M = 2 over 8 stages idles about 78% of it. No parallel configuration can fix that; only more microbatches can, that is
 a larger global batch (or fewer pipeline stages, which the search already tried). ``batch_hint``
 picks the global batch that brings the best plan's closed-form bubble under ``BUBBLE_HINT``
-and searches again at it, so the hint states a plan the planner stands behind, not a formula.
+and searches again at it, so the hint states a plan the planner stands behind, not a formula;
+it proposes no batch past ``HINT_MAX_TOKENS`` tokens a step, where larger batches stop paying.
 """
 
 from __future__ import annotations
@@ -23,7 +24,14 @@ from planner.pipeline.simulate import closed_form_bubble
 # a quarter of the step idle is well past that on any cluster worth planning.
 BUBBLE_HINT = 0.25
 MAX_TRIES = 3  # searches tried, doubling M, while the best plan at the batch still idles more
-HINT_REFINE = 5  # the hint refines fewer candidates than the search: it names a batch, not a plan
+# The largest batch the hint proposes, in tokens a step.  Past the critical batch size a larger
+# batch stops paying: doubling it no longer nearly halves the steps to a given loss (McCandlish
+# et al. 2018, "An Empirical Model of Large-Batch Training").  Kaplan et al. 2020 ("Scaling Laws
+# for Neural Language Models", eq. 1.4) fit the critical batch as B*/L^(1/alpha_B) with B* about
+# 2e8 tokens and alpha_B about 0.21: 16M tokens at a loss of 1.7 nats, 7M at 2.0.  Llama 3 405B
+# ended its batch ramp (4M, 8M, then 16M tokens) at 16M (Llama Team 2024, section 3.4.1).  A
+# judgement with those in view, not a fit: the planner does not know the loss.
+HINT_MAX_TOKENS = 16 * 2**20
 
 
 def microbatches_for(schedule: str, p: int, v: int, bubble: float) -> int:
@@ -54,18 +62,30 @@ def batch_hint(req, plan: Plan, search) -> str | None:
     if par.schedule_traits.microbatches_divisible_by_pp:  # Megatron's interleaved schedule
         need = math.ceil(need / par.pp) * par.pp
     need = max(need, par.num_microbatches + 1)
+    seq = req.model.seq_length
+    step = par.micro_batch * par.dp * (par.pp if par.schedule_traits.microbatches_divisible_by_pp
+                                       else 1)  # the batch grows in whole M the schedule takes
+    most = max(HINT_MAX_TOKENS // seq // step * step, par.global_batch)  # the cap, in sequences
+    opening = (f"the pipeline idles {m.bubble_fraction:.1%} of the step: global batch "
+               f"{par.global_batch} is only {par.num_microbatches} microbatches per pipeline")
     for _ in range(MAX_TRIES):
-        batch = par.micro_batch * need * par.dp
+        batch = min(par.micro_batch * need * par.dp, most)
+        if batch <= par.global_batch:
+            return (f"{opening}, and a larger batch would pass {HINT_MAX_TOKENS / 2**20:.0f}M "
+                    "tokens a step, past the critical batch size of large-batch training "
+                    "(McCandlish et al. 2018; Kaplan et al. 2020); fewer GPUs would idle less")
         try:
-            best = search(replace(req, global_batch=batch, top=1, refine=HINT_REFINE)).plans[0]
+            # refined as the request is: a cap would leave the uneven interleaved layouts,
+            # refined after the screened ones (planner/search/refinement.py), unrefined
+            best = search(replace(req, global_batch=batch, top=1)).plans[0]
         except NoFeasiblePlan:
             return None
         b = best.metrics
-        if b.bubble_fraction <= BUBBLE_HINT:
+        if b.bubble_fraction <= BUBBLE_HINT or batch == most:
             q = best.parallel
-            return (f"the pipeline idles {m.bubble_fraction:.1%} of the step: global batch "
-                    f"{par.global_batch} is only {par.num_microbatches} microbatches per "
-                    f"pipeline. At --global-batch {batch} the best plan "
+            capped = (f" ({batch * seq / 2**20:.0f}M tokens, the most the hint proposes: "
+                      "past it larger batches stop paying)" if batch == most else "")
+            return (f"{opening}. At --global-batch {batch}{capped} the best plan "
                     f"({q.tp}·{f'{q.cp}·' if q.cp > 1 else ''}{q.pp}·{q.dp}, "
                     f"{q.micro_batch}×{q.num_microbatches}) is predicted "
                     f"to idle {b.bubble_fraction:.1%} at MFU {b.mfu:.1%} (a larger batch also "

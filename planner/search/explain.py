@@ -4,7 +4,7 @@ and the rule or the memory that rules it out, whatever its fate in the search.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from planner.predict.step import evaluate, predict_plan
 from planner.core.parallel import Parallel
@@ -33,6 +33,7 @@ class Explanation:
     # per pipeline rank, reserved on ZeRO-3's side streams beside the parts (not in what must
     # fit: planner/cost/side_streams.py)
     side_stream_bytes: tuple[float, ...] = ()
+    pinned: tuple[str, ...] = ()  # the Pins fields given; the rest took explain's defaults
 
     @property
     def fits(self) -> bool:
@@ -45,6 +46,7 @@ def explain(req: Request) -> Explanation:
     recompute, ZeRO-1, SP when tp > 1), whatever its fate in the search."""
     validate_pins(req)
     pins, gpus = req.pins, req.cluster.gpus
+    pinned = tuple(f.name for f in fields(pins) if getattr(pins, f.name) is not None)
     capacity = capacity_bytes(req.cluster)
     tp, pp, cp = pins.tp or 1, pins.pp or 1, pins.cp or 1
     dp = pins.dp or gpus // (tp * cp * pp)
@@ -52,7 +54,7 @@ def explain(req: Request) -> Explanation:
     if tp * cp * pp * dp != gpus:
         return Explanation(None, None, capacity,
                            f"tp {tp} x cp {cp} x pp {pp} x dp {dp} != {gpus} GPUs: pin them "
-                           "consistently")
+                           "consistently", pinned=pinned)
     rule = tp_rule(req.model, req.cluster, tp)
     m = microbatches(req, mb * dp)
     if m is None:
@@ -77,7 +79,7 @@ def explain(req: Request) -> Explanation:
                 if domain == req.cluster.gpus_per_node else
                 f"TP {tp} crosses NVLink domains: it must divide the {domain} GPUs of a domain")
     if rule is not None:
-        return Explanation(par, None, capacity, rule)
+        return Explanation(par, None, capacity, rule, pinned=pinned)
     plan = SearchCosts(req).refined(par)
     no_split = None
     if isinstance(plan, str):  # no split fits: show how far Megatron's even split is over
@@ -91,4 +93,4 @@ def explain(req: Request) -> Explanation:
                            profile=req.profile, simulated=True)
     parts = {k: [float(x) for x in v] for k, v in pred.memory_parts.items()}
     return Explanation(par, plan, capacity, None, no_split, parts,
-                       tuple(float(x) for x in pred.side_stream_bytes))
+                       tuple(float(x) for x in pred.side_stream_bytes), pinned)

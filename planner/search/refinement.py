@@ -17,6 +17,7 @@ from planner.core.parallel import Parallel
 from planner.predict.plan import Plan
 from planner.search.costs import SearchCosts
 from planner.search.request import Request
+from planner.search.space import CP_SEARCH_MIN_SEQ, MICRO_BATCHES, VIRTUAL_STAGES
 
 # --refine auto: the configurations refined in screen order before the rest goes lowest bound
 # first (the fixed cap's old default, under which most searches are already proven: the screen
@@ -45,7 +46,7 @@ TIE_RTOL = 1e-4
 
 
 def branch_and_bound(req: Request, costs: SearchCosts, ranked: list[Parallel], rejected: Counter,
-                     capacity: float) -> tuple[list[Plan], list[str]]:
+                     capacity: float, later: list[Parallel] = ()) -> tuple[list[Plan], list[str]]:
     """Branch and bound over the screened configurations, each refined with every ZeRO stage
     (the simulated memory decides which fit).  A configuration is skipped when its lower bound
     (planner/search/bound.py) exceeds the ``top``-th best step refined so far: it cannot enter
@@ -56,7 +57,10 @@ def branch_and_bound(req: Request, costs: SearchCosts, ranked: list[Parallel], r
     before the one with memory, which builds the partition problem.  ``req.refine`` = K caps
     how many configurations (up to ZeRO) are refined, and a note says what the cap left
     unproven; None (``--refine auto``) refines the first ``AUTO_FIRST`` so, then whatever could
-    still beat plan 1, lowest bound first, until plan 1 is proven (`_refine_until_proven`)."""
+    still beat plan 1, lowest bound first, until plan 1 is proven (`_refine_until_proven`).
+    ``later``, the configurations bounded before they are screened (planner/search/space.py
+    bounded_first), come after the screened ones, and only where they may beat plan 1
+    (`_may_beat`)."""
     groups = [(min(costs.bound(par).cheap_s for par in variants), variants)
               for variants in _zero_groups(ranked)]
     refined: list[Plan] = []
@@ -71,8 +75,17 @@ def branch_and_bound(req: Request, costs: SearchCosts, ranked: list[Parallel], r
                  and not costs.bound(par, with_memory=True).exceeds(incumbent)]
         if not alive:
             continue
-        if costs.refined_groups >= (AUTO_FIRST if req.refine is None else req.refine) or (
-                req.refine is None and best_of_group and _spent(costs)):
+        if _over_cap(req, costs, best_of_group):
+            capped.append(alive)
+            continue
+        _refine_group(req, costs, alive, refined, best_of_group, rejected, capacity)
+    for may_beat in _may_beat(costs, later, min(best_of_group, default=float("inf"))):
+        incumbent = min(best_of_group, default=float("inf"))  # lowered by those refined
+        alive = [par for par in may_beat
+                 if not costs.bound(par, with_memory=True).exceeds(incumbent)]
+        if not alive:
+            continue
+        if _over_cap(req, costs, best_of_group):
             capped.append(alive)
             continue
         _refine_group(req, costs, alive, refined, best_of_group, rejected, capacity)
@@ -88,6 +101,32 @@ def branch_and_bound(req: Request, costs: SearchCosts, ranked: list[Parallel], r
     open_best = _unproven(costs, open_best, best[0]) if best else open_best
     return refined, _notes(req, costs, was_capped, open_best, best[0] if best else None,
                            stopped)
+
+
+def _over_cap(req: Request, costs: SearchCosts, best_of_group: list[float]) -> bool:
+    """Whether the first pass has refined all it may: ``--refine K`` configurations (up to
+    ZeRO), or under --refine auto ``AUTO_FIRST`` or its work budget once a plan fits."""
+    return costs.refined_groups >= (AUTO_FIRST if req.refine is None else req.refine) or (
+        req.refine is None and bool(best_of_group) and _spent(costs))
+
+
+def _may_beat(costs: SearchCosts, later: list[Parallel],
+              incumbent: float) -> list[list[Parallel]]:
+    """The bounded-first configurations whose lower bounds (the cheap one, then the one with
+    memory) are below plan 1's step ``incumbent``, grouped up to ZeRO, lowest bound with memory
+    first.  Plan 1, not the top-th plan as for the screened ones: the bounds of most of them
+    are below the top list, and most of those are memory-bound, which the bound with memory
+    sees but costs building the partition problem of each (llama3-405b on 1,024 GPUs: 2,258
+    under the 10th plan, 9 under plan 1 with memory).  Below plan 1 the list is then the best of
+    those refined, as its note says."""
+    groups = []
+    for variants in _zero_groups(later):
+        alive = [par for par in variants if not costs.bound(par).exceeds(incumbent)
+                 and not costs.bound(par, with_memory=True).exceeds(incumbent)]
+        if alive:
+            groups.append(alive)
+    return sorted(groups, key=lambda alive: min(costs.bound(par, with_memory=True).cheap_s
+                                                for par in alive))
 
 
 def _refine_until_proven(req: Request, costs: SearchCosts, capped: list[list[Parallel]],
@@ -176,9 +215,30 @@ def _notes(req: Request, costs: SearchCosts, capped: bool, open_best: list[Paral
     if capped:
         how = (f"the {req.refine} refined (--refine)" if req.refine is not None else
                f"the {costs.refined_groups} refined (--refine auto: until plan 1 is proven)")
-        return [f"plan 1 is proven the fastest of all screened configurations (to "
-                f"{TIE_RTOL:.2%}); the rest of the list is the best of {how}"]
+        limits = space_limits(req)
+        return [f"plan 1 is proven the fastest of all configurations searched (to "
+                f"{TIE_RTOL:.2%}{'; ' + limits if limits else ''}); the rest of the list is the "
+                f"best of {how}"]
     return []
+
+
+def space_limits(req: Request) -> str:
+    """What the space leaves out where it is not pinned (planner/search/space.py), and the pins
+    that bring it in: micro-batches and virtual stages off their grids, context parallelism
+    for short sequences ('' where all are pinned)."""
+    free = [(f"micro-batch {'/'.join(map(str, MICRO_BATCHES))}", "--micro-batch",
+             req.pins.micro_batch),
+            (f"v {'/'.join(map(str, VIRTUAL_STAGES))}", "--virtual-stages",
+             req.pins.virtual_stages),
+            # (a longer sequence searches every CP degree: nothing left out)
+            (f"CP from {CP_SEARCH_MIN_SEQ // 1024}K tokens", "--cp",
+             req.pins.cp if req.model.seq_length < CP_SEARCH_MIN_SEQ else "searched")]
+    free = [(what, flag) for what, flag, pin in free if pin is None]
+    if not free:
+        return ""
+    flags = [flag for _, flag in free]
+    pins = flags[0] if len(flags) == 1 else f"{', '.join(flags[:-1])} or {flags[-1]}"
+    return f"the space: {', '.join(what for what, _ in free)}; pin {pins} for others"
 
 
 def gap_bound(best: float, lowest: float) -> str:

@@ -93,7 +93,6 @@ def stack_rule(stack: Stack, par: Parallel) -> str | None:
 # Megatron-LM arguments.py: "When using MoE and tensor parallelism, sequence parallelism must be
 # used" (cost/moe.py prices the dispatch of a GPU's T/tp tokens on that ground).
 MOE_NEEDS_SP = "MoE with TP needs sequence parallel"
-UNEVEN_UNPINNED = "uneven interleaving (searched when --virtual-stages is pinned)"
 
 
 def schedule_rule(model: ModelSpec, par: Parallel) -> str | None:

@@ -26,7 +26,7 @@ from planner.search.advice import batch_dp_note
 from planner.search.costs import SearchCosts
 from planner.search.refinement import branch_and_bound
 from planner.search.request import Request
-from planner.search.space import enumerate_configs
+from planner.search.space import bounded_first, enumerate_configs
 from planner.search.validation import validate_pins
 from planner.predict.stages import may_fit
 
@@ -90,10 +90,14 @@ def search(req: Request, progress=None) -> SearchResult:
     configs = list(enumerate_configs(req, rejected))
     capacity = capacity_bytes(req.cluster)
     costs = SearchCosts(req)
-    kept = screen(req, costs, configs, rejected, progress)
-    considered = sum(rejected.values()) + len(kept)  # before refinement rejects some kept ones
-    refined, notes = branch_and_bound(req, costs, kept, rejected, capacity)
-    not_refined = len(kept) - costs.refinements  # each kept configuration is refined at most once
+    bounded = {par for par in configs if bounded_first(req, par)}
+    kept = screen(req, costs, [par for par in configs if par not in bounded], rejected, progress)
+    later = memory_screen(req, costs, [par for par in configs if par in bounded], rejected)
+    # before refinement rejects some kept ones
+    considered = sum(rejected.values()) + len(kept) + len(later)
+    refined, notes = branch_and_bound(req, costs, kept, rejected, capacity, later)
+    # each kept configuration is refined at most once
+    not_refined = len(kept) + len(later) - costs.refinements
     if not refined:
         raise NoFeasiblePlan(_no_plan_message(req, rejected, considered, not_refined),
                              dict(rejected))
@@ -138,6 +142,20 @@ def screen(req: Request, costs: SearchCosts, configs: list[Parallel], rejected: 
     return [par for _, par in kept]
 
 
+def memory_screen(req: Request, costs: SearchCosts, configs: list[Parallel],
+                  rejected: Counter) -> list[Parallel]:
+    """The bounded-first configurations (planner/search/space.py bounded_first) the
+    partitioner's necessary condition lets fit: the screen's memory rule without its even-split
+    prediction, which their bounds replace (planner/search/refinement.py)."""
+    kept = []
+    for par in configs:
+        if may_fit(req.model, req.cluster, par, req.options, costs.known(par)):
+            kept.append(par)
+        else:
+            rejected["memory"] += 1
+    return kept
+
+
 def _distinct(plans: list[Plan]) -> tuple[list[Plan], int]:
     """Keep the best plan of each configuration that differs in more than the ZeRO stage or the
     recompute it allows but none of its stages uses: a ZeRO-2 twin of a ZeRO-1 plan at the same
@@ -153,7 +171,7 @@ def _distinct(plans: list[Plan]) -> tuple[list[Plan], int]:
     return out, len(plans) - len(out)
 
 
-STRUCTURAL = ("TP across", "more stages than layers", "schedule rule", "uneven interleaving", "heads not divisible",
+STRUCTURAL = ("TP across", "more stages than layers", "schedule rule", "heads not divisible",
               "KV heads not divisible", "FFN not divisible", "vocabulary not divisible")
 
 

@@ -3,8 +3,9 @@ in whole configurations, by the rule it breaks (planner/search/rules.py).
 
 A configuration is (tp, pp, dp, micro-batch, M, schedule, virtual stages, recompute, ZeRO, SP).
 TP stays inside a node and divides heads, KV heads, FFN and vocabulary; pp·v chunks need at least
-as many layers; interleaving needs M divisible by pp and blocks divisible by pp·v (Megatron's
-rules); M follows from the global batch, micro-batch and dp. Every pin narrows the space.
+as many layers; interleaving needs M divisible by pp (Megatron's rule), while its blocks need not
+divide into pp·v chunks (those are bounded before they are screened: `bounded_first`); M follows
+from the global batch, micro-batch and dp. Every pin narrows the space.
 """
 
 from __future__ import annotations
@@ -20,8 +21,8 @@ from planner.cost.recompute import selective_discards_nothing, selective_refusal
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
 from planner.core.schedules import DEFAULT_SCHEDULE, schedule_traits
 from planner.search.request import Request, pinned_recompute
-from planner.search.rules import (MOE_NEEDS_SP, UNEVEN_UNPINNED, context_rule, expert_rule,
-                                  launcher_rule, schedule_rule, stack_rule, tp_rule)
+from planner.search.rules import (MOE_NEEDS_SP, context_rule, expert_rule, launcher_rule,
+                                  schedule_rule, stack_rule, tp_rule)
 
 MICRO_BATCHES = (1, 2, 4, 8, 16, 32)
 VIRTUAL_STAGES = (2, 3, 4, 6, 8)
@@ -75,6 +76,20 @@ CP_SEARCH_MIN_SEQ = 16384
 # ... and down to this many tokens per CP rank: a space limit chosen for search time (each
 # further halving adds a degree to every search), not a cost; --cp pins beyond it.
 CP_MIN_LOCAL_TOKENS = 1024
+
+
+def bounded_first(req: Request, par: Parallel) -> bool:
+    """Whether the search bounds this configuration before it screens it: interleaving whose
+    blocks do not split evenly over its pp·v chunks, with v not pinned.  Practitioners run these
+    (Llama 3 405B's 126 blocks on PP 16 x v8, Megatron-LM's --pipeline-model-parallel-layout and
+    --decoder-first/last-pipeline-num-layers), and the partitioner splits them; but there are
+    several per shape (every v of VIRTUAL_STAGES that does not divide), and screening each
+    one's even-split prediction nearly tripled the search of llama3-405b on 1,024 GPUs
+    (benchmarks/bench_published.py).  The search refines them in the order of their lower bound
+    once the screened ones give an incumbent, so those the bound proves slower cost a bound,
+    not a screen (planner/search/refinement.py)."""
+    return (par.virtual_stages > 1 and req.pins.virtual_stages is None
+            and req.model.num_layers % par.num_chunks != 0)
 
 
 def context_degrees(req: Request) -> tuple[int, ...]:
@@ -197,13 +212,6 @@ def _schedules(req: Request, shape: Parallel, rejected: Counter):
                 continue
             if schedule_rule(req.model, timed):
                 rejected["schedule rule"] += len(recomputes) * len(zeros) * len(sps)
-                continue
-            if (v > 1 and req.pins.virtual_stages is None
-                    and req.model.num_layers % timed.num_chunks):
-                # Uneven interleaved chunks run (and are partitioned) when pinned; unpinned, the
-                # search leaves them out: their lower bound (search/bound.py) is too weak to
-                # prune, so they would cost hundreds of refinements to rule out.
-                rejected[UNEVEN_UNPINNED] += len(recomputes) * len(zeros) * len(sps)
                 continue
             for recompute, zero, sp in product(recomputes, zeros, sps):
                 if needs_sp and not sp:
