@@ -302,3 +302,17 @@ def test_an_interleaved_configuration_keeps_the_even_split_where_it_simulates_fa
     blocks = [st.last - st.first for st in plan.stages]
     assert max(blocks[1:-1]) - min(blocks[1:-1]) <= 1
     assert any("Megatron's even split" in n and "faster when simulated" in n for n in plan.notes)
+
+
+def test_pinned_interleaving_at_a_small_batch_names_its_own_rule():
+    """#30: --schedule interleaved at batch 512 on 16,384 GPUs (M = 2 or fewer per pipeline)
+    was told the global batch cannot be split over the data-parallel ranks; the unpinned search
+    plans it, so the pinned schedule's rule is what to change."""
+    req = Request(model=PRESETS["llama3-405b"], global_batch=512,
+                  cluster=make_cluster(load_hardware("h100"), 16384, 2048),
+                  pins=Pins(schedule="interleaved"))
+    with pytest.raises(NoFeasiblePlan) as failure:
+        search(req)
+    message = str(failure.value)
+    assert "the pinned --schedule interleaved runs only where its own rule holds" in message
+    assert "divisible by pp" in message and "cannot be split" not in message

@@ -175,6 +175,12 @@ STRUCTURAL = ("TP across", "more stages than layers", "schedule rule", "heads no
               "KV heads not divisible", "FFN not divisible", "vocabulary not divisible")
 
 
+# The schedule rules of core/parallel.py schedule_problem, in words (Megatron-LM's and DualPipe's)
+SCHEDULE_RULES = {"interleaved": "pp > 1, the microbatches per pipeline (M) divisible by pp, "
+                                 "and no more pp x v chunks than layers",
+                  "dualpipe": "an even pp and an even M of at least 2 x pp"}
+
+
 def _no_plan_message(req: Request, rejected: Counter, considered: int, not_refined: int) -> str:
     gib = (capacity_bytes(req.cluster) - constants.RESERVED_BYTES) / 1024**3
     reasons = ", ".join(f"{n} {r}" for r, n in rejected.most_common())
@@ -183,7 +189,15 @@ def _no_plan_message(req: Request, rejected: Counter, considered: int, not_refin
     # much of every large space, counted in whole configurations, whether or not anything fits.
     actionable = Counter({r: n for r, n in rejected.items() if not r.startswith(STRUCTURAL)})
     top = (actionable or rejected).most_common(1)[0][0] if rejected else ""
-    if top.startswith("memory"):
+    if req.pins.schedule and rejected.get("schedule rule") and not top.startswith("memory"):
+        # #30: pinned interleaving at a small batch was told the batch cannot be split over the
+        # data-parallel ranks, where its own rule (M divisible by pp) is what failed
+        hint = (f"the pinned --schedule {req.pins.schedule} runs only where its own rule holds "
+                f"({rejected['schedule rule']} configurations broke it: "
+                f"{SCHEDULE_RULES.get(req.pins.schedule, 'see `plan solve --help`')}): raise "
+                "--global-batch for more microbatches per pipeline, pin a smaller --pp, or drop "
+                "--schedule")
+    elif top.startswith("memory"):
         hint = (f"the model does not fit in {gib:.0f} GiB per GPU with the options tried: add "
                 "GPUs, allow recompute and ZeRO (drop pins) or use a larger GPU")
     elif top == "batch not divisible":
