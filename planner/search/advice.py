@@ -53,7 +53,9 @@ def batch_hint(req, plan: Plan, search) -> str | None:
 
     The batch gives the best plan's pipeline the closed-form M for BUBBLE_HINT; the whole search
     then runs again at that batch (``search(request)``: a different plan may now be best, and
-    more microbatches in flight may need recompute), doubling M while its best still idles more.
+    more microbatches in flight may need recompute), doubling M while its best still idles more,
+    and never past HINT_MAX_TOKENS a step: at that bound it names the bound's batch and its plan
+    whatever their bubble, or, where the batch already meets the bound, says so.
     """
     par, m = plan.parallel, plan.metrics
     if m.bubble_fraction <= BUBBLE_HINT or par.pp == 1 or req.batch_range is not None:
