@@ -21,6 +21,7 @@ from planner.core.errors import NoFeasiblePlan
 from planner.predict.step import predict
 from planner.hardware.profiles import Cluster
 from planner.core.parallel import RECOMPUTE_MODES, SCHEDULES, Parallel
+from planner.core.schedules import schedule_traits
 from planner.predict.plan import Plan
 from planner.search.advice import batch_dp_note
 from planner.search.costs import SearchCosts
@@ -175,10 +176,16 @@ STRUCTURAL = ("TP across", "more stages than layers", "schedule rule", "heads no
               "KV heads not divisible", "FFN not divisible", "vocabulary not divisible")
 
 
-# The schedule rules of core/parallel.py schedule_problem, in words (Megatron-LM's and DualPipe's)
-SCHEDULE_RULES = {"interleaved": "pp > 1, the microbatches per pipeline (M) divisible by pp, "
-                                 "and no more pp x v chunks than layers",
-                  "dualpipe": "an even pp and an even M of at least 2 x pp"}
+def schedule_rule_words(schedule: str) -> str:
+    """The rules of core/parallel.py schedule_problem and rules.py schedule_rule, in words, by
+    the schedule's traits (Megatron-LM's and DualPipe's)."""
+    traits = schedule_traits(schedule)
+    if traits.mirrored:
+        return "an even pp and an even M of at least 2 x pp"
+    if traits.microbatches_divisible_by_pp:
+        return ("pp > 1, the microbatches per pipeline (M) divisible by pp, and no more pp x v "
+                "chunks than layers")
+    return "no more pipeline chunks than layers"
 
 
 def _no_plan_message(req: Request, rejected: Counter, considered: int, not_refined: int) -> str:
@@ -194,7 +201,7 @@ def _no_plan_message(req: Request, rejected: Counter, considered: int, not_refin
         # data-parallel ranks, where its own rule (M divisible by pp) is what failed
         hint = (f"the pinned --schedule {req.pins.schedule} runs only where its own rule holds "
                 f"({rejected['schedule rule']} configurations broke it: "
-                f"{SCHEDULE_RULES.get(req.pins.schedule, 'see `plan solve --help`')}): raise "
+                f"{schedule_rule_words(req.pins.schedule)}): raise "
                 "--global-batch for more microbatches per pipeline, pin a smaller --pp, or drop "
                 "--schedule")
     elif top.startswith("memory"):
