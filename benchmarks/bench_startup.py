@@ -4,6 +4,9 @@ bytecode), its median wall time from the benchmark's launch of the process.
 
 - ``python -c pass``: the interpreter's own start (with site and the installed packages' .pth
   files), the floor under every other row.
+- ``floor: ...``: what `plan` cannot do without, alone: importing numpy (which any solve plans
+  with), a bare two-command typer app drawing its help, and the same app parsing one integer
+  option (typer 0.2x coerces option values with pydantic, imported on the first one).
 - ``plan --help``, ``plan solve --help``: the whole process.
 - ``pinned solve, until its work``: from the launch until the search of
   ``plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 1 --schedule 1f1b`` begins (the
@@ -11,13 +14,14 @@ bytecode), its median wall time from the benchmark's launch of the process.
   the mark is put at the call of planner.api.solving.search_plans).
 - ``pinned solve, whole``: the same solve to its exit, for scale.
 
-"cpu s" is the process's own CPU time (user + system; median), which other load on a shared
-machine inflates less than the wall time. "modules" is how many modules the process had loaded at
-its exit (at the mark for the "until its work" row), and "heavy" which of numpy, pandas, pulp,
-yaml and the planner's search/prediction/fidelity packages among them. "import s" is the sum of
-``python -X importtime``'s top-level cumulative times of one more run (every import of the
-process, the lazy ones inside the commands included; importtime's own bookkeeping inflates it a
-little). The machine's 1-minute load (os.getloadavg) is printed before and after.
+"cpu s" is the process's own CPU time (user + system, its threads' included: numpy's BLAS
+threads can take it over the wall time; median), which other load on a shared machine inflates
+less than the wall time. "modules" is how many modules the process had loaded at its exit (at the
+mark for the "until its work" row), and "heavy" which of HEAVY (numpy, pandas, pulp, yaml, scipy,
+matplotlib, ray and the planner's modelling packages) among them. "import s" is the sum of
+``python -X importtime``'s top-level cumulative times (every import of the process, the lazy
+ones inside the commands included; importtime's own bookkeeping inflates it a little), the median
+of three more runs. The machine's 1-minute load (os.getloadavg) is printed before and after.
 
 Run: python benchmarks/bench_startup.py [--repeats N]
 """
@@ -66,8 +70,22 @@ CHILD_UNTIL_WORK = ("import os, sys\n"
                     "    os._exit(0)\n"
                     "solving.search_plans = _mark\n"
                     "sys.exit(main(sys.argv[1:]))\n")
+# A bare typer app of two commands, for the floor the command line stands on: typer and rich
+# drawing a help page, and typer parsing one integer option (its pydantic coercion).
+BARE_TYPER = ("import typer\n"
+              "app = typer.Typer(add_completion=False)\n"
+              "@app.command()\n"
+              "def solve(gpus: int = typer.Option(..., '--gpus', help='Total GPUs.')):\n"
+              "    'Solve.'\n"
+              "@app.command()\n"
+              "def other():\n"
+              "    'Other.'\n"
+              "app()\n")
 CASES = [  # (label, child program or None for `-c pass`, arguments, the tag timed to)
     ("python -c pass", None, [], None),
+    ("floor: import numpy", "import numpy", [], None),
+    ("floor: bare typer app --help", BARE_TYPER, ["--help"], None),
+    ("floor: bare typer, --gpus 16", BARE_TYPER, ["solve", "--gpus", "16"], None),
     ("plan --help", CHILD, ["--help"], "exit"),
     ("plan solve --help", CHILD, ["solve", "--help"], "exit"),
     ("pinned solve, until its work", CHILD_UNTIL_WORK, PINNED, "work"),
@@ -134,7 +152,7 @@ def main() -> None:
         runs = [_once(program, args, tag) for _ in range(repeats)]
         wall = statistics.median(r[0] for r in runs)
         cpu = statistics.median(r[1] for r in runs)
-        imports = _import_seconds(program, args)
+        imports = statistics.median(_import_seconds(program, args) for _ in range(3))
         ok = "yes" if wall <= TARGET_S else "NO"
         print(f"{label:30} {wall:8.3f} {min(r[0] for r in runs):6.3f} {cpu:6.3f} "
               f"{imports:8.3f} {ok:>3}  {runs[-1][2]}", flush=True)
