@@ -20,8 +20,10 @@ exports), fidelity.py (validate, calibrate), measure.py (profile, simulate, layo
 (models, stacks, components, GPUs), reporting.py (the HTML report). No submodule shares a name
 with a function here.
 
-Floor: top (beside planner/cli/); ``planner/__init__.py`` re-exports the first names lazily, so
-``import planner`` (and ``plan --help``) does not pay for the search modules or pandas.
+Floor: top (beside planner/cli/). Both this module and ``planner/__init__.py`` (which re-exports
+the first names) load their names on first use, so ``import planner`` and ``from planner import
+api`` (the CLI's, at ``plan --help``) do not pay for the search modules, numpy or pandas; a name
+asked for imports its own submodule only (``api.model`` loads catalog.py, not the search).
 """
 
 from __future__ import annotations
