@@ -20,25 +20,37 @@ exports), fidelity.py (validate, calibrate), measure.py (profile, simulate, layo
 (models, stacks, components, GPUs), reporting.py (the HTML report). No submodule shares a name
 with a function here.
 
-Floor: top (beside planner/cli/); ``planner/__init__.py`` re-exports the first names lazily, so
-``import planner`` (and ``plan --help``) does not pay for the search modules or pandas.
+Floor: top (beside planner/cli/). Both this module and ``planner/__init__.py`` (which re-exports
+the first names) load their names on first use, so ``import planner`` and ``from planner import
+api`` (the CLI's, at ``plan --help``) do not pay for the search modules, numpy or pandas; a name
+asked for imports its own submodule only (``api.model`` loads catalog.py, not the search).
 """
 
 from __future__ import annotations
 
-from planner.api.catalog import (components, hardware, hardware_profiles, hardware_sources,
-                                 model, model_template, models, sequence_note, stack, stacks)
-from planner.api.fidelity import (calibrate, calibrated_hardware, parse_factors,
-                                  single_source_settings, validate, validate_runs)
-from planner.api.measure import (layout, measure_layers, measure_machine, profile, simulate,
-                                 simulation, simulation_summary)
-from planner.api.planning import (PARTITION_SOLVERS, check_pipeline, compare_partitions, explain,
-                                  partition, solve, sweep)
-from planner.api.reporting import report
-from planner.api.results import (Explanation, Partition, Profiled, Solution, Stages,
-                                 Validation)
-from planner.core.errors import NoFeasiblePlan, PlanInputError
-from planner.sweeping import DEFAULT_MAX_POINTS, SweepResult
+from importlib import import_module
+
+# Where each name lives. Deliberately lazy (PEP 562): ``from planner import api`` loads none of
+# these modules, so the CLI (which imports planner.api to declare its commands) starts without
+# the search, numpy or pandas; the first use of a name imports its module and binds it here.
+_HOMES = {
+    "planner.api.catalog": ("components", "hardware", "hardware_profiles", "hardware_sources",
+                            "model", "model_template", "models", "sequence_note", "stack",
+                            "stacks"),
+    "planner.api.fidelity": ("calibrate", "calibrated_hardware", "parse_factors",
+                             "single_source_settings", "validate", "validate_runs"),
+    "planner.api.measure": ("layout", "measure_layers", "measure_machine", "profile", "simulate",
+                            "simulation", "simulation_summary"),
+    "planner.api.planning": ("PARTITION_SOLVERS", "check_pipeline", "compare_partitions",
+                             "explain", "partition", "solve", "sweep"),
+    "planner.api.reporting": ("report",),
+    "planner.api.results": ("Explanation", "Partition", "Profiled", "Solution", "Stages",
+                            "Validation"),
+    "planner.core.errors": ("NoFeasiblePlan", "PlanInputError"),
+    "planner.core.limits": ("DEFAULT_MAX_POINTS",),
+    "planner.sweeping": ("SweepResult",),
+}
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "Stages",
            "Explanation", "Partition", "Validation", "Profiled", "PlanInputError",
@@ -50,3 +62,14 @@ __all__ = ["solve", "explain", "partition", "validate", "profile", "Solution", "
            "calibrated_hardware",
            "measure_layers", "measure_machine", "simulation", "simulate", "simulation_summary",
            "layout", "report"]
+
+
+def __getattr__(name: str):
+    if name not in _HOME_OF:  # a submodule not yet imported, or no such name
+        raise AttributeError(f"module 'planner.api' has no attribute {name!r}")
+    value = globals()[name] = getattr(import_module(_HOME_OF[name]), name)
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -5,10 +5,6 @@ from __future__ import annotations
 import typer
 
 from planner import api
-from planner.report.models import parameters_line, template_table
-from planner.report.catalog import (components_dict, components_table, hardware_dict,
-                                    hardware_sources_lines, hardware_table, models_table,
-                                    stacks_dict, stacks_table)
 from planner.cli.common import _flag, app, out, print_json, user_errors
 
 
@@ -24,6 +20,8 @@ def models(ctx: typer.Context):
 
     Example: plan models show llama3-8b --json > model.json
     """
+    from planner.report.catalog import models_table  # lazy on purpose: not for `plan --help`
+
     if ctx.invoked_subcommand is None:
         out.print(models_table(api.models(), out.width))
 
@@ -40,6 +38,8 @@ def models_show(
       plan models show llama3-8b --json > my-model.json\n
       plan models show config.json --json   (a HuggingFace config as a model.json)
     """
+    from planner.report.models import parameters_line, template_table  # lazy on purpose
+
     with user_errors(as_json):
         spec = api.model(name)
         if as_json:
@@ -58,6 +58,9 @@ def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its sourc
 
     Examples: plan stacks; plan stacks --json; plan stacks --components
     """
+    from planner.report.catalog import (components_dict, components_table,  # lazy on purpose
+                                        stacks_dict, stacks_table)
+
     with user_errors(as_json):
         found = api.components() if components else api.stacks()
         if as_json:
@@ -69,6 +72,9 @@ def stacks_cmd(as_json: bool = _flag(False, "--json", "Every field and its sourc
 @app.command("hardware")
 def hardware_cmd(as_json: bool = _flag(False, "--json", "Every field and its source, as JSON.")):
     """List the bundled GPU profiles and the vendor document each is read from."""
+    from planner.report.catalog import (hardware_dict, hardware_sources_lines,  # lazy on purpose
+                                        hardware_table)
+
     with user_errors(as_json):
         gpus, sources = api.hardware_profiles(), api.hardware_sources()
         if as_json:

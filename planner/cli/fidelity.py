@@ -14,9 +14,6 @@ import typer
 from planner import api
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
-from planner.report.calibration import calibration_table
-from planner.report.validation import (cases_table, groups_table, settings_table,
-                                       summary_lines, validation_markdown)
 from planner.cli.common import _flag, app, out, progress_bar, user_errors
 
 
@@ -48,6 +45,10 @@ def validate(
       plan validate --settings\n
       plan validate --runs my_runs.json --hardware h100-mine.json
     """
+    # lazy on purpose (here, not at the top): `plan --help` loads no published runs
+    from planner.report.validation import (cases_table, groups_table, settings_table,
+                                           summary_lines, validation_markdown)
+
     with user_errors():
         if file is not None and runs is not None:
             raise PlanInputError("give the runs file once: as the argument or as --runs")
@@ -93,6 +94,8 @@ def calibrate_cmd(
     Example:\n
       plan calibrate --runs my_runs.json --factors matmul --out h100-mine.json
     """
+    from planner.report.calibration import calibration_table  # lazy on purpose: not for --help
+
     with user_errors():
         names = api.parse_factors(factors)
         if out_file is not None:

@@ -17,9 +17,6 @@ from planner.core.files import refuse_overwrite, write_text
 from planner.core.limits import MAX_BUDGET_S
 from planner.core.schedules import DEFAULT_SCHEDULE
 from planner.core.text import for_rich
-from planner.report.gantt import priced_line, render_gantt, to_svg
-from planner.report.layout import render_layout
-from planner.report.profile import profile_table
 from planner.cli.common import _flag, _three, app, err, out, print_json, progress_bar, user_errors
 
 
@@ -55,6 +52,8 @@ def profile(
       plan solve --gpus 16 --nodes 2 --profile llama3-8b.cpu.json\n
       plan profile --calibrate --out cpu.json
     """
+    from planner.report.profile import profile_table  # lazy on purpose: not for `plan --help`
+
     with user_errors():
         if device not in ("cpu", "gpu"):
             raise PlanInputError(f"--device must be cpu or gpu, got {device!r}")
@@ -122,6 +121,9 @@ def simulate(
           --virtual-stages 2\n
       plan simulate --plan out/plan.json --svg schedule.svg
     """
+    # lazy on purpose (here, not at the top): `plan --help` loads no simulator (numpy)
+    from planner.report.gantt import priced_line, render_gantt, to_svg
+
     with user_errors(as_json):
         job, note = api.simulation(pp, microbatches, schedule, virtual_stages, stage_times,
                                    comm_time, plan_file, stack)
@@ -161,6 +163,8 @@ def layout(
       plan layout --tp 2 --cp 2 --pp 2 --dp 2 --ep 4 --etp 1\n
       plan layout --tp 8 --cp 9 --pp 1 --dp 2 --gpus-per-node 4 --nvlink-domain 72
     """
+    from planner.report.layout import render_layout  # lazy on purpose: not for `plan --help`
+
     with user_errors():
         rank_layout = api.layout(tp, pp, dp, gpus_per_node, order, cp=cp, ep=ep, etp=etp,
                                  nvlink_domain=nvlink_domain)

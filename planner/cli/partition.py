@@ -11,7 +11,6 @@ from planner import api
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite
 from planner.core.schedules import DEFAULT_SCHEDULE
-from planner.report.partition import comparison_dict, print_comparison
 from planner.cli.common import STACK_FLAGS, _flag, app, out, planned_model, print_json, user_errors
 
 
@@ -62,6 +61,9 @@ def partition(
       plan partition --model llama3-70b --pp 8 --tp 8 --dp 4 --gpu h100 \\
           --recompute selective
     """
+    # lazy on purpose (here, not at the top): `plan --help` loads no prediction
+    from planner.report.partition import comparison_dict, print_comparison
+
     with user_errors(as_json):
         for name, value in (("--pp", pp), ("--tp", tp), ("--dp", dp),
                             ("--microbatches", microbatches)):

@@ -9,12 +9,9 @@ from typing import Optional
 import typer
 
 from planner import api
-from planner.api import solving as steps
 from planner.core.errors import PlanInputError
 from planner.core.files import refuse_overwrite, write_text
 from planner.core.text import for_rich
-from planner.report.frames import plans_csv
-from planner.report.plans import explanation_dict, print_explanation, print_search
 from planner.cli.common import (LIMITS, OUTPUT, PINS, PLAN, _flag, app, err, out, parse_range,
                                 planned_model, print_json, progress_bar, stack_options, user_errors)
 
@@ -168,6 +165,12 @@ def solve(
           --export megatron,torchrun --out run/\n
       plan solve --gpus 16 --nodes 2 --tp 2 --pp 2 --micro-batch 4 --explain
     """
+    # imported here, not at the top: `plan --help` and `plan solve --help` load no search (lazy on
+    # purpose; benchmarks/bench_startup.py)
+    from planner.api import solving as steps
+    from planner.report.frames import plans_csv
+    from planner.report.plans import explanation_dict, print_explanation, print_search
+
     with user_errors(as_json):
         if gpu is not None and hardware is not None:
             raise PlanInputError("give --gpu NAME or --hardware FILE, not both")

@@ -12,3 +12,6 @@ GIB = 1024**3  # bytes in a gibibyte; GPU memory sizes are quoted in GiB
 _HERE = Path(__file__).resolve()
 DATA_DIR = next((d for d in (_HERE.parents[1] / "profiles", _HERE.parents[2] / "profiles")
                  if d.is_dir()), _HERE.parents[2] / "profiles")
+# the published runs and the validation record (planner/fidelity/): here, so a solve's error band
+# reads its record without importing the runs' loaders
+VALIDATION_DIR = DATA_DIR / "validation"

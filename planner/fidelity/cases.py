@@ -20,7 +20,7 @@ from pathlib import Path
 from planner.core.errors import PlanInputError
 from planner.core.files import read_json
 from planner.core.limits import MAX_CHUNKS
-from planner.core.units import DATA_DIR
+from planner.core.units import VALIDATION_DIR
 from planner.fidelity.case_cluster import case_cluster
 from planner.fidelity.case_setup import CaseSetup
 from planner.fidelity.case_stack import case_stack
@@ -32,7 +32,6 @@ from planner.hardware.profiles import Hardware
 from planner.model.spec import ModelSpec
 from planner.stack import Stack
 
-VALIDATION_DIR = DATA_DIR / "validation"
 # The 2020-23 runs (unfused attention, Megatron-LM / Megatron-DeepSpeed) and the modern stacks
 # (flash attention, FSDP / ZeRO-3, Megatron-Core, torchtitan); ``validate_file`` reads both.
 DEFAULT_FILE = VALIDATION_DIR / "published_runs.json"

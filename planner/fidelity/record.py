@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from planner.core.jsonfile import read_json_file
-from planner.fidelity.cases import VALIDATION_DIR
+from planner.core.units import VALIDATION_DIR
 
 RECORD_FILE = VALIDATION_DIR / "record.json"
 

@@ -22,6 +22,7 @@ import math
 from dataclasses import dataclass
 
 from planner.core.errors import PlanInputError
+from planner.core.limits import DEFAULT_MAX_POINTS
 
 INT, TEXT, FLAG, NUMBER, REFINE = "an integer", "a string", "true or false", "a number", \
     "auto or an integer"
@@ -41,7 +42,6 @@ AXES = {
 SCALARS = ("train_tokens", "gpu_hour_price")  # economics: one value each, never swept
 RANGE_KEYS = ("from", "to", "step", "times")
 EXCLUSIVE = (("nodes", "gpus_per_node"), ("global_batch", "global_batch_tokens"))
-DEFAULT_MAX_POINTS = 10_000
 
 
 def _suggest(word: str, choices) -> str:
