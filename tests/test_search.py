@@ -316,3 +316,17 @@ def test_pinned_interleaving_at_a_small_batch_names_its_own_rule():
     message = str(failure.value)
     assert "the pinned --schedule interleaved runs only where its own rule holds" in message
     assert "divisible by pp" in message and "cannot be split" not in message
+
+
+def test_a_batch_range_that_splits_nowhere_names_the_range_not_a_fixed_batch():
+    """A --global-batch-range none of whose batches splits over the data-parallel ranks was told
+    the default batch (2048) cannot be split, and to give the range it had given; 5,128 GPUs on
+    641 nodes (a prime) leave only dp a multiple of 641 for 8 GPUs a node."""
+    req = Request(model=PRESETS["llama3-8b"], batch_range=(1, 600),
+                  cluster=make_cluster(load_hardware("a100-80gb"), 5128, 641),
+                  pins=Pins(tp=8, pp=1))
+    with pytest.raises(NoFeasiblePlan) as failure:
+        search(req)
+    message = str(failure.value)
+    assert "no global batch in 1..600 splits over this many data-parallel ranks" in message
+    assert "2048" not in message and "give --global-batch-range" not in message

@@ -207,6 +207,10 @@ def _no_plan_message(req: Request, rejected: Counter, considered: int, not_refin
     elif top.startswith("memory"):
         hint = (f"the model does not fit in {gib:.0f} GiB per GPU with the options tried: add "
                 "GPUs, allow recompute and ZeRO (drop pins) or use a larger GPU")
+    elif top == "batch not divisible" and req.batch_range is not None:
+        low, high = req.batch_range
+        hint = (f"no global batch in {low}..{high} splits over this many data-parallel ranks: "
+                "widen --global-batch-range or use fewer GPUs")
     elif top == "batch not divisible":
         hint = (f"the global batch ({req.batch}) cannot be split over this many data-parallel "
                 "ranks: raise --global-batch, give --global-batch-range, or use fewer GPUs")
