@@ -166,6 +166,33 @@ def test_a_long_run_walks_as_much_as_a_short_one(monkeypatch):
     assert seconds >= m * (sum(fwd) + sum(bwd)) / p
 
 
+def test_plan_solve_on_time_steps_at_a_large_batch_does_bounded_work(monkeypatch):
+    # issue #31: `plan solve` prices every configuration it searches on the stack's time steps;
+    # at 20,000 microbatches (40,000 on one data-parallel rank) no table is built nor walked
+    # whole, and each walk does at most what interleaved_slots counts, a few hundredths of the
+    # table's slots. Counted, not timed.
+    import planner
+    walks = []
+    walk = timestep._walk
+
+    def counted(p, m, v, *args):
+        seconds, work = walk(p, m, v, *args)
+        walks.append((p, m, v, work))
+        return seconds, work
+
+    monkeypatch.setattr(timestep, "_walk", counted)
+    monkeypatch.setattr(timestep, "interleaved_steps", lambda *a: pytest.fail("built the table"))
+    lockstep = replace(load_stack("megatron-core"), pipeline_timesteps=True)
+    solution = planner.solve(gpus=8, nodes=1, global_batch=40_000, stack=lockstep,
+                             schedule="interleaved", pp=4, virtual_stages=2, micro_batch=1)
+    assert solution.best.parallel.num_microbatches >= 20_000
+    assert walks and min(m for _, m, _, _ in walks) >= 20_000
+    for p, m, v, work in walks:
+        assert work <= interleaved_slots(p, m, v) <= interleaved_slots(p, 1_000_000, v) \
+            < p * 2 * m * v / 30
+    assert sum(work for *_, work in walks) <= len(walks) * interleaved_slots(4, 1_000_000, 2)
+
+
 def test_stack_field_prices_only_the_interleaved_schedule():
     """torchtitan as measured here (torch 2.13) runs as data arrives; a run on torch <= 2.6
     sets pipeline_timesteps, which lengthens an interleaved step and leaves 1F1B alone."""
