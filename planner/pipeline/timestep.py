@@ -73,6 +73,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from functools import lru_cache
 
+import numpy as np
+
 from planner.pipeline.ops import Op
 
 Program = tuple[tuple[Op | None, ...], ...]  # per rank, per time step: an action or idle
@@ -193,8 +195,8 @@ def _boundary_times(comm_s: float | Sequence[float], chunks: int) -> list[float]
 # Steady periods walked, their states kept, before the walk falls back to the period's max-plus
 # matrix; states compared up to MAX_CYCLICITY periods back; TOLERANCE: two normalised states
 # this close (relative to the latest end time) count as equal. Chosen so a skipped period's
-# error stays far under 1e-9 relative (module docstring) and the fallback rare: on 300 random
-# shapes (p 2-8, v 1-4, M 20p-60p, random times) 293 were periodic after one or two periods,
+# error stays far under 1e-9 relative (module docstring) and the fallback rare: of 300 random
+# shapes (p 2-8, v 1-4, M 20p-60p, random times) about 293 were periodic after one or two periods,
 # the slowest after 12 (measured while writing this; the fallback is exact either way).
 MAX_PERIODS = 32
 MAX_CYCLICITY = 4
@@ -301,7 +303,6 @@ def _period_power(end: list[float], columns: list[Column], periods: int) -> list
     the period once on the identity, then A^periods applied by squaring (Baccelli, Cohen,
     Olsder and Quadrat, Synchronization and Linearity, 1992, ch. 3: the max-plus product is
     associative, so A^n x = A^(2^a) (A^(2^b) (... x)) for the bits of n)."""
-    import numpy as np  # only the fallback needs it
     p = len(end)
     rows = list(np.where(np.eye(p, dtype=bool), 0.0, -np.inf))
     for column in columns:
