@@ -73,7 +73,10 @@ def _runs(tmp: Path) -> dict[str, Path]:
     huge_v = json.loads(json.dumps(megatron))
     huge_v["config"].update(virtual_stages=1e15, schedule="interleaved")
     zb = next(c for c in bundled if c["name"] == "zerobubble-1.5B-ZB-2p-m24")
-    # torch 2.6's lockstep time steps: a table walked slot by slot, M x chunks of them
+    # torch 2.6's lockstep time steps: a table of M x chunks slots, walked with its steady
+    # periods skipped (planner/pipeline/timestep.py); at 128 ranks its bound is over the budget
+    timesteps_at_cap = json.loads(json.dumps(every_cap))
+    timesteps_at_cap["stack_overrides"] = {"pipeline_timesteps": True}
     timesteps = json.loads(json.dumps(every_cap))
     timesteps["config"].update(pp=8, global_batch=8 * 125_000)
     timesteps["cluster"]["gpus"] = timesteps["config"]["tp"] * 8
@@ -91,7 +94,8 @@ def _runs(tmp: Path) -> dict[str, Path]:
             "calibrate-over-cap": copies(a100, MAX_CALIBRATION_RUNS + 1),
             "run-at-every-cap": [every_cap], "virtual-stages-1e15": [huge_v],
             "heaviest-run": [_zero_bubble(zb, "ZB-2p", MAX_CHUNKS, "zb2p-256")],
-            "distinct-shapes": _distinct_shapes(zb), "over-budget": [timesteps],
+            "distinct-shapes": _distinct_shapes(zb), "timesteps-1e6": [timesteps],
+            "over-budget": [timesteps_at_cap],
             "calibrate-timesteps": calibrate_timesteps}
     out = {}
     for name, doc in docs.items():
@@ -152,6 +156,11 @@ def _files(tmp: Path) -> dict[str, Path]:
     fifo = tmp / "fifo.json"
     os.mkfifo(fifo)
     out["fifo"] = fifo
+    lockstep = tmp / "lockstep.json"  # megatron-core's stack on torch 2.6's time steps
+    lockstep.write_text(json.dumps({"base": "megatron-core", "name": "lockstep", "version": "1",
+                                    "description": "megatron-core priced on lockstep time steps",
+                                    "pipeline_timesteps": True}))
+    out["lockstep-stack"] = lockstep
     small = tmp / "small.json"  # a 4-block model of hidden 512 for the profiler at its token cap
     small.write_text(json.dumps({**base, "name": "small", "num_layers": 4}))
     out["small"] = small
@@ -175,6 +184,9 @@ def cases(files: dict[str, Path]) -> list[tuple[str, str, list[str]]]:
          ["solve", "--gpus", "16", "--nodes", "2", "--global-batch", str(10**15)]),
         ("global batch", "--global-batch 1000003 (prime) on 16 GPUs",
          ["solve", "--gpus", "16", "--nodes", "2", "--global-batch", "1000003"]),
+        ("time steps", "solve on torch 2.6 time steps, global batch 65,536",
+         ["solve", "--gpus", "16", "--nodes", "2", "--global-batch", "65536", "--stack",
+          str(files["lockstep-stack"])]),
         ("microbatches", f"simulate M = {MAX_MICROBATCHES:,} (cap; issue #17)",
          ["simulate", "--pp", "4", "--microbatches", str(MAX_MICROBATCHES), "--json"]),
         ("microbatches", "simulate M = 10^7 (refused)",
@@ -225,7 +237,9 @@ def cases(files: dict[str, Path]) -> list[tuple[str, str, list[str]]]:
          ["validate", str(files["heaviest-run"])]),
         ("validate runs", f"{MAX_PIPELINE_OPS:,} pipeline ops (budget), distinct shapes",
          ["validate", str(files["distinct-shapes"])]),
-        ("validate runs", "torch 2.6 time steps, M 10^6 (refused: over budget)",
+        ("validate runs", "time steps, pp 8, M 10^6 (in budget: periods skipped)",
+         ["validate", str(files["timesteps-1e6"])]),
+        ("validate runs", "time steps at every cap, pp 128 (refused: over budget)",
          ["validate", str(files["over-budget"])]),
         ("runs degrees", "virtual_stages 1e15 (refused)",
          ["validate", str(files["virtual-stages-1e15"])]),

@@ -1,5 +1,6 @@
 """Lockstep time steps (planner/pipeline/timestep.py): torch 2.6's interleaved 1F1B table and
-its timing, against the source and a hand-worked run."""
+its timing, against the source and a hand-worked run; the walk that skips its steady periods
+against the full walk of the table."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 from conftest import engine_module
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
 from planner.core.parallel import Parallel
@@ -15,7 +16,9 @@ from planner.hardware.profiles import Cluster, load_hardware
 from planner.model.presets import PRESETS
 from planner.pipeline.schedule import interleaved_order
 from planner.pipeline.simulate import simulate
-from planner.pipeline.timestep import interleaved_makespan_s, interleaved_steps
+from planner.pipeline import timestep
+from planner.pipeline.timestep import (interleaved_makespan_s, interleaved_slots,
+                                       interleaved_steps, makespan_s)
 from planner.predict.step import evaluate
 from planner.stack import load_stack
 
@@ -108,6 +111,86 @@ def test_same_order_never_faster_than_dataflow(p, rounds, v, f, ratio, comm):
     flow = simulate("interleaved", p, m, v, fwd_s=fwd, bwd_s=bwd, comm_s=comm,
                     timeline=False).makespan_s
     assert lock >= flow - 1e-9
+
+
+@pytest.mark.parametrize("p,m,v", [(1, 1, 1), (1, 5, 3), (2, 1, 3), (2, 2, 2), (4, 8, 2),
+                                   (4, 3, 2), (4, 10, 2), (3, 6, 2), (6, 30, 3), (5, 7, 1),
+                                   (8, 64, 4)])
+def test_the_walk_reads_the_tables_slots_without_building_it(p, m, v):
+    # the kind and chunk of every slot, found by arithmetic, are the table's (microbatch aside)
+    per_round, total, ranks = timestep._layout(p, m, v)
+    table = interleaved_steps(p, m, v)
+    length = timestep._window(p, m, v)[3]
+    assert length == max(len(row) for row in table)
+    for r, row in enumerate(table):
+        assert [timestep._action(p, v, per_round, total, ranks[r], r, c)
+                for c in range(length + 2)] == \
+            [None if op is None else (op.kind, op.chunk) for op in row] + \
+            [None] * (length + 2 - len(row))
+
+
+@settings(max_examples=100, deadline=None)
+@given(p=st.integers(1, 6), m=st.integers(1, 64), v=st.integers(1, 4),
+       f=st.lists(st.floats(0.01, 3.0), min_size=24, max_size=24),
+       b=st.lists(st.floats(0.01, 9.0), min_size=24, max_size=24),
+       comm=st.lists(st.floats(0.0, 0.5), min_size=23, max_size=23),
+       action=st.floats(0.0, 0.1))
+def test_skipping_steady_periods_gives_the_full_walks_makespan(p, m, v, f, b, comm, action):
+    # issue #31: the same makespan as the walk of the whole table, within 1e-9 relative, with
+    # the periods found (the default), and with the max-plus matrix fallback forced (after no
+    # period or one); the work never over interleaved_slots' count
+    assume(m % max(1, m // p) == 0)  # torch's rule (test_refuses_what_torch_refuses)
+    fwd, bwd, links = f[:p * v], b[:p * v], comm[:p * v - 1]
+    full = makespan_s(interleaved_steps(p, m, v), fwd, bwd, links, action)
+    assert interleaved_makespan_s(p, m, v, fwd, bwd, links, action) == \
+        pytest.approx(full, rel=1e-9)
+    for periods in (timestep.MAX_PERIODS, 0, 1):
+        seconds, work = timestep._walk(p, m, v, fwd, bwd, links, action, periods)
+        assert seconds == pytest.approx(full, rel=1e-9)
+        if periods == timestep.MAX_PERIODS:
+            assert work <= interleaved_slots(p, m, v)
+
+
+def test_a_long_run_walks_as_much_as_a_short_one(monkeypatch):
+    # 125,000 microbatches per rank: the table (2 million slots a rank) is never built, and the
+    # walk's work bound is a short run's but for the fallback's log2 term
+    monkeypatch.setattr(timestep, "interleaved_steps", lambda *a: pytest.fail("built the table"))
+    p, v, m = 8, 2, 8 * 125_000
+    fwd, bwd = [1.0 + 0.01 * k for k in range(p * v)], [2.1] * (p * v)
+    seconds, work = timestep._walk(p, m, v, fwd, bwd, [0.01] * (p * v - 1), 0.001)
+    assert work == timestep._walk(p, 8 * 1000, v, fwd, bwd, [0.01] * (p * v - 1), 0.001)[1]
+    assert work <= interleaved_slots(p, m, v) <= 20_000
+    assert interleaved_slots(p, m, v) - interleaved_slots(p, 8 * 1000, v) <= 8 * p ** 3
+    # the makespan grows by the steady period's time: a rank's M·v forwards and backwards
+    # bound it below
+    assert seconds >= m * (sum(fwd) + sum(bwd)) / p
+
+
+def test_plan_solve_on_time_steps_at_a_large_batch_does_bounded_work(monkeypatch):
+    # issue #31: `plan solve` prices every configuration it searches on the stack's time steps;
+    # at 20,000 microbatches (40,000 on one data-parallel rank) no table is built nor walked
+    # whole, and each walk does at most what interleaved_slots counts, a few hundredths of the
+    # table's slots. Counted, not timed.
+    import planner
+    walks = []
+    walk = timestep._walk
+
+    def counted(p, m, v, *args):
+        seconds, work = walk(p, m, v, *args)
+        walks.append((p, m, v, work))
+        return seconds, work
+
+    monkeypatch.setattr(timestep, "_walk", counted)
+    monkeypatch.setattr(timestep, "interleaved_steps", lambda *a: pytest.fail("built the table"))
+    lockstep = replace(load_stack("megatron-core"), pipeline_timesteps=True)
+    solution = planner.solve(gpus=8, nodes=1, global_batch=40_000, stack=lockstep,
+                             schedule="interleaved", pp=4, virtual_stages=2, micro_batch=1)
+    assert solution.best.parallel.num_microbatches >= 20_000
+    assert walks and min(m for _, m, _, _ in walks) >= 20_000
+    for p, m, v, work in walks:
+        assert work <= interleaved_slots(p, m, v) <= interleaved_slots(p, 1_000_000, v) \
+            < p * 2 * m * v / 30
+    assert sum(work for *_, work in walks) <= len(walks) * interleaved_slots(4, 1_000_000, 2)
 
 
 def test_stack_field_prices_only_the_interleaved_schedule():

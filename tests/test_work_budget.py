@@ -18,6 +18,7 @@ from planner.fidelity.cases import DEFAULT_FILES, case_setup, load_cases
 from planner.fidelity.work import MAX_PIPELINE_OPS, case_work
 from planner.pipeline import simulate as sim
 from planner.pipeline.schedule import build_schedule
+from planner.pipeline import timestep
 from planner.pipeline.timestep import interleaved_slots, interleaved_steps
 
 runner = CliRunner()
@@ -70,9 +71,24 @@ def test_gpipe_past_its_drawn_run_builds_nothing():
 
 
 @pytest.mark.parametrize("p, m, v", [(1, 1, 1), (2, 4, 2), (4, 8, 3), (3, 9, 4), (4, 5, 2),
-                                     (8, 16, 2), (5, 7, 1), (6, 30, 3)])
-def test_the_time_step_slots_counted_are_the_table_built(p, m, v):
-    assert interleaved_slots(p, m, v) == sum(len(row) for row in interleaved_steps(p, m, v))
+                                     (8, 16, 2), (5, 7, 1), (6, 30, 3), (4, 400, 2),
+                                     (8, 1024, 2), (3, 300, 4)])
+def test_the_time_step_slots_counted_bound_the_walk(p, m, v):
+    # the walk steps every rank at every column it walks; a short run, with no steady period to
+    # skip, walks every column of the table, a longer one fewer, and never more than counted
+    chunks = p * v
+    fwd = [1.0 + 0.1 * (k % 3) for k in range(chunks)]
+    bwd = [2.0 + 0.05 * k for k in range(chunks)]
+    work = timestep._walk(p, m, v, fwd, bwd, [0.01] * (chunks - 1), 0.001)[1]
+    whole = p * max(len(row) for row in interleaved_steps(p, m, v))
+    assert work <= interleaved_slots(p, m, v) <= whole
+    first, stop, period, _ = timestep._window(p, m, v)
+    if stop - first < 2 * period:  # no two steady periods to compare
+        assert work == interleaved_slots(p, m, v) == whole
+    else:
+        assert work < whole
+    if m >= 100 * p:
+        assert interleaved_slots(p, m, v) < whole / 2
 
 
 def _bundled() -> list[dict]:
@@ -113,13 +129,17 @@ def test_a_file_over_the_budget_is_refused_before_any_run_is_priced(tmp_path, mo
 
 
 def test_one_run_over_the_budget_is_told_to_shrink_not_to_split():
-    # torch 2.6's lockstep table is walked slot by slot, with no steady state skipped
+    # the largest interleaved run the schema allows (pp 128 x v 2, M 999,936: its simulation
+    # alone fits) on torch 2.6's lockstep time steps: the walk's 128-rank periods and its
+    # fallback's 128 x 128 max-plus products, counted element by element, do not
     run = next(c for c in _bundled() if c["name"] == "megatron2021-table1-39.1B")
     run = copy.deepcopy(run)
     run["model"]["layers"] = 1024
-    run["config"].update(pp=8, dp=1, virtual_stages=None, global_batch=8 * 125_000)
-    run["cluster"]["gpus"] = 8 * run["config"]["tp"]
+    run["config"].update(pp=128, dp=1, virtual_stages=None, global_batch=999_936)
+    run["cluster"]["gpus"] = 128 * run["config"]["tp"]
+    plain = copy.deepcopy(run)
     run["stack_overrides"] = {"pipeline_timesteps": True}
+    assert case_work(case_setup(plain)) <= MAX_PIPELINE_OPS < case_work(case_setup(run))
     with pytest.raises(PlanInputError, match="give it fewer pipeline chunks") as e:
         published.validate_cases([run])
     assert "split" not in str(e.value)

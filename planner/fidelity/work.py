@@ -26,11 +26,14 @@ from planner.predict.pipeline_schedule import pipeline_work
 # allows, interleaved at pp 128 x v 2 and M 999,936 (its first short run of 768 microbatches and
 # one period more, 512 ops each: 851,968), ZB-2p at pp 256 and M 10^6 (1,585,920), and the 82
 # bundled runs (399,162 together) three times over, as the bench's 256-run file repeats them.
+# torch 2.6's time steps count the most rank-steps their walk takes, its steady periods skipped
+# (timestep.interleaved_slots: at pp 8 x v 2, 13,584 at M 1,000 and 19,344 at M 999,936);
+# a rank-step cost 1.6 to 2.1 us on the 2-core machine (pp 8 and 64, v 2, measured), under an op.
 MAX_PIPELINE_OPS = 1_600_000
 
 
 # Times `plan calibrate` prices one run: it prices with the closed-form pipeline (no simulation),
-# but a stack that runs torch 2.6's time steps walks its table at every pricing. The fit and the
+# but a stack that runs torch 2.6's time steps walks their table at every pricing. The fit and the
 # leave-one-out refits priced a run at most 206 times over the bundled A100 runs (4 to 41 runs,
 # three factors; 16 runs, the most that are refitted, is the worst), measured, not a bound of
 # Levenberg-Marquardt's worst case; 256 leaves room.

@@ -176,8 +176,9 @@ def _runs_timesteps(par: Parallel, opts: Stack) -> bool:
 def pipeline_work(par: Parallel, opts: Stack, simulated: bool = True) -> int:
     """The ops :func:`pipeline_time` walks for a configuration whose shape nothing has simulated
     yet, counted before any is built: the simulation's (simulate.simulated_ops, with
-    ``simulated``) and the time-step table's slots (timestep.interleaved_slots) where the
-    stack runs one. What a work budget counts (planner/fidelity/work.py)."""
+    ``simulated``) and, where the stack runs torch 2.6's time steps, the most the walk of their
+    table takes (timestep.interleaved_slots: independent of M, its steady periods skipped).
+    What a work budget counts (planner/fidelity/work.py)."""
     m, v = par.num_microbatches, par.virtual_stages
     ops = simulated_ops(par.schedule, par.pp, m, v) if simulated else 0
     if _runs_timesteps(par, opts):
@@ -192,7 +193,8 @@ def _timestep_pipeline(par: Parallel, stages: ChunkArrays, p2p: np.ndarray,
     planner/pipeline/timestep.py). Its transfers are inside the steps, each waited on before the
     next, so they are priced there (``p2p``: per chunk, its output's transfer) and not as a
     blocking charge; the compute order, and so the activations each rank holds, is the one the
-    op-by-op simulation runs."""
+    op-by-op simulation runs. Its work is bounded independent of M (the walk skips the table's
+    steady periods: timestep.interleaved_slots), so `plan solve` may price it at any batch."""
     m = par.num_microbatches
     fwd, bwd = stages.fwd_s.tolist(), stages.bwd_s.tolist()
     makespan = timestep.interleaved_makespan_s(par.pp, m, par.virtual_stages, fwd, bwd,
