@@ -88,14 +88,14 @@ def main() -> None:
     seconds, before, after, reference = _timed(loop)
     print(f"\n{'run':<18} {'points':>6} {'seconds':>8} {'points/s':>9} {'speed-up':>9} "
           f"{'load before':>12} {'load after':>11}")
-    print(f"{'sequential loop':<16} {len(points):>6} {seconds:>8.1f} {len(points) / seconds:>9.2f} "
+    print(f"{'sequential loop':<18} {len(points):>6} {seconds:>8.1f} {len(points) / seconds:>9.2f} "
           f"{1.0:>8.2f}x {before:>12.2f} {after:>11.2f}")
     base = seconds
     for workers in (int(w) for w in args.workers.split(",")):
         s, before, after, result = _timed(
             lambda: api.sweep(spec, backend="local", workers=workers))
         same = [{k: r[k] for k in reference[0]} for r in result.rows] == reference
-        print(f"{f'pool, {workers} worker' + 's' * (workers > 1):<16} {len(points):>6} {s:>8.1f} "
+        print(f"{f'pool, {workers} worker' + 's' * (workers > 1):<18} {len(points):>6} {s:>8.1f} "
               f"{len(points) / s:>9.2f} {base / s:>8.2f}x {before:>12.2f} {after:>11.2f}"
               + ("" if same else "  ROWS DIFFER"))
     few = points[:CEILING_POINTS]
@@ -104,9 +104,10 @@ def main() -> None:
         before = _load()
         s = _copies(few, copies)
         one = one or s
-        print(f"{f'machine, {copies} at once':<16} {len(few):>6} {s:>8.1f} "
+        print(f"{f'machine, {copies} at once':<18} {len(few):>6} {s:>8.1f} "
               f"{copies * len(few) / s:>9.2f} {copies * one / s:>8.2f}x {before:>12.2f} "
               f"{_load():>11.2f}")
+
 
 if __name__ == "__main__":
     main()
