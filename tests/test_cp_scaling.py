@@ -59,8 +59,7 @@ def _network_share(seq_len: int, hw) -> float:
     against the same forward with transfers of no cost (an infinitely fast network)."""
     stack = default_stack()
     free = replace(hw, inter_node_gbps=1e6, nics_per_node=None, nic_gbps=None)
-    priced, unpriced = _forward_s(seq_len, NODES, hw, stack), _forward_s(seq_len, NODES, free, stack)
-    return priced / unpriced - 1
+    return _forward_s(seq_len, NODES, hw, stack) / _forward_s(seq_len, NODES, free, stack) - 1
 
 
 @pytest.mark.parametrize("seq_len", [131072, 1048576])
